@@ -1,0 +1,5 @@
+//! `narad-io`: the only crate that names glommio. It owns the runtime (one pinned executor per
+//! core), files opened for direct I/O, the per-shard write-ahead log with its group commit, and
+//! the per-partition segment files that reads are served from.
+
+pub mod types;

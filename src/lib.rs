@@ -1,0 +1,1 @@
+//! The `narad` binary's library: CLI, server wiring and the HTTP layer.

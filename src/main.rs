@@ -1,0 +1,3 @@
+fn main() {
+    println!("narad: server not built yet");
+}
