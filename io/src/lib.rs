@@ -2,4 +2,5 @@
 //! core), files opened for direct I/O, the per-shard write-ahead log with its group commit, and
 //! the per-partition segment files that reads are served from.
 
+pub mod rt;
 pub mod types;
