@@ -2,5 +2,6 @@
 //! core), files opened for direct I/O, the per-shard write-ahead log with its group commit, and
 //! the per-partition segment files that reads are served from.
 
+pub mod codec;
 pub mod rt;
 pub mod types;
