@@ -3,5 +3,8 @@
 //! the per-partition segment files that reads are served from.
 
 pub mod codec;
+pub mod file;
+pub mod partition;
 pub mod rt;
 pub mod types;
+pub mod wal;

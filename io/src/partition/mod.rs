@@ -1,0 +1,811 @@
+//! Per-partition segment files: the copy of committed records that reads are served from.
+//!
+//! Owns: the files under `<data_dir>/topics/<topic id hex>/p<5 digits>/` of one partition —
+//! segment files `<20-digit first offset>.seg` and the `consumer.state` file — and the in-memory
+//! offset index over them (per segment a `Vec<u32>` of record positions: 4 bytes per record,
+//! O(1) lookup of an offset inside a segment, O(log segments) to find the segment). Reads of a
+//! range cost one `pread` per segment touched.
+//!
+//! Never does: assign offsets (the caller, `io::log::ShardLog`, does), decide what is durable,
+//! or cache payloads. It never rewrites a record once written; retention deletes whole sealed
+//! segments only; the active (newest) segment is never deleted.
+//!
+//! Crash safety. Writes here are plain page-cache `pwrite`s, made only *after* the WAL batch
+//! holding the same records is durable and verified, so a crash can lose only records that the
+//! WAL still holds (the WAL is released only after a checkpoint has fsynced these files via
+//! [`PartitionLog::take_sync_work`]). Recovery ([`PartitionLog::open`]) therefore may trust
+//! nothing written after the last checkpoint: it scans every frame (length bound, CRC, offset
+//! sequence), truncates a torn tail of the newest segment (those records are replayed from the
+//! WAL by the caller), and keeps offsets dense across damage in the middle: an unreadable frame
+//! or a hole keeps its index slot and reads of it answer [`ReadError::Corrupt`] (counted and
+//! logged loudly, never silently dropped). A new segment file or partition directory is made
+//! durable by fsyncing its parent directories at the next checkpoint, before the WAL is released.
+
+pub mod frame;
+pub mod state;
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+pub use state::{Settled, SettledSet};
+
+/// Positions are `u32`, so a segment must stay below 4 GiB; configs are clamped to this.
+pub const SEGMENT_BYTES_MAX_LIMIT: u64 = 1 << 30;
+/// Bound on the records one read returns, whatever the caller asks.
+pub const READ_RECORDS_MAX: usize = 65_536;
+/// Bound on the directory entries one partition directory may list at recovery.
+pub const SEGMENTS_PER_PARTITION_MAX: usize = 1 << 20;
+
+/// One record as read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub offset: Offset,
+    pub commit_ms: UnixMillis,
+    pub msg_key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub enum ReadError {
+    /// The offset was deleted by retention; `oldest` is the oldest readable offset.
+    BelowRetention {
+        oldest: Offset,
+    },
+    /// The record at `offset` cannot be read (damaged frame or recovery gap). It stays damaged:
+    /// a queue consumer skips it (SEMANTICS.md §2.9).
+    Corrupt {
+        offset: Offset,
+    },
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::BelowRetention { oldest } => {
+                write!(f, "offset deleted by retention; oldest is {}", oldest.0)
+            }
+            ReadError::Corrupt { offset } => {
+                write!(f, "record at offset {} is unreadable", offset.0)
+            }
+            ReadError::Io(e) => write!(f, "read failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub segments: u32,
+    pub size_bytes: u64,
+    pub oldest_offset: Offset,
+    /// Next offset to be assigned (equals the high watermark between batches).
+    pub next_offset: Offset,
+    pub high_watermark: Offset,
+    pub oldest_segment_at: Option<UnixMillis>,
+}
+
+/// What recovery found in one partition's files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanReport {
+    pub segments: u32,
+    pub records: u64,
+    /// Bytes cut from the tail of the newest segment (never acknowledged from here: the WAL
+    /// replays whatever of it was acknowledged).
+    pub torn_tail_bytes: u64,
+    /// Offsets whose frame is damaged or missing in the middle (reads answer `Corrupt`).
+    pub corrupt_records: u64,
+}
+
+impl ScanReport {
+    pub fn add(&mut self, o: &ScanReport) {
+        self.segments += o.segments;
+        self.records += o.records;
+        self.torn_tail_bytes += o.torn_tail_bytes;
+        self.corrupt_records += o.corrupt_records;
+    }
+}
+
+/// `<data_dir>/topics`.
+pub fn topics_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("topics")
+}
+
+pub fn topic_dir(data_dir: &Path, topic: TopicId) -> PathBuf {
+    topics_dir(data_dir).join(topic.to_string())
+}
+
+pub fn partition_dir(data_dir: &Path, key: PartitionKey) -> PathBuf {
+    topic_dir(data_dir, key.topic).join(format!("p{:05}", key.partition.0))
+}
+
+fn segment_path(dir: &Path, base: Offset) -> PathBuf {
+    dir.join(format!("{:020}.seg", base.0))
+}
+
+/// Every partition directory under `<data_dir>/topics`, with its key. Unknown names are skipped
+/// with a warning.
+pub fn scan_partition_dirs(data_dir: &Path) -> std::io::Result<Vec<(PartitionKey, PathBuf)>> {
+    let mut out = Vec::new();
+    let topics = match std::fs::read_dir(topics_dir(data_dir)) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for t in topics {
+        let t = t?;
+        let name = t.file_name();
+        let name = name.to_string_lossy();
+        let topic = match (name.len() == 16).then(|| u64::from_str_radix(&name, 16)) {
+            Some(Ok(id)) => TopicId(id),
+            _ => {
+                tracing::warn!(path = %t.path().display(), "unexpected entry in topics directory; ignored");
+                continue;
+            }
+        };
+        for p in std::fs::read_dir(t.path())? {
+            let p = p?;
+            let pname = p.file_name();
+            let pname = pname.to_string_lossy();
+            let partition = pname
+                .strip_prefix('p')
+                .filter(|d| d.len() == 5 && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse::<u32>().ok());
+            match partition {
+                Some(n) => out.push((
+                    PartitionKey {
+                        topic,
+                        partition: PartitionId(n),
+                    },
+                    p.path(),
+                )),
+                None => {
+                    tracing::warn!(path = %p.path().display(), "unexpected entry in topic directory; ignored")
+                }
+            }
+        }
+    }
+    out.sort_by_key(|(k, _)| *k);
+    Ok(out)
+}
+
+/// Frames of one partition for one commit, encoded before the WAL write and written to the
+/// segment file after it is durable.
+#[derive(Debug)]
+pub struct EncodedBatch {
+    first: Offset,
+    bytes: Vec<u8>,
+    starts: Vec<u32>,
+    first_commit_ms: Option<UnixMillis>,
+    last_commit_ms: Option<UnixMillis>,
+}
+
+impl EncodedBatch {
+    pub fn new(first: Offset) -> EncodedBatch {
+        EncodedBatch {
+            first,
+            bytes: Vec::new(),
+            starts: Vec::new(),
+            first_commit_ms: None,
+            last_commit_ms: None,
+        }
+    }
+
+    pub fn first(&self) -> Offset {
+        self.first
+    }
+
+    /// The offset the next pushed record gets.
+    pub fn next(&self) -> Offset {
+        Offset(self.first.0 + self.starts.len() as u64)
+    }
+
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends a message frame; the caller bounds its size by `frame::FRAME_BYTES_MAX`.
+    pub fn push_message(
+        &mut self,
+        commit_ms: UnixMillis,
+        msg_key: Option<&[u8]>,
+        payload: &[u8],
+    ) -> Offset {
+        let offset = self.next();
+        self.starts.push(self.bytes.len() as u32);
+        frame::encode_message(&mut self.bytes, offset, commit_ms, msg_key, payload);
+        self.first_commit_ms.get_or_insert(commit_ms);
+        self.last_commit_ms = Some(commit_ms);
+        offset
+    }
+
+    /// Appends a gap frame (an offset whose record was lost).
+    pub fn push_gap(&mut self) -> Offset {
+        let offset = self.next();
+        self.starts.push(self.bytes.len() as u32);
+        frame::encode_gap(&mut self.bytes, offset);
+        offset
+    }
+}
+
+struct Segment {
+    base: Offset,
+    /// Byte position of record `base + i`. Non-decreasing; a damaged record or a hole keeps a
+    /// slot (several slots may share a position).
+    positions: Vec<u32>,
+    /// End of the last indexed frame.
+    size_bytes: u64,
+    first_commit_ms: Option<UnixMillis>,
+    last_commit_ms: Option<UnixMillis>,
+    path: PathBuf,
+}
+
+impl Segment {
+    fn end(&self) -> Offset {
+        Offset(self.base.0 + self.positions.len() as u64)
+    }
+
+    /// End of the byte region of record index `i`.
+    fn region_end(&self, i: usize) -> u64 {
+        self.positions
+            .get(i + 1)
+            .map_or(self.size_bytes, |&p| u64::from(p))
+    }
+}
+
+/// Files fsynced and written by a checkpoint for one partition (blocking: run off the executor).
+pub struct SyncWork {
+    files: Vec<File>,
+    dirs: Vec<PathBuf>,
+    state: Option<(PathBuf, Settled)>,
+}
+
+impl SyncWork {
+    /// fdatasyncs the segment files, fsyncs the directories whose entries changed, and replaces
+    /// the consumer state file atomically.
+    pub fn run(self) -> std::io::Result<()> {
+        for f in &self.files {
+            f.sync_data()?;
+        }
+        for d in &self.dirs {
+            match state::sync_dir(d) {
+                // The partition was deleted since (delete_topic): nothing left to make durable.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r?,
+            }
+        }
+        if let Some((dir, s)) = &self.state {
+            match state::write_state_file(dir, s) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                r => r?,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.dirs.is_empty() && self.state.is_none()
+    }
+}
+
+/// One partition's segment files, index and consumer state. Lives on the owning shard.
+pub struct PartitionLog {
+    key: PartitionKey,
+    dir: PathBuf,
+    segment_bytes_max: u64,
+    segments: VecDeque<Segment>,
+    /// Read/write handle of the newest segment.
+    active: File,
+    active_dirty: bool,
+    /// Handles of sealed segments written since the last checkpoint.
+    unsynced: Vec<File>,
+    dirs_to_sync: Vec<PathBuf>,
+    settled: SettledSet,
+    settled_dirty: bool,
+}
+
+fn open_rw(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
+
+fn create_segment(dir: &Path, key: PartitionKey, base: Offset) -> std::io::Result<(File, Segment)> {
+    let path = segment_path(dir, base);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)?;
+    f.write_all_at(&frame::encode_segment_header(key, base), 0)?;
+    let seg = Segment {
+        base,
+        positions: Vec::new(),
+        size_bytes: frame::SEGMENT_HEADER_BYTES as u64,
+        first_commit_ms: None,
+        last_commit_ms: None,
+        path,
+    };
+    Ok((f, seg))
+}
+
+/// Cheap checks of a frame header before its CRC is computed (used while resynchronising).
+fn plausible_frame(b: &[u8], expected: Offset, max_ahead: u64) -> bool {
+    if b.len() < frame::FRAME_HEADER_BYTES {
+        return false;
+    }
+    let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let mut o = [0u8; 8];
+    o.copy_from_slice(&b[16..24]);
+    let o = u64::from_le_bytes(o);
+    (frame::FRAME_HEADER_BYTES..=frame::FRAME_BYTES_MAX.min(b.len())).contains(&len)
+        && b[9] == frame::FRAME_VERSION
+        && (b[8] == frame::TYPE_MESSAGE || b[8] == frame::TYPE_GAP)
+        && o >= expected.0
+        && o - expected.0 <= max_ahead
+}
+
+/// After a bad frame at `pos`: the next position holding a valid frame for an offset at or
+/// after `expected` that fits in the damaged span.
+fn resync(data: &[u8], pos: usize, expected: Offset) -> Option<(usize, Offset)> {
+    let mut q = pos + 1;
+    while q + frame::FRAME_HEADER_BYTES <= data.len() {
+        let max_ahead = ((q - pos) / frame::FRAME_HEADER_BYTES) as u64 + 1;
+        if plausible_frame(&data[q..], expected, max_ahead) {
+            if let Ok((f, _)) = frame::decode(&data[q..]) {
+                return Some((q, f.offset()));
+            }
+        }
+        q += 1;
+    }
+    None
+}
+
+fn scan_segment(
+    key: PartitionKey,
+    path: &Path,
+    base: Offset,
+    is_last: bool,
+    report: &mut ScanReport,
+) -> std::io::Result<Segment> {
+    let mut data = std::fs::read(path)?;
+    let header = frame::SEGMENT_HEADER_BYTES;
+    if !frame::check_segment_header(&data, key, base) {
+        if is_last && data.len() < header + frame::FRAME_HEADER_BYTES {
+            // A segment created just before a crash: holds nothing that is not in the WAL.
+            let f = open_rw(path)?;
+            f.set_len(0)?;
+            f.write_all_at(&frame::encode_segment_header(key, base), 0)?;
+            report.torn_tail_bytes += data.len() as u64;
+            data = frame::encode_segment_header(key, base).to_vec();
+        } else {
+            tracing::error!(path = %path.display(), "segment header is damaged; scanning its records anyway");
+        }
+    }
+    let mut seg = Segment {
+        base,
+        positions: Vec::new(),
+        size_bytes: header as u64,
+        first_commit_ms: None,
+        last_commit_ms: None,
+        path: path.to_path_buf(),
+    };
+    let mut pos = header.min(data.len());
+    let mut expected = base;
+    while pos < data.len() {
+        match frame::decode(&data[pos..]) {
+            Ok((f, n)) if f.offset() == expected => {
+                if let frame::Frame::Message { commit_ms, .. } = f {
+                    seg.first_commit_ms.get_or_insert(commit_ms);
+                    seg.last_commit_ms = Some(commit_ms);
+                }
+                seg.positions.push(pos as u32);
+                pos += n;
+                expected = Offset(expected.0 + 1);
+                report.records += 1;
+            }
+            _ => match resync(&data, pos, expected) {
+                Some((q, o)) => {
+                    let damaged = o.0 - expected.0;
+                    tracing::error!(path = %path.display(), byte = pos, first_offset = expected.0, records = damaged,
+                        "damaged records in the middle of a partition segment; they will read as corrupt");
+                    for _ in 0..damaged {
+                        seg.positions.push(pos as u32);
+                    }
+                    report.corrupt_records += damaged;
+                    expected = o;
+                    pos = q;
+                }
+                None => {
+                    let cut = data.len() - pos;
+                    if is_last {
+                        tracing::warn!(path = %path.display(), byte = pos, bytes = cut,
+                            "truncating torn tail of the newest partition segment (the WAL replays it)");
+                        open_rw(path)?.set_len(pos as u64)?;
+                        report.torn_tail_bytes += cut as u64;
+                    } else {
+                        tracing::error!(path = %path.display(), byte = pos, bytes = cut,
+                            "damaged tail of a sealed partition segment; its records will read as corrupt");
+                    }
+                    break;
+                }
+            },
+        }
+    }
+    seg.size_bytes = pos.max(header) as u64;
+    seg.positions.shrink_to_fit();
+    report.segments += 1;
+    Ok(seg)
+}
+
+impl PartitionLog {
+    /// Creates a new, empty partition (directories and the first segment). Its directory entries
+    /// become durable at the next checkpoint.
+    pub fn create(
+        data_dir: &Path,
+        key: PartitionKey,
+        segment_bytes_max: u64,
+    ) -> std::io::Result<PartitionLog> {
+        let dir = partition_dir(data_dir, key);
+        std::fs::create_dir_all(&dir)?;
+        let (active, seg) = create_segment(&dir, key, Offset(0))?;
+        let topic = topic_dir(data_dir, key.topic);
+        Ok(PartitionLog {
+            key,
+            segment_bytes_max: segment_bytes_max.clamp(4096, SEGMENT_BYTES_MAX_LIMIT),
+            segments: VecDeque::from([seg]),
+            active,
+            active_dirty: true,
+            unsynced: Vec::new(),
+            dirs_to_sync: vec![
+                dir.clone(),
+                topic,
+                topics_dir(data_dir),
+                data_dir.to_path_buf(),
+            ],
+            dir,
+            settled: SettledSet::default(),
+            settled_dirty: false,
+        })
+    }
+
+    /// Recovers a partition from its directory (blocking): scans every segment, truncates a torn
+    /// tail, rebuilds the index, loads the consumer state.
+    pub fn open(
+        dir: &Path,
+        key: PartitionKey,
+        segment_bytes_max: u64,
+    ) -> std::io::Result<(PartitionLog, ScanReport)> {
+        let mut bases = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(b) = name
+                .strip_suffix(".seg")
+                .filter(|b| b.len() == 20)
+                .and_then(|b| b.parse::<u64>().ok())
+            {
+                bases.push(Offset(b));
+            }
+            if bases.len() > SEGMENTS_PER_PARTITION_MAX {
+                return Err(std::io::Error::other(format!(
+                    "more than {SEGMENTS_PER_PARTITION_MAX} segments in {}",
+                    dir.display()
+                )));
+            }
+        }
+        bases.sort();
+        let mut report = ScanReport::default();
+        let mut segments: VecDeque<Segment> = VecDeque::new();
+        for (i, &base) in bases.iter().enumerate() {
+            let seg = scan_segment(
+                key,
+                &segment_path(dir, base),
+                base,
+                i + 1 == bases.len(),
+                &mut report,
+            )?;
+            if let Some(prev) = segments.back_mut() {
+                let end = prev.end();
+                if base > end {
+                    let missing = base.0 - end.0;
+                    tracing::error!(dir = %dir.display(), first_offset = end.0, records = missing,
+                        "records missing between partition segments; they will read as corrupt");
+                    let at = prev.size_bytes as u32;
+                    prev.positions
+                        .extend(std::iter::repeat_n(at, missing as usize));
+                    report.corrupt_records += missing;
+                } else if base < end {
+                    tracing::error!(dir = %dir.display(), base = base.0, "overlapping partition segments; the newer one wins");
+                    let keep = (base.0 - prev.base.0) as usize;
+                    prev.size_bytes = u64::from(prev.positions[keep]);
+                    prev.positions.truncate(keep);
+                }
+            }
+            segments.push_back(seg);
+        }
+        let (active, mut dirs_to_sync) = match segments.back() {
+            Some(s) => (open_rw(&s.path)?, Vec::new()),
+            None => {
+                let (f, seg) = create_segment(dir, key, Offset(0))?;
+                segments.push_back(seg);
+                (f, vec![dir.to_path_buf()])
+            }
+        };
+        if report.torn_tail_bytes > 0 {
+            dirs_to_sync.push(dir.to_path_buf());
+        }
+        let mut settled = SettledSet::from_settled(&state::read_state_file(dir));
+        let mut p = PartitionLog {
+            key,
+            dir: dir.to_path_buf(),
+            segment_bytes_max: segment_bytes_max.clamp(4096, SEGMENT_BYTES_MAX_LIMIT),
+            segments,
+            active,
+            active_dirty: report.torn_tail_bytes > 0,
+            unsynced: Vec::new(),
+            dirs_to_sync,
+            settled: SettledSet::default(),
+            settled_dirty: false,
+        };
+        settled.raise_frontier(p.oldest_offset());
+        p.settled = settled;
+        Ok((p, report))
+    }
+
+    pub fn key(&self) -> PartitionKey {
+        self.key
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// One past the newest record written here (the high watermark).
+    pub fn next_offset(&self) -> Offset {
+        self.segments.back().map_or(Offset(0), Segment::end)
+    }
+
+    pub fn oldest_offset(&self) -> Offset {
+        self.segments.front().map_or(Offset(0), |s| s.base)
+    }
+
+    fn active_segment(&mut self) -> &mut Segment {
+        self.segments
+            .back_mut()
+            .expect("a partition always has an active segment")
+    }
+
+    /// Writes a batch of frames whose first offset is [`Self::next_offset`] (page cache only).
+    /// On error nothing of the batch is indexed.
+    pub fn append(&mut self, batch: &EncodedBatch) -> std::io::Result<()> {
+        assert_eq!(
+            batch.first,
+            self.next_offset(),
+            "partition {:?}: batch does not continue the log",
+            self.key
+        );
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let seg = self.segments.back().expect("active segment");
+        let would_be = seg.size_bytes + batch.bytes.len() as u64;
+        if !seg.positions.is_empty()
+            && (would_be > self.segment_bytes_max || would_be > u64::from(u32::MAX))
+        {
+            self.roll()?;
+        }
+        let at = self.active_segment().size_bytes;
+        if let Err(e) = self.active.write_all_at(&batch.bytes, at) {
+            let _ = self.active.set_len(at);
+            return Err(e);
+        }
+        let seg = self.active_segment();
+        seg.positions
+            .extend(batch.starts.iter().map(|&s| at as u32 + s));
+        seg.size_bytes = at + batch.bytes.len() as u64;
+        if seg.first_commit_ms.is_none() {
+            seg.first_commit_ms = batch.first_commit_ms;
+        }
+        if batch.last_commit_ms.is_some() {
+            seg.last_commit_ms = batch.last_commit_ms;
+        }
+        self.active_dirty = true;
+        Ok(())
+    }
+
+    fn roll(&mut self) -> std::io::Result<()> {
+        let base = self.next_offset();
+        let (f, seg) = create_segment(&self.dir, self.key, base)?;
+        let old = std::mem::replace(&mut self.active, f);
+        if self.active_dirty {
+            self.unsynced.push(old);
+        }
+        self.active_segment().positions.shrink_to_fit();
+        self.segments.push_back(seg);
+        self.active_dirty = true;
+        self.dirs_to_sync.push(self.dir.clone());
+        Ok(())
+    }
+
+    /// Records `[from, next_offset)`, at most `max_records` and `max_bytes` of frames (the first
+    /// record is always included). Stops before a damaged record unless it is the first.
+    pub fn read(
+        &self,
+        from: Offset,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredRecord>, ReadError> {
+        let oldest = self.oldest_offset();
+        if from < oldest {
+            return Err(ReadError::BelowRetention { oldest });
+        }
+        let end = self.next_offset();
+        let max_records = max_records.clamp(1, READ_RECORDS_MAX);
+        let mut out = Vec::new();
+        if from >= end {
+            return Ok(out);
+        }
+        let mut bytes = 0usize;
+        let mut si = self.segments.partition_point(|s| s.base <= from) - 1;
+        let mut o = from;
+        while o < end && out.len() < max_records && si < self.segments.len() {
+            let seg = &self.segments[si];
+            let first_i = (o.0 - seg.base.0) as usize;
+            let mut last_i = first_i;
+            while last_i < seg.positions.len() && out.len() + (last_i - first_i) < max_records {
+                let rec = (seg.region_end(last_i) - u64::from(seg.positions[last_i])) as usize;
+                if bytes + rec > max_bytes && !(out.is_empty() && last_i == first_i) {
+                    break;
+                }
+                bytes += rec;
+                last_i += 1;
+            }
+            if last_i == first_i {
+                break;
+            }
+            let start = u64::from(seg.positions[first_i]);
+            let stop = seg.region_end(last_i - 1);
+            let mut buf = vec![0u8; (stop - start) as usize];
+            let r = if si + 1 == self.segments.len() {
+                self.active.read_exact_at(&mut buf, start)
+            } else {
+                File::open(&seg.path).and_then(|f| f.read_exact_at(&mut buf, start))
+            };
+            r.map_err(ReadError::Io)?;
+            for i in first_i..last_i {
+                let offset = Offset(seg.base.0 + i as u64);
+                let a = (u64::from(seg.positions[i]) - start) as usize;
+                let b = (seg.region_end(i) - start) as usize;
+                match frame::decode(&buf[a..b]) {
+                    Ok((
+                        frame::Frame::Message {
+                            offset: got,
+                            commit_ms,
+                            msg_key,
+                            payload,
+                        },
+                        n,
+                    )) if got == offset && n == b - a => out.push(StoredRecord {
+                        offset,
+                        commit_ms,
+                        msg_key: msg_key.map(<[u8]>::to_vec),
+                        payload: payload.to_vec(),
+                    }),
+                    _ if out.is_empty() => return Err(ReadError::Corrupt { offset }),
+                    _ => return Ok(out),
+                }
+            }
+            o = Offset(seg.base.0 + last_i as u64);
+            if last_i < seg.positions.len() {
+                break;
+            }
+            si += 1;
+        }
+        Ok(out)
+    }
+
+    /// Deletes whole sealed segments whose newest record is older than `now - retention_ms`
+    /// (0 = keep forever). Raises the settled frontier to the new oldest offset. Returns the bytes
+    /// deleted.
+    pub fn enforce_retention(
+        &mut self,
+        retention_ms: u64,
+        now: UnixMillis,
+    ) -> std::io::Result<u64> {
+        if retention_ms == 0 {
+            return Ok(0);
+        }
+        let cutoff = now.0.saturating_sub(retention_ms);
+        let mut deleted = 0;
+        while self.segments.len() > 1 {
+            let s = &self.segments[0];
+            if s.last_commit_ms.is_some_and(|t| t.0 >= cutoff) {
+                break;
+            }
+            match std::fs::remove_file(&s.path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            deleted += s.size_bytes;
+            self.segments.pop_front();
+        }
+        if deleted > 0 {
+            self.dirs_to_sync.push(self.dir.clone());
+            let oldest = self.oldest_offset();
+            if self.settled.raise_frontier(oldest) {
+                tracing::info!(partition = ?self.key, oldest = oldest.0,
+                    "consumer frontier fell behind retention; skipped to oldest retained offset");
+                self.settled_dirty = true;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Marks offsets settled (in memory; durable through the WAL and the next checkpoint).
+    pub fn settle(&mut self, offsets: &[Offset]) {
+        if self.settled.settle(offsets) {
+            self.settled_dirty = true;
+        }
+    }
+
+    /// Drops settled offsets that do not exist (after recovery replay).
+    pub fn clamp_settled(&mut self) {
+        self.settled.clamp_below(self.next_offset());
+    }
+
+    pub fn settled(&self) -> Settled {
+        self.settled.to_settled()
+    }
+
+    /// Takes what the next checkpoint must make durable and resets the dirty marks.
+    pub fn take_sync_work(&mut self) -> std::io::Result<SyncWork> {
+        let mut files = std::mem::take(&mut self.unsynced);
+        if self.active_dirty {
+            files.push(self.active.try_clone()?);
+            self.active_dirty = false;
+        }
+        let mut dirs = std::mem::take(&mut self.dirs_to_sync);
+        dirs.dedup();
+        let state = self
+            .settled_dirty
+            .then(|| (self.dir.clone(), self.settled.to_settled()));
+        self.settled_dirty = false;
+        Ok(SyncWork { files, dirs, state })
+    }
+
+    pub fn stats(&self) -> PartitionStats {
+        let next = self.next_offset();
+        PartitionStats {
+            segments: self.segments.len() as u32,
+            size_bytes: self.segments.iter().map(|s| s.size_bytes).sum(),
+            oldest_offset: self.oldest_offset(),
+            next_offset: next,
+            high_watermark: next,
+            oldest_segment_at: self.segments.front().and_then(|s| s.first_commit_ms),
+        }
+    }
+
+    /// Bytes of index memory held (for tests and metrics).
+    pub fn index_bytes(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.positions.capacity() * 4)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;
