@@ -1,0 +1,406 @@
+//! The metadata model: plain data that every node holds a full copy of (CLUSTER.md §3), and the
+//! commands that change it.
+//!
+//! This module owns the shapes only (topics, schemas, fan-out links, users, grants) and their
+//! serde form. It never does I/O and never reads a clock: every time stamp, random topic id and
+//! attach epoch a command needs is chosen by the proposer and carried inside the command, so
+//! that [`crate::apply::apply`] is a pure function of (state, command) and every replica that
+//! applies the same log reaches the same state.
+
+use std::collections::BTreeMap;
+
+use narad_io::types::TopicId;
+use serde::{Deserialize, Serialize};
+
+/// Partition count of a topic: 3 ≤ n ≤ this (SEMANTICS.md §14.2, `topic.max_partitions`).
+/// A constant, not a setting: apply must give the same answer on every replica.
+pub const PARTITIONS_MAX: u32 = 108;
+/// Smallest partition count of a new topic.
+pub const PARTITIONS_MIN: u32 = 3;
+/// Shortest retention other than 0 (= keep forever): one hour.
+pub const RETENTION_MS_MIN: u64 = 3_600_000;
+/// Local fan-out children per parent (SEMANTICS.md §10).
+pub const CHILDREN_MAX: usize = 108;
+/// Longest fan-out delay: one year.
+pub const FANOUT_DELAY_MS_MAX: u64 = 31_536_000_000;
+/// Schema versions per topic (SEMANTICS.md §8.4).
+pub const SCHEMA_VERSIONS_MAX: usize = 1000;
+/// Stored schema history per topic, in bytes of compact JSON (v3.1).
+pub const SCHEMA_TOPIC_BYTES_MAX: usize = 4 << 20;
+/// Stored schema history over the whole cluster, in bytes of compact JSON (v3.1).
+pub const SCHEMA_CLUSTER_BYTES_MAX: usize = 256 << 20;
+/// Longest topic name for new topics; older releases created names up to 255 characters.
+pub const TOPIC_NAME_CHARS_MAX: usize = 200;
+/// Longest username (API.md §11.1).
+pub const USERNAME_CHARS_MAX: usize = 64;
+/// Longest grant pattern (API.md §13.2).
+pub const GRANT_PATTERN_CHARS_MAX: usize = 255;
+/// Grants per user: a bound so one user record stays small.
+pub const GRANTS_PER_USER_MAX: usize = 256;
+/// Patterns per grant.
+pub const PATTERNS_PER_GRANT_MAX: usize = 1024;
+
+/// The whole replicated metadata, as of log index `applied_index`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MetaState {
+    /// Raft log index of the last applied entry (0 before anything was applied).
+    pub applied_index: u64,
+    /// Bumped on every change to `topics` (names, fields, schemas, links).
+    #[serde(default)]
+    pub topics_version: u64,
+    /// Bumped on every change to `users`; the authentication cache keys on it.
+    #[serde(default)]
+    pub users_version: u64,
+    /// Topics by name, in byte order of the name (the list API's page order).
+    #[serde(default)]
+    pub topics: BTreeMap<String, TopicMeta>,
+    /// Users by username.
+    #[serde(default)]
+    pub users: BTreeMap<String, UserMeta>,
+}
+
+impl MetaState {
+    pub fn topic(&self, name: &str) -> Option<&TopicMeta> {
+        self.topics.get(name)
+    }
+
+    /// The existing topic whose name equals `name` ignoring ASCII letter case, if any.
+    pub fn topic_case_insensitive(&self, name: &str) -> Option<&TopicMeta> {
+        self.topics
+            .values()
+            .find(|t| t.name.eq_ignore_ascii_case(name))
+    }
+
+    pub fn user(&self, username: &str) -> Option<&UserMeta> {
+        self.users.get(username)
+    }
+}
+
+/// The fan-out role of a topic (API.md §7 `role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Standalone,
+    Parent,
+    Child,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Standalone => "standalone",
+            Role::Parent => "parent",
+            Role::Child => "child",
+        }
+    }
+}
+
+/// One topic incarnation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopicMeta {
+    pub name: String,
+    /// Incarnation id: random, chosen by the proposer, never reused for the same name.
+    #[serde(with = "topic_id_hex")]
+    pub id: TopicId,
+    pub partitions: u32,
+    /// 0 = keep forever.
+    pub retention_ms: u64,
+    pub visibility_timeout_ms: u64,
+    pub max_in_flight_per_partition: u32,
+    pub max_acked_ahead_per_partition: u32,
+    /// Unix seconds.
+    pub created_at_s: u64,
+    /// Creating user; `None` with security off or after the user was deleted.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// Schema history, oldest first; version = index + 1. Never shrinks.
+    #[serde(default)]
+    pub schemas: Vec<serde_json::Value>,
+    /// Fan-out parent when this topic is a child.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// Fan-out children in attach order when this topic is a parent.
+    #[serde(default)]
+    pub children: Vec<String>,
+    /// 16 hex chars, fresh on every attach; `Some` exactly when `parent` is.
+    #[serde(default)]
+    pub attach_epoch: Option<String>,
+    /// Delay of a delay child; 0 for an immediate child and for non-children.
+    #[serde(default)]
+    pub fanout_delay_ms: u64,
+    /// Attach point per parent partition; empty for non-children.
+    #[serde(default)]
+    pub attach_offsets: Vec<u64>,
+}
+
+impl TopicMeta {
+    pub fn role(&self) -> Role {
+        if self.parent.is_some() {
+            Role::Child
+        } else if !self.children.is_empty() {
+            Role::Parent
+        } else {
+            Role::Standalone
+        }
+    }
+
+    /// Current schema version: 0 when the topic has no schema.
+    pub fn schema_version(&self) -> u32 {
+        self.schemas.len() as u32
+    }
+
+    pub fn current_schema(&self) -> Option<&serde_json::Value> {
+        self.schemas.last()
+    }
+
+    /// Bytes of stored schema history, as compact JSON.
+    pub fn schema_bytes(&self) -> usize {
+        self.schemas.iter().map(json_len).sum()
+    }
+}
+
+/// Length of the compact JSON text of a value.
+pub(crate) fn json_len(v: &serde_json::Value) -> usize {
+    serde_json::to_vec(v).map_or(0, |b| b.len())
+}
+
+/// A user. The password hash is never part of an API answer (the HTTP layer renders users).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMeta {
+    pub username: String,
+    pub password_hash: String,
+    #[serde(default)]
+    pub grants: Vec<Grant>,
+    #[serde(default)]
+    pub root: bool,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+/// One grant: an action on topics matching any of `patterns` (API.md §13.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub action: String,
+    #[serde(default)]
+    pub patterns: Vec<String>,
+}
+
+/// A change to the metadata. Everything non-deterministic (ids, epochs, clocks, hashes) is
+/// decided by the proposer and carried here.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    /// Create a topic; with `parent` set, create it attached as a fan-out child in one step
+    /// (the proposer fills `attach_epoch`, `attach_offsets` and `fanout_delay_ms`; `children`
+    /// must be empty).
+    CreateTopic(TopicMeta),
+    /// Delete the incarnation `id` of topic `name`, detaching its fan-out links.
+    DeleteTopic {
+        name: String,
+        #[serde(with = "topic_id_hex")]
+        id: TopicId,
+    },
+    /// Change one or more mutable fields of incarnation `id`, all or nothing. Caps of 0 must be
+    /// resolved to the server default by the proposer. The schema must already have passed the
+    /// compatibility check against version `schema_base_version` (the proposer sets it to the
+    /// version it checked against, so a concurrent change makes this command fail).
+    AlterTopic {
+        name: String,
+        #[serde(with = "topic_id_hex")]
+        id: TopicId,
+        #[serde(default)]
+        retention_ms: Option<u64>,
+        #[serde(default)]
+        max_in_flight_per_partition: Option<u32>,
+        #[serde(default)]
+        max_acked_ahead_per_partition: Option<u32>,
+        #[serde(default)]
+        partitions: Option<u32>,
+        #[serde(default)]
+        schema: Option<serde_json::Value>,
+        #[serde(default)]
+        schema_base_version: Option<u32>,
+    },
+    /// Attach existing topic `child` under `parent` (SEMANTICS.md §10). `attach_offsets` has one
+    /// entry per parent partition (the parent's committed high watermarks, read by the proposer).
+    AttachChild {
+        parent: String,
+        /// Expected parent incarnation, when the proposer read one.
+        #[serde(default, with = "opt_topic_id_hex")]
+        parent_id: Option<TopicId>,
+        child: String,
+        #[serde(default, with = "opt_topic_id_hex")]
+        child_id: Option<TopicId>,
+        delay_ms: u64,
+        attach_epoch: String,
+        attach_offsets: Vec<u64>,
+    },
+    /// Remove the link between `parent` and `child`; both stay as standalone topics.
+    DetachChild {
+        parent: String,
+        child: String,
+    },
+    CreateUser(UserMeta),
+    DeleteUser {
+        username: String,
+    },
+    SetGrants {
+        username: String,
+        grants: Vec<Grant>,
+        updated_at_ms: u64,
+    },
+    SetPassword {
+        username: String,
+        password_hash: String,
+        updated_at_ms: u64,
+    },
+    /// Seed the root admin `admin` on a cluster without users; refused once any user exists.
+    SeedRoot {
+        password_hash: String,
+        created_at_ms: u64,
+    },
+}
+
+impl std::fmt::Display for MetaCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never prints password hashes: this text reaches logs.
+        match self {
+            MetaCommand::CreateTopic(t) => write!(f, "CreateTopic({} {})", t.name, t.id),
+            MetaCommand::DeleteTopic { name, id } => write!(f, "DeleteTopic({name} {id})"),
+            MetaCommand::AlterTopic { name, id, .. } => write!(f, "AlterTopic({name} {id})"),
+            MetaCommand::AttachChild { parent, child, .. } => {
+                write!(f, "AttachChild({parent} <- {child})")
+            }
+            MetaCommand::DetachChild { parent, child } => {
+                write!(f, "DetachChild({parent} <- {child})")
+            }
+            MetaCommand::CreateUser(u) => write!(f, "CreateUser({})", u.username),
+            MetaCommand::DeleteUser { username } => write!(f, "DeleteUser({username})"),
+            MetaCommand::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
+            MetaCommand::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
+            MetaCommand::SeedRoot { .. } => write!(f, "SeedRoot"),
+        }
+    }
+}
+
+/// What a successful command produced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MetaResponse {
+    /// The topic after the change (for attach: the parent, API.md §9.1).
+    Topic(TopicMeta),
+    /// The user after the change.
+    User(UserMeta),
+    /// A delete or detach took effect.
+    Done,
+    /// The command changed nothing (re-sent identical schema).
+    Unchanged(TopicMeta),
+}
+
+/// The HTTP-ish class of an expected apply error, so the HTTP layer can map it to a status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaErrorKind {
+    /// 400
+    Invalid,
+    /// 403: a rule of the state, not of the caller (root cannot be deleted, ...).
+    Forbidden,
+    /// 404
+    NotFound,
+    /// 409
+    Conflict,
+}
+
+impl MetaErrorKind {
+    pub fn http_status(self) -> u16 {
+        match self {
+            MetaErrorKind::Invalid => 400,
+            MetaErrorKind::Forbidden => 403,
+            MetaErrorKind::NotFound => 404,
+            MetaErrorKind::Conflict => 409,
+        }
+    }
+}
+
+/// An expected refusal of a command; `message` is the spec's error text for the client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaError {
+    pub kind: MetaErrorKind,
+    pub message: String,
+}
+
+impl MetaError {
+    pub fn invalid(m: impl Into<String>) -> MetaError {
+        MetaError {
+            kind: MetaErrorKind::Invalid,
+            message: m.into(),
+        }
+    }
+    pub fn forbidden(m: impl Into<String>) -> MetaError {
+        MetaError {
+            kind: MetaErrorKind::Forbidden,
+            message: m.into(),
+        }
+    }
+    pub fn not_found(m: impl Into<String>) -> MetaError {
+        MetaError {
+            kind: MetaErrorKind::NotFound,
+            message: m.into(),
+        }
+    }
+    pub fn conflict(m: impl Into<String>) -> MetaError {
+        MetaError {
+            kind: MetaErrorKind::Conflict,
+            message: m.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for MetaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+/// `TopicId` as 16 lowercase hex characters (its API form), so the JSON snapshot reads well.
+pub mod topic_id_hex {
+    use narad_io::types::TopicId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &TopicId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&id.to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TopicId, D::Error> {
+        let s = String::deserialize(d)?;
+        parse(&s).ok_or_else(|| serde::de::Error::custom(format!("bad topic id {s:?}")))
+    }
+
+    /// Parses 1–16 hex characters.
+    pub fn parse(s: &str) -> Option<TopicId> {
+        if s.is_empty() || s.len() > 16 {
+            return None;
+        }
+        u64::from_str_radix(s, 16).ok().map(TopicId)
+    }
+}
+
+/// `Option<TopicId>` as an optional hex string.
+pub mod opt_topic_id_hex {
+    use narad_io::types::TopicId;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(id: &Option<TopicId>, s: S) -> Result<S::Ok, S::Error> {
+        match id {
+            Some(id) => s.serialize_some(&id.to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TopicId>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::topic_id_hex::parse(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom(format!("bad topic id {s:?}"))),
+        }
+    }
+}
