@@ -1,0 +1,371 @@
+//! Black-box tests of the HTTP contract (API.md, SEMANTICS.md §1–7): the real binary on a loopback
+//! port, spoken to over plain HTTP/1.1. Each test states what it proves.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Server, TempDir};
+
+fn server(tag: &str) -> (TempDir, Server) {
+    let dir = TempDir::new(tag);
+    let s = Server::start(&dir);
+    (dir, s)
+}
+
+#[test]
+fn health_and_unknown_routes() {
+    // Proves /healthz and /readyz answers, 404 and 405 plain-text bodies with Allow, HEAD.
+    let (_d, s) = server("health");
+    let mut c = s.client();
+    let r = c.get("/healthz");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json(), serde_json::json!({"status":"ok"}));
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let r = c.get("/readyz");
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ready")));
+    let r = c.get("/nope");
+    assert_eq!(r.status, 404);
+    assert_eq!(r.text(), "404 page not found\n");
+    let r = c.request("DELETE", "/v1/topics/x/produce", &[], b"");
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("POST"));
+    assert_eq!(r.text().trim(), "Method Not Allowed");
+    let r = c.request("HEAD", "/healthz", &[], b"");
+    assert_eq!(r.status, 200);
+    assert!(r.body.is_empty());
+    assert!(r.header("content-length").is_some_and(|l| l != "0"));
+}
+
+#[test]
+fn topic_lifecycle_and_errors() {
+    // Proves create/describe/list/patch/delete, defaults, field validation texts, 409 on a taken
+    // name and on a case-only collision.
+    let (_d, s) = server("topics");
+    let mut c = s.client();
+    let t = c.create_topic("orders", 3);
+    assert_eq!(t["name"], "orders");
+    assert_eq!(t["partitions"], 3);
+    assert_eq!(t["retention_ms"], 604_800_000u64);
+    assert_eq!(t["visibility_timeout_ms"], 30_000);
+    assert_eq!(t["max_in_flight_per_partition"], 1024);
+    assert_eq!(t["max_acked_ahead_per_partition"], 1024);
+    assert_eq!(t["id"].as_str().unwrap().len(), 16);
+    assert!(t.get("owner").is_none());
+    let r = c.post_json("/v1/topics", r#"{"name":"orders"}"#);
+    assert_eq!(r.status, 409);
+    assert_eq!(r.error(), "topic already exists");
+    let r = c.post_json("/v1/topics", r#"{"name":"ORDERS"}"#);
+    assert_eq!(r.status, 409);
+    assert!(r.error().contains("differs only in letter case"), "{}", r.error());
+    let r = c.post_json("/v1/topics", r#"{"name":"p","partitions":2}"#);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error(), "invalid argument: partitions must be >= 3 (0 = use default)");
+    let r = c.post_json("/v1/topics", r#"{"name":"p","partitions":109}"#);
+    assert_eq!(r.error(), "invalid argument: partitions (109) exceeds topic.max_partitions (108)");
+    let r = c.post_json("/v1/topics", r#"{"name":"p","retention_ms":5}"#);
+    assert_eq!(r.error(), "invalid argument: retention_ms (5) is below the minimum of 3600000 (1 hour)");
+    let r = c.post_json("/v1/topics", r#"{"name":"p","bogus":1}"#);
+    assert_eq!((r.status, r.error().as_str()), (400, "invalid json: json: unknown field \"bogus\""));
+    let r = c.post_json("/v1/topics", r#"{"name":"p"} {}"#);
+    assert_eq!((r.status, r.error().as_str()), (400, "invalid json: multiple JSON values"));
+    let r = c.post_json("/v1/topics", r#"{"name":"a/b"}"#);
+    assert_eq!(r.status, 400);
+    let r = c.post_json("/v1/topics", r#"{"name":"forever","retention_ms":0}"#);
+    assert_eq!((r.status, r.json()["retention_ms"].as_u64()), (201, Some(0)));
+
+    let r = c.get("/v1/topics/orders");
+    assert_eq!(r.status, 200);
+    let d = r.json();
+    assert_eq!(d["role"], "standalone");
+    assert_eq!(d["schema_version"], 0);
+    let stats = d["partition_stats"].as_array().unwrap();
+    assert_eq!(stats.len(), 3);
+    assert_eq!(stats[1]["index"], 1);
+    assert_eq!(stats[1]["high_watermark"], 0);
+    assert_eq!(stats[1]["status"], "ok");
+    let r = c.get("/v1/topics/orders?partition=2");
+    assert_eq!(r.json()["partition_stats"].as_array().unwrap().len(), 1);
+    assert_eq!(c.get("/v1/topics/orders?partition=3").status, 400);
+    assert_eq!(c.get("/v1/topics/nope").error(), "topic not found");
+
+    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")],
+        br#"{"retention_ms":7200000,"max_in_flight_per_partition":5,"partitions":4}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    assert_eq!((j["retention_ms"].as_u64(), j["max_in_flight_per_partition"].as_u64(), j["partitions"].as_u64()),
+        (Some(7_200_000), Some(5), Some(4)));
+    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{"partitions":3}"#);
+    assert_eq!(r.error(), "invalid argument: new partition count (3) must be greater than current (4); decrease is not supported");
+    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{}"#);
+    assert_eq!(r.error(), "at least one of partitions, retention_ms, max_*_per_partition, or schema is required");
+    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{"visibility_timeout_ms":5}"#);
+    assert_eq!(r.status, 400);
+
+    let r = c.get("/v1/topics/orders/schema");
+    assert_eq!(r.json(), serde_json::json!({"topic":"orders","version":0,"versions":[]}));
+
+    assert_eq!(c.request("DELETE", "/v1/topics/orders", &[], b"").status, 204);
+    assert_eq!(c.request("DELETE", "/v1/topics/orders", &[], b"").status, 404);
+    assert_eq!(c.get("/v1/topics/orders").status, 404);
+    // A recreated topic gets a new id and none of the old data.
+    let t2 = c.create_topic("orders", 3);
+    assert_ne!(t2["id"], t["id"]);
+}
+
+#[test]
+fn topic_list_pagination() {
+    // Proves keyset pagination: next_page_token is the last name, empty on the last page.
+    let (_d, s) = server("list");
+    let mut c = s.client();
+    for n in ["a", "b", "c", "d", "e"] {
+        c.create_topic(n, 3);
+    }
+    let r = c.get("/v1/topics?limit=2").json();
+    assert_eq!(r["topics"].as_array().unwrap().len(), 2);
+    assert_eq!(r["next_page_token"], "b");
+    assert_eq!(r["topics"][0]["role"], "standalone");
+    let r = c.get("/v1/topics?limit=2&page_token=b").json();
+    assert_eq!(r["next_page_token"], "d");
+    let r = c.get("/v1/topics?limit=2&page_token=d").json();
+    assert_eq!(r["topics"].as_array().unwrap().len(), 1);
+    assert_eq!(r["next_page_token"], "");
+    let r = c.get("/v1/topics?limit=3&page_token=b").json();
+    assert_eq!(r["next_page_token"], "");
+    assert_eq!(c.get("/v1/topics?limit=0").error(), "limit must be a positive integer");
+    assert_eq!(c.get("/v1/topics?limit=x").status, 400);
+}
+
+#[test]
+fn cross_site_guard() {
+    // Proves API.md §3: form posts get 415, octet-stream and X-Narad-Client pass.
+    let (_d, s) = server("guard");
+    let mut c = s.client();
+    c.create_topic("g", 3);
+    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "application/x-www-form-urlencoded")], b"a=1");
+    assert_eq!(r.status, 415);
+    assert!(r.error().starts_with("state-changing requests must send Content-Type"));
+    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "text/plain")], b"hi");
+    assert_eq!(r.status, 415);
+    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "Application/Octet-Stream; charset=x")], b"hi");
+    assert_eq!(r.status, 202);
+    let r = c.request("POST", "/v1/topics/g/produce", &[("X-Narad-Client", "x")], b"hi");
+    assert_eq!(r.status, 202);
+    // A body-less POST without headers to a path that would 405 still gets 415 first.
+    let r = c.request("POST", "/healthz", &[], b"");
+    assert_eq!(r.status, 415);
+}
+
+#[test]
+fn produce_consume_ack_with_encodings() {
+    // Proves SEMANTICS.md §7: JSON verbatim, text as a JSON string, binary as base64, keys likewise;
+    // 202 with an empty body; message fields; ack 204 then 410.
+    let (_d, s) = server("encodings");
+    let mut c = s.client();
+    c.create_topic("enc", 3);
+    let r = c.request("POST", "/v1/topics/enc/produce?partition=0&key=customer+42%2F%C3%A9", &[("Content-Type", "application/json")],
+        br#" {"order_id":"ord_123","amount":4999}"#);
+    assert_eq!(r.status, 202);
+    assert!(r.body.is_empty());
+    assert_eq!(r.header("content-length"), Some("0"));
+    c.request("POST", "/v1/topics/enc/produce?partition=0", &[("Content-Type", "application/octet-stream")], b"plain text");
+    c.request("POST", "/v1/topics/enc/produce?partition=0&key=%00%9F%FFk", &[("Content-Type", "application/octet-stream")], &[0xff, 0x00, 0x10]);
+
+    let m = c.get("/v1/topics/enc/consume?partition=0").json();
+    assert_eq!(m["topic"], "enc");
+    assert_eq!(m["partition"], 0);
+    assert_eq!(m["offset"], 0);
+    assert_eq!(m["key"], "customer 42/é");
+    assert_eq!(m["payload"], serde_json::json!({"order_id":"ord_123","amount":4999}));
+    assert!(m.get("payload_encoding").is_none());
+    assert!(m["timestamp"].as_u64().unwrap() > 1_700_000_000 && m["timestamp"].as_u64().unwrap() < 4_000_000_000);
+    let h0 = m["receipt_handle"].as_str().unwrap().to_string();
+    assert!(h0.starts_with("0:0:"), "{h0}");
+
+    let m = c.get("/v1/topics/enc/consume?partition=0").json();
+    assert_eq!(m["payload"], "plain text");
+    assert!(m.get("key").is_none());
+    let h1 = m["receipt_handle"].as_str().unwrap().to_string();
+    let m = c.get("/v1/topics/enc/consume?partition=0").json();
+    assert_eq!(m["payload"], "/wAQ");
+    assert_eq!(m["payload_encoding"], "base64");
+    assert_eq!(m["key"], "AJ//aw==");
+    assert_eq!(m["key_encoding"], "base64");
+    assert_eq!(c.get("/v1/topics/enc/consume?partition=0").status, 204);
+
+    // Raw body check: JSON payload verbatim including its leading space.
+    let raw = c.get("/v1/topics/enc/consume?partition=0&offset=0");
+    assert!(raw.text().contains(r#""payload": {"order_id":"ord_123","amount":4999}"#), "{}", raw.text());
+    assert!(raw.json().get("receipt_handle").is_none());
+
+    let ack = |c: &mut common::Client, h: &str| c.post_client(&format!("/v1/topics/enc/ack?receipt_handle={h}"), b"").status;
+    assert_eq!(ack(&mut c, &h0), 204);
+    assert_eq!(ack(&mut c, &h0), 410);
+    let r = c.post_client(&format!("/v1/topics/enc/ack?receipt_handle={}", h1.replace(':', "%3A")), b"");
+    assert_eq!(r.status, 204);
+    let r = c.post_client("/v1/topics/enc/ack?receipt_handle=1:2", b"");
+    assert_eq!((r.status, r.error().as_str()), (400, "receipt handle is malformed"));
+    let r = c.post_client("/v1/topics/enc/ack?receipt_handle=9:0:5", b"");
+    assert_eq!((r.status, r.error().as_str()), (410, "receipt handle no longer matches an active reservation"));
+    let r = c.post_client("/v1/topics/enc/ack", b"");
+    assert_eq!((r.status, r.error().as_str()), (400, "receipt_handle required"));
+    let r = c.post_client("/v1/topics/enc/ack?receipt_handle=0:0:1&extend=maybe", b"");
+    assert_eq!(r.status, 400);
+    // Replay past the end is 204; replay needs a partition.
+    assert_eq!(c.get("/v1/topics/enc/consume?partition=0&offset=3").status, 204);
+    assert_eq!(c.get("/v1/topics/enc/consume?offset=0").error(), "partition required for replay-mode consume");
+    assert_eq!(c.get("/v1/topics/enc/consume?partition=0&offset=-1").error(), "invalid offset: must be >= 0");
+}
+
+#[test]
+fn produce_validation() {
+    // Proves the produce query and body rules of API.md §10.1.
+    let (_d, s) = server("prodval");
+    let mut c = s.client();
+    c.create_topic("v", 3);
+    let p = |c: &mut common::Client, q: &str, body: &[u8]| c.post_client(&format!("/v1/topics/v/produce{q}"), body);
+    assert_eq!(p(&mut c, "", b"").error(), "message required");
+    assert_eq!(p(&mut c, "?partition=", b"x").error(), "invalid partition: empty");
+    assert_eq!(p(&mut c, "?partition=-1", b"x").error(), "invalid partition: must be >= 0");
+    assert_eq!(p(&mut c, "?partition=3", b"x").error(), "invalid argument: partition out of range");
+    assert_eq!(p(&mut c, "?partition=1&partition=2", b"x").error(), "duplicate partition query parameter");
+    assert_eq!(p(&mut c, "?key=a&key=b", b"x").error(), "duplicate key query parameter");
+    assert!(p(&mut c, "?partition=x", b"x").error().starts_with("invalid partition: "));
+    assert_eq!(c.post_client("/v1/topics/none/produce", b"x").error(), "topic not found");
+    let big = vec![b'a'; (1 << 20) + 1];
+    let r = p(&mut c, "", &big);
+    assert_eq!((r.status, r.error().as_str()), (413, "request body too large"));
+    assert_eq!(p(&mut c, "", &big[..1 << 20]).status, 202);
+}
+
+#[test]
+fn batch_produce_consume_and_ack() {
+    // Proves API.md §10.2–10.4 batch forms: all-or-nothing produce, {"accepted":N}, batch consume
+    // needing X-Narad-Client, per-handle batch ack results in order.
+    let (_d, s) = server("batch");
+    let mut c = s.client();
+    c.create_topic("b", 3);
+    let r = c.post_json("/v1/topics/b/produce/batch",
+        r#"{"messages":[{"key":"customer-42","payload":{"order_id":"ord_124"}},{"key":"customer-7","payload":"aGVsbG8=","payload_encoding":"base64"},{"key":"/w==","key_encoding":"base64","payload":[1,2],"partition":2}]}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json(), serde_json::json!({"accepted":3}));
+    let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[{"payload":1},{"payload":"","payload_encoding":"base64"}]}"#);
+    assert_eq!((r.status, r.error().as_str()), (400, "message 1: message required"));
+    let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[{"payload":1,"partition":7}]}"#);
+    assert_eq!((r.status, r.error().as_str()), (400, "message 0: invalid argument: partition out of range"));
+    let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[]}"#);
+    assert_eq!(r.error(), "messages required");
+    let r = c.post_json("/v1/topics/b/produce/batch?key=x", r#"{"messages":[{"payload":1}]}"#);
+    assert_eq!(r.error(), "key is set per message in a batch produce, not as a query parameter");
+    let many = format!(r#"{{"messages":[{}]}}"#, vec![r#"{"payload":1}"#; 1001].join(","));
+    assert_eq!(c.post_json("/v1/topics/b/produce/batch", &many).error(), "too many messages: more than 1000");
+    // Nothing of the refused batches was stored.
+    let d = c.get("/v1/topics/b").json();
+    let total: u64 = d["partition_stats"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    assert_eq!(total, 3);
+
+    let r = c.get("/v1/topics/b/consume?max=10");
+    assert_eq!(r.status, 400);
+    let r = c.request("GET", "/v1/topics/b/consume?max=10", &[("X-Narad-Client", "t")], b"");
+    assert_eq!(r.status, 200);
+    let msgs = r.json()["messages"].as_array().unwrap().clone();
+    assert_eq!(msgs.len(), 3);
+    let mut handles: Vec<String> = msgs.iter().map(|m| m["receipt_handle"].as_str().unwrap().to_string()).collect();
+    let pinned = msgs.iter().find(|m| m["payload"] == serde_json::json!([1, 2])).unwrap();
+    assert_eq!(pinned["partition"], 2);
+    assert_eq!(pinned["key"], "/w==");
+    handles.insert(1, "0:0:1".into());
+    handles.push("bad".into());
+    let body = serde_json::json!({"receipt_handles": handles}).to_string();
+    let r = c.post_json("/v1/topics/b/ack", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let res = r.json()["results"].as_array().unwrap().clone();
+    let statuses: Vec<u64> = res.iter().map(|x| x["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, vec![204, 410, 204, 204, 400]);
+    assert!(res[0].get("error").is_none());
+    let many = serde_json::json!({"receipt_handles": vec!["0:0:1"; 101]}).to_string();
+    assert_eq!(c.post_json("/v1/topics/b/ack", &many).error(), "too many receipt_handles: more than 100");
+    assert_eq!(c.request("GET", "/v1/topics/b/consume?max=10", &[("X-Narad-Client", "t")], b"").status, 204);
+}
+
+#[test]
+fn leases_expire_nack_redelivers_extend_keeps() {
+    // Proves SEMANTICS.md §2: an unacked lease comes back after the visibility timeout with a new
+    // handle and the late ack gets 410; nack redelivers at once; extend keeps the lease alive.
+    let (_d, s) = server("leases");
+    let mut c = s.client();
+    let r = c.post_json("/v1/topics", r#"{"name":"l","partitions":3,"visibility_timeout_ms":1000}"#);
+    assert_eq!(r.status, 201);
+    c.post_client("/v1/topics/l/produce?partition=1", b"one");
+    let m1 = c.get("/v1/topics/l/consume").json();
+    let h1 = m1["receipt_handle"].as_str().unwrap().to_string();
+    assert_eq!(c.get("/v1/topics/l/consume").status, 204);
+    std::thread::sleep(Duration::from_millis(1300));
+    let m2 = c.get("/v1/topics/l/consume").json();
+    assert_eq!(m2["offset"], m1["offset"]);
+    let h2 = m2["receipt_handle"].as_str().unwrap().to_string();
+    assert_ne!(h1, h2);
+    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h1}"), b"").status, 410);
+    // Nack: available again immediately.
+    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h2}&extend=0"), b"").status, 204);
+    let m3 = c.get("/v1/topics/l/consume").json();
+    assert_eq!(m3["offset"], m1["offset"]);
+    let h3 = m3["receipt_handle"].as_str().unwrap().to_string();
+    // Extend twice across more than one visibility timeout: still ours.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}&extend=true"), b"").status, 204);
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}&extend=1"), b"").status, 204);
+    assert_eq!(c.get("/v1/topics/l/consume").status, 204);
+    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}"), b"").status, 204);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(c.get("/v1/topics/l/consume").status, 204);
+}
+
+#[test]
+fn long_poll_is_woken_by_produce_and_clamped() {
+    // Proves SEMANTICS.md §2.8: a parked consume is woken by a commit within milliseconds (on any
+    // partition, so across shards), and `wait` above the ceiling is clamped with the header.
+    let (_d, s) = server("longpoll");
+    let mut c = s.client();
+    c.create_topic("w", 6);
+    let addr = s.addr();
+    for p in 0..6 {
+        let waiter = std::thread::spawn(move || {
+            let mut c2 = common::Client::connect(addr).unwrap();
+            let t0 = Instant::now();
+            let r = c2.get("/v1/topics/w/consume?wait=5s");
+            (r.status, t0.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        let t1 = Instant::now();
+        assert_eq!(c.post_client(&format!("/v1/topics/w/produce?partition={p}"), b"x").status, 202);
+        let (status, took) = waiter.join().unwrap();
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_secs(4), "partition {p}: woken after {took:?}");
+        assert!(t1.elapsed() < Duration::from_millis(500), "partition {p}: wake took {:?}", t1.elapsed());
+    }
+    let t0 = Instant::now();
+    let r = c.get("/v1/topics/w/consume?wait=1m0s&partition=0");
+    // The ceiling is 10 s; nothing to consume on partition 0 any more.
+    assert_eq!(r.status, 204);
+    assert_eq!(r.header("x-narad-wait-clamped"), Some("10s"));
+    assert!(t0.elapsed() >= Duration::from_secs(9));
+    assert!(c.get("/v1/topics/w/consume?wait=nope").error().starts_with("invalid wait: "));
+    assert_eq!(c.get("/v1/topics/w/consume?wait=100%C2%B5s").status, 204);
+}
+
+#[test]
+fn pipelined_and_chunked_requests() {
+    // Proves HTTP/1.1 pipelining (two requests in one write) and chunked request bodies.
+    use std::io::Write;
+    let (_d, s) = server("pipeline");
+    let mut c = s.client();
+    c.create_topic("pp", 3);
+    let two = "POST /v1/topics/pp/produce?partition=0 HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 1\r\n\r\naPOST /v1/topics/pp/produce?partition=0 HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nbc\r\n1;ext=1\r\nd\r\n0\r\n\r\n";
+    c.raw().write_all(two.as_bytes()).unwrap();
+    assert_eq!(c.read_response(false).unwrap().status, 202);
+    assert_eq!(c.read_response(false).unwrap().status, 202);
+    let m = c.get("/v1/topics/pp/consume?partition=0&offset=1").json();
+    assert_eq!(m["payload"], "bcd");
+}

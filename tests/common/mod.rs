@@ -1,0 +1,263 @@
+//! Shared harness of the black-box tests: starts the real `narad` binary on a free loopback port
+//! with a temporary data directory, and speaks HTTP/1.1 to it over a plain socket, as a user would.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a server may take to become ready.
+const READY_WAIT_MAX: Duration = Duration::from_secs(60);
+
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let base = std::env::var_os("NARAD_TEST_TMP").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let p = base.join(format!("narad-test-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Two consecutive free loopback ports (API and Raft).
+pub fn free_port_pair() -> u16 {
+    for _ in 0..200 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < 65000 && TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port pair on loopback");
+}
+
+pub struct Server {
+    pub port: u16,
+    pub data_dir: PathBuf,
+    child: Option<Child>,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Server {
+    /// Starts `narad server start --dev` on a fresh data directory with 2 shards.
+    pub fn start(dir: &TempDir) -> Server {
+        Server::start_with(dir.0.join("data"), vec![])
+    }
+
+    pub fn start_with(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
+        let mut s = Server { port: free_port_pair(), data_dir, child: None, extra_env };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        cmd.args(["server", "start", "--dev", "--port", &self.port.to_string(), "--data-dir"])
+            .arg(&self.data_dir)
+            .env("NARAD_SHARDS", "2")
+            .env("NARAD_LOG_LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("start narad"));
+        self.wait_ready();
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    fn wait_ready(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("narad exited during start-up: {status}");
+            }
+            if let Ok(mut c) = Client::connect(self.addr()) {
+                if let Ok(r) = c.try_request("GET", "/readyz", &[], b"") {
+                    if r.status == 200 {
+                        return;
+                    }
+                }
+            }
+            assert!(start.elapsed() < READY_WAIT_MAX, "narad not ready after {READY_WAIT_MAX:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr()).expect("connect to narad")
+    }
+
+    /// `kill -9`: nothing is flushed, nothing is closed.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        // SAFETY-free: use the kill command to send SIGTERM.
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let start = Instant::now();
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                return s;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "narad did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+#[derive(Debug)]
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text()))
+    }
+    pub fn error(&self) -> String {
+        self.json()["error"].as_str().unwrap_or_default().to_string()
+    }
+}
+
+/// A keep-alive HTTP/1.1 client on a blocking socket.
+pub struct Client {
+    stream: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> std::io::Result<Client> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(Client { stream: BufReader::new(s) })
+    }
+
+    pub fn raw(&mut self) -> &mut TcpStream {
+        self.stream.get_mut()
+    }
+
+    pub fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> std::io::Result<Resp> {
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
+            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        req.push_str("\r\n");
+        let s = self.stream.get_mut();
+        s.write_all(req.as_bytes())?;
+        s.write_all(body)?;
+        self.read_response(method == "HEAD")
+    }
+
+    pub fn read_response(&mut self, head: bool) -> std::io::Result<Resp> {
+        let mut line = String::new();
+        if self.stream.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("bad status line {line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            self.stream.read_line(&mut h)?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = h.split_once(':') {
+                headers.push((k.trim().to_string(), v.trim().to_string()));
+            }
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; if head || status == 204 || status == 100 { 0 } else { len }];
+        self.stream.read_exact(&mut body)?;
+        if status == 100 {
+            return self.read_response(head);
+        }
+        Ok(Resp { status, headers, body })
+    }
+
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+        self.try_request(method, path, headers, body)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    pub fn get(&mut self, path: &str) -> Resp {
+        self.request("GET", path, &[], b"")
+    }
+
+    /// A POST with `Content-Type: application/json`.
+    pub fn post_json(&mut self, path: &str, body: &str) -> Resp {
+        self.request("POST", path, &[("Content-Type", "application/json")], body.as_bytes())
+    }
+
+    pub fn post_client(&mut self, path: &str, body: &[u8]) -> Resp {
+        self.request("POST", path, &[("X-Narad-Client", "narad-tests/0")], body)
+    }
+
+    pub fn create_topic(&mut self, name: &str, partitions: u32) -> serde_json::Value {
+        let r = self.post_json("/v1/topics", &format!(r#"{{"name":"{name}","partitions":{partitions}}}"#));
+        assert_eq!(r.status, 201, "create {name}: {}", r.text());
+        r.json()
+    }
+}
