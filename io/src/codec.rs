@@ -455,6 +455,27 @@ pub fn encode_batch(seq: u64, record_count: u32, payload: &[u8], out: &mut [u8])
     out[end..].fill(0);
 }
 
+/// Completes a batch image in place: the payload already sits at `img[BATCH_HEADER_BYTES..]`
+/// (`payload_len` bytes); writes the header and zeroes the padding. `img` must be exactly
+/// `batch_span(payload_len)` bytes long.
+pub fn seal_batch(img: &mut [u8], seq: u64, record_count: u32, payload_len: usize) {
+    assert_eq!(
+        img.len(),
+        batch_span(payload_len),
+        "batch buffer of the wrong size"
+    );
+    assert!(payload_len <= BATCH_PAYLOAD_BYTES_MAX);
+    let end = BATCH_HEADER_BYTES + payload_len;
+    let h = BatchHeader {
+        seq,
+        payload_len: payload_len as u32,
+        record_count,
+        payload_crc: payload_crc(&img[BATCH_HEADER_BYTES..end]),
+    };
+    img[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h));
+    img[end..].fill(0);
+}
+
 /// Checks a whole batch image read back from disk: header good, sequence as expected, payload
 /// checksum good and padding zero. Used by the group commit after every write.
 pub fn verify_batch(image: &[u8], seq: u64) -> Result<BatchHeader, DecodeError> {

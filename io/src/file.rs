@@ -1,0 +1,206 @@
+//! Files opened for direct I/O, over glommio's `DmaFile`, with errors as `std::io::Error` that
+//! keep the OS error code (so ENOSPC stays recognisable).
+//!
+//! Owns: opening (always read+write when writing: glommio's `DmaFile::create` is write-only and
+//! the WAL reads back what it wrote), aligned buffers, positioned reads and writes, fdatasync,
+//! pre-allocation, zeroing, directory fsync. Never buffers or caches, never retries.
+
+use std::io;
+use std::path::Path;
+
+use glommio::io::{DmaBuffer, OpenOptions};
+
+/// Alignment of offsets and lengths for direct I/O on these disks (and the WAL's batch unit).
+pub const DIRECT_IO_ALIGN: usize = 4096;
+/// Largest single read issued by [`DirectFile::read_exact_at`]; bigger reads are split.
+pub const READ_CHUNK_BYTES_MAX: usize = 1 << 20;
+
+/// Converts a glommio error into an io error, keeping the OS error code when there is one.
+pub(crate) fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
+    match e {
+        glommio::GlommioError::EnhancedIoError {
+            source, op, path, ..
+        } => {
+            let msg = format!(
+                "{op} {}: {source}",
+                path.as_deref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
+            match source.raw_os_error() {
+                Some(code) => io::Error::new(
+                    io::Error::from_raw_os_error(code).kind(),
+                    OsError { code, msg },
+                ),
+                None => io::Error::new(source.kind(), msg),
+            }
+        }
+        other => io::Error::from(other),
+    }
+}
+
+/// An io error message that remembers its OS error code.
+#[derive(Debug)]
+struct OsError {
+    code: i32,
+    msg: String,
+}
+
+impl std::fmt::Display for OsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.msg)
+    }
+}
+
+impl std::error::Error for OsError {}
+
+/// The OS error code of `e`, also through [`io_err`]'s wrapping.
+pub fn os_error_code(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        e.get_ref()
+            .and_then(|i| i.downcast_ref::<OsError>())
+            .map(|o| o.code)
+    })
+}
+
+/// True when `e` is ENOSPC (or EDQUOT, a quota that is full).
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(os_error_code(e), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == io::ErrorKind::StorageFull
+}
+
+/// An aligned buffer for direct writes.
+pub struct AlignedBuf(DmaBuffer);
+
+impl AlignedBuf {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl AsMut<[u8]> for AlignedBuf {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.0.as_bytes_mut()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+/// A file opened with O_DIRECT.
+pub struct DirectFile(glommio::io::DmaFile);
+
+impl DirectFile {
+    /// Opens read+write, creating the file when `create`; fails if it exists and `create_new`.
+    pub async fn open_rw(path: &Path, create: bool, create_new: bool) -> io::Result<DirectFile> {
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .create_new(create_new)
+            .dma_open(path)
+            .await
+            .map_err(io_err)?;
+        Ok(DirectFile(f))
+    }
+
+    pub async fn open_read(path: &Path) -> io::Result<DirectFile> {
+        Ok(DirectFile(
+            glommio::io::DmaFile::open(path).await.map_err(io_err)?,
+        ))
+    }
+
+    /// A buffer of `len` bytes (rounded up to the alignment by the caller) suitable for writes.
+    pub fn alloc(&self, len: usize) -> AlignedBuf {
+        AlignedBuf(self.0.alloc_dma_buffer(len))
+    }
+
+    /// Writes the whole buffer at `pos` (both aligned). A short write is an error.
+    pub async fn write_all_at(&self, buf: AlignedBuf, pos: u64) -> io::Result<()> {
+        let len = buf.len();
+        let n = self.0.write_at(buf.0, pos).await.map_err(io_err)?;
+        if n != len {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {n} of {len} bytes at {pos}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads exactly `len` bytes at `pos` (aligned) into a new vector; fewer bytes is an error.
+    pub async fn read_exact_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let want = (len - out.len()).min(READ_CHUNK_BYTES_MAX);
+            let at = pos + out.len() as u64;
+            let r = self.0.read_at_aligned(at, want).await.map_err(io_err)?;
+            if r.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("read at {at}: end of file"),
+                ));
+            }
+            out.extend_from_slice(&r[..r.len().min(want)]);
+        }
+        Ok(out)
+    }
+
+    /// Reads `len` bytes at any `pos` (unaligned allowed); may return fewer at end of file.
+    pub async fn read_at(&self, pos: u64, len: usize) -> io::Result<Vec<u8>> {
+        let r = self.0.read_at(pos, len).await.map_err(io_err)?;
+        Ok(r.to_vec())
+    }
+
+    pub async fn fdatasync(&self) -> io::Result<()> {
+        self.0.fdatasync().await.map_err(io_err)
+    }
+
+    /// Reserves `[0, len)` on disk (fallocate, size becomes at least `len`): ENOSPC shows here.
+    pub async fn pre_allocate(&self, len: u64) -> io::Result<()> {
+        self.0.pre_allocate(len, false).await.map_err(io_err)
+    }
+
+    pub async fn truncate(&self, len: u64) -> io::Result<()> {
+        self.0.truncate(len).await.map_err(io_err)
+    }
+
+    pub async fn file_size(&self) -> io::Result<u64> {
+        self.0.file_size().await.map_err(io_err)
+    }
+
+    /// Writes zeros over `[from, to)` (aligned), in chunks.
+    pub async fn zero_range(&self, from: u64, to: u64) -> io::Result<()> {
+        let mut at = from;
+        while at < to {
+            let n = ((to - at) as usize).min(READ_CHUNK_BYTES_MAX);
+            let mut b = self.alloc(n);
+            b.as_mut().fill(0);
+            self.write_all_at(b, at).await?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    pub async fn close(self) -> io::Result<()> {
+        self.0.close().await.map_err(io_err)
+    }
+}
+
+/// fsyncs a directory, so that files created, renamed or removed in it stay so after a crash.
+pub async fn sync_dir(path: &Path) -> io::Result<()> {
+    let d = glommio::io::Directory::open(path).await.map_err(io_err)?;
+    d.sync().await.map_err(io_err)?;
+    d.close().await.map_err(io_err)
+}
+
+/// Removes a file (unlink). The caller fsyncs the directory when the removal must persist.
+pub async fn remove_file(path: &Path) -> io::Result<()> {
+    glommio::io::remove(path).await.map_err(io_err)
+}

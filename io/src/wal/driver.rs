@@ -1,0 +1,400 @@
+//! [`Wal`]: the write-ahead log on the real disk. Runs `wal::core` with glommio DMA files: one
+//! batch in flight, carried out as (create + fallocate + fdatasync + directory fsync of a new
+//! segment when needed) → one O_DIRECT write → one fdatasync → read back and verify → complete
+//! every waiter of the batch. Recovery runs `wal::recovery` over the segment files.
+//!
+//! Owns: the segment files of one WAL directory and the committer task. Never retries a failed
+//! write or fsync (the core poisons the log), never holds a `RefCell` borrow across an await.
+//! The crash-safety argument is in the `wal` module doc.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, VecDeque};
+use std::future::poll_fn;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Instant;
+
+use super::core::{BatchPlan, Core, CoreConfig, Outcome, Ticket};
+use super::recovery::Scanner;
+use super::{WalConfig, WalError, WalPosition, WalRecord, WalRecoveryStats, WalStats};
+use crate::codec::{self, BATCH_ALIGN};
+use crate::file::{self, DirectFile};
+
+/// Segment file name: 20-digit zero-padded segment number + `.wal`.
+pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("{segment:020}.wal"))
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".wal")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+#[derive(Default)]
+struct Slot {
+    result: RefCell<Option<Result<WalPosition, WalError>>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+struct Inner {
+    cfg: WalConfig,
+    core: RefCell<Core>,
+    /// The segment `core.write_at().segment`, open read+write.
+    current: RefCell<Rc<DirectFile>>,
+    segments: RefCell<BTreeSet<u64>>,
+    waiters: RefCell<VecDeque<(Ticket, Rc<Slot>)>>,
+    room: RefCell<Vec<Waker>>,
+    committer_running: Cell<bool>,
+    segments_released: Cell<u64>,
+}
+
+/// Handle to one shard's WAL. Clone-able; lives on one shard.
+#[derive(Clone)]
+pub struct Wal(Rc<Inner>);
+
+impl Wal {
+    /// Opens the WAL in `cfg.dir` (created if missing) and recovers it: truncates a torn tail,
+    /// counts + logs + skips corruption in the middle, returns the intact records at/after the
+    /// last checkpoint's position, in log order, each with its position.
+    pub async fn open(
+        cfg: WalConfig,
+    ) -> Result<(Wal, Vec<(WalPosition, WalRecord)>, WalRecoveryStats), WalError> {
+        validate(&cfg)?;
+        std::fs::create_dir_all(&cfg.dir)?;
+        probe_direct_io(&cfg.dir).await?;
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&cfg.dir)? {
+            let e = e?;
+            if let Some(id) = e.file_name().to_str().and_then(parse_segment_name) {
+                ids.push(id);
+            }
+        }
+        ids.sort_unstable();
+        let mut scanner = Scanner::new();
+        for &id in &ids {
+            let f = DirectFile::open_read(&segment_path(&cfg.dir, id)).await?;
+            let size = f.file_size().await?;
+            let whole = (size / BATCH_ALIGN as u64) * BATCH_ALIGN as u64;
+            let img = f.read_exact_at(0, whole as usize).await?;
+            f.close().await?;
+            scanner.feed(id, &img);
+        }
+        let rec = scanner.finish();
+        let mut segments: BTreeSet<u64> = ids.iter().copied().collect();
+        for &s in &rec.remove_segments {
+            file::remove_file(&segment_path(&cfg.dir, s)).await?;
+            segments.remove(&s);
+        }
+        let write_at = rec.write_at.unwrap_or_default();
+        let path = segment_path(&cfg.dir, write_at.segment);
+        let current = DirectFile::open_rw(&path, true, false).await?;
+        // Idempotent for an existing segment; reserves the space of a new or short one.
+        if let Err(e) = current.pre_allocate(cfg.segment_bytes).await {
+            return Err(if file::is_disk_full(&e) {
+                WalError::DiskFull
+            } else {
+                WalError::Io(e)
+            });
+        }
+        if let Some((at, end)) = rec.truncate {
+            assert_eq!(
+                at.segment, write_at.segment,
+                "torn tail is where the log continues"
+            );
+            current.zero_range(at.byte, end).await?;
+        }
+        current.fdatasync().await?;
+        segments.insert(write_at.segment);
+        file::sync_dir(&cfg.dir).await?;
+        let core_cfg = CoreConfig {
+            segment_bytes: cfg.segment_bytes,
+            batch_bytes_max: cfg.batch_bytes_max,
+            batch_records_max: cfg.batch_records_max,
+            queue_bytes_max: cfg.queue_bytes_max,
+        };
+        tracing::info!(
+            dir = %cfg.dir.display(),
+            segments = rec.stats.segments,
+            records = rec.stats.records,
+            replayed = rec.stats.records_replayed,
+            corrupt_batches = rec.stats.corrupt_batches,
+            torn_bytes = rec.stats.torn_bytes,
+            "write-ahead log recovered"
+        );
+        let inner = Inner {
+            core: RefCell::new(Core::new(core_cfg, rec.next_seq, write_at)),
+            cfg,
+            current: RefCell::new(Rc::new(current)),
+            segments: RefCell::new(segments),
+            waiters: RefCell::new(VecDeque::new()),
+            room: RefCell::new(Vec::new()),
+            committer_running: Cell::new(false),
+            segments_released: Cell::new(0),
+        };
+        Ok((Wal(Rc::new(inner)), rec.records, rec.stats))
+    }
+
+    /// Group commit: all records of one call go into one batch, contiguous and in order. Resolves
+    /// after that batch was written (one O_DIRECT write), fdatasync'ed, read back and verified;
+    /// calls resolve in call order. Returns the position right after the batch: every record of
+    /// this call lies before it, every record of a later call at or after it.
+    ///
+    /// Waits (backpressure) while more than `queue_bytes_max` bytes are queued. Dropping the
+    /// future after it started waiting for the batch does not withdraw the records.
+    pub async fn append(&self, records: Vec<WalRecord>) -> Result<WalPosition, WalError> {
+        let bytes: usize = records.iter().map(codec::encoded_len).sum();
+        let mut frames = Vec::with_capacity(bytes);
+        for r in &records {
+            codec::encode_record(r, &mut frames).map_err(|_| WalError::TooLarge)?;
+        }
+        let n = records.len();
+        self.0.core.borrow().check(frames.len(), n)?;
+        poll_fn(|cx| {
+            let core = self.0.core.borrow();
+            if core.poisoned().is_some() || core.has_room(frames.len()) {
+                Poll::Ready(())
+            } else {
+                self.0.room.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await;
+        let ticket = self.0.core.borrow_mut().submit(frames, n as u32)?;
+        let slot = Rc::new(Slot::default());
+        self.0
+            .waiters
+            .borrow_mut()
+            .push_back((ticket, slot.clone()));
+        if !self.0.committer_running.get() {
+            self.0.committer_running.set(true);
+            crate::rt::spawn(commit_loop(self.0.clone())).detach();
+        }
+        poll_fn(|cx| {
+            if let Some(r) = slot.result.borrow_mut().take() {
+                return Poll::Ready(r);
+            }
+            *slot.waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Deletes segments wholly before `upto` (the caller made their data durable elsewhere and
+    /// appended a Checkpoint record). Never deletes the segment being written.
+    pub async fn release_before(&self, upto: WalPosition) -> Result<(), WalError> {
+        let current = self.0.core.borrow().write_at().segment;
+        let doomed: Vec<u64> = self
+            .0
+            .segments
+            .borrow()
+            .iter()
+            .copied()
+            .filter(|&s| s < upto.segment && s < current)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        for &s in &doomed {
+            file::remove_file(&segment_path(&self.0.cfg.dir, s)).await?;
+            self.0.segments.borrow_mut().remove(&s);
+        }
+        file::sync_dir(&self.0.cfg.dir).await?;
+        self.0
+            .segments_released
+            .set(self.0.segments_released.get() + doomed.len() as u64);
+        Ok(())
+    }
+
+    /// Why the log stopped accepting appends, if it did.
+    pub fn poisoned(&self) -> Option<String> {
+        self.0.core.borrow().poisoned().map(str::to_string)
+    }
+
+    pub fn stats(&self) -> WalStats {
+        let mut s = self.0.core.borrow().stats.clone();
+        s.segments_released = self.0.segments_released.get();
+        s
+    }
+
+    /// Where the next batch goes.
+    pub fn write_position(&self) -> WalPosition {
+        self.0.core.borrow().write_at()
+    }
+
+    /// Segment numbers present on disk, oldest first.
+    pub fn segments(&self) -> Vec<u64> {
+        self.0.segments.borrow().iter().copied().collect()
+    }
+
+    pub fn config(&self) -> &WalConfig {
+        &self.0.cfg
+    }
+}
+
+fn validate(cfg: &WalConfig) -> Result<(), WalError> {
+    let bad = |m: &str| {
+        Err(WalError::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            m.to_string(),
+        )))
+    };
+    if cfg.segment_bytes == 0 || !cfg.segment_bytes.is_multiple_of(BATCH_ALIGN as u64) {
+        return bad("segment_bytes must be a positive multiple of 4096");
+    }
+    if cfg.batch_bytes_max < codec::BATCH_HEADER_BYTES + codec::RECORD_HEADER_BYTES
+        || codec::batch_span(cfg.batch_bytes_max) as u64 > cfg.segment_bytes
+        || cfg.batch_bytes_max > codec::BATCH_PAYLOAD_BYTES_MAX
+    {
+        return bad("batch_bytes_max must hold a record and fit a segment");
+    }
+    if cfg.batch_records_max == 0 || cfg.queue_bytes_max == 0 {
+        return bad("batch_records_max and queue_bytes_max must be positive");
+    }
+    Ok(())
+}
+
+/// glommio decides on polled I/O with the first DMA file it opens on a device; on an empty file
+/// that probe wrongly succeeds and later reads fail with EOPNOTSUPP (DESIGN.md §5). Open a
+/// non-empty file first, whatever else this executor did before.
+async fn probe_direct_io(dir: &Path) -> io::Result<()> {
+    let path = dir.join(".io-probe");
+    if std::fs::metadata(&path)
+        .map(|m| m.len() < BATCH_ALIGN as u64)
+        .unwrap_or(true)
+    {
+        std::fs::write(&path, vec![0x4e_u8; BATCH_ALIGN])?;
+    }
+    let f = DirectFile::open_read(&path).await?;
+    let _ = f.read_exact_at(0, BATCH_ALIGN).await?;
+    f.close().await
+}
+
+/// Runs while appends are queued: one batch at a time, then exits (re-spawned by `append`).
+async fn commit_loop(inner: Rc<Inner>) {
+    loop {
+        let started = {
+            let current = inner.current.borrow().clone();
+            inner.core.borrow_mut().start_batch(|n| current.alloc(n))
+        };
+        let Some((plan, buf)) = started else {
+            inner.committer_running.set(false);
+            return;
+        };
+        wake_room(&inner);
+        let t0 = Instant::now();
+        let outcome = carry_out(&inner, &plan, buf).await;
+        let results = {
+            let mut core = inner.core.borrow_mut();
+            if outcome == Outcome::Durable {
+                core.stats
+                    .commit_latency_us
+                    .record(t0.elapsed().as_micros() as u64);
+            }
+            core.finish(outcome)
+        };
+        deliver(&inner, results);
+        wake_room(&inner);
+    }
+}
+
+fn wake_room(inner: &Inner) {
+    let wakers = std::mem::take(&mut *inner.room.borrow_mut());
+    for w in wakers {
+        w.wake();
+    }
+}
+
+fn deliver(inner: &Inner, results: Vec<(Ticket, Result<WalPosition, WalError>)>) {
+    let mut waiters = inner.waiters.borrow_mut();
+    for (ticket, r) in results {
+        let (t, slot) = waiters.pop_front().expect("a waiter per ticket");
+        assert_eq!(t, ticket, "tickets resolve in order");
+        *slot.result.borrow_mut() = Some(r);
+        let waker = slot.waker.borrow_mut().take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -> Outcome {
+    if plan.new_segment {
+        match create_segment(inner, plan.at.segment).await {
+            Ok(()) => {}
+            Err(e) if file::is_disk_full(&e) => {
+                tracing::warn!(
+                    segment = plan.at.segment,
+                    "write-ahead log: disk full allocating a segment"
+                );
+                return Outcome::DiskFull;
+            }
+            Err(e) => {
+                return Outcome::Refused(format!("allocating segment {}: {e}", plan.at.segment))
+            }
+        }
+    }
+    let f = inner.current.borrow().clone();
+    if let Err(e) = f.write_all_at(buf, plan.at.byte).await {
+        return Outcome::Failed(format!(
+            "write of batch {} at segment {} byte {}: {e}",
+            plan.seq, plan.at.segment, plan.at.byte
+        ));
+    }
+    let t = Instant::now();
+    let synced = f.fdatasync().await;
+    {
+        let mut core = inner.core.borrow_mut();
+        core.stats.fsyncs += 1;
+        core.stats
+            .fsync_latency_us
+            .record(t.elapsed().as_micros() as u64);
+    }
+    if let Err(e) = synced {
+        return Outcome::Failed(format!("fdatasync of segment {}: {e}", plan.at.segment));
+    }
+    let img = match f.read_exact_at(plan.at.byte, plan.span).await {
+        Ok(img) => img,
+        Err(e) => return Outcome::Failed(format!("read-back of batch {}: {e}", plan.seq)),
+    };
+    if let Err(e) = codec::verify_batch(&img, plan.seq) {
+        return Outcome::Failed(format!(
+            "read-back of batch {} at segment {} byte {} does not verify: {e}",
+            plan.seq, plan.at.segment, plan.at.byte
+        ));
+    }
+    Outcome::Durable
+}
+
+/// Creates, pre-allocates and syncs segment `id` (file and directory), then makes it current.
+/// On failure the partial file is removed and the current segment is unchanged.
+async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
+    let path = segment_path(&inner.cfg.dir, id);
+    let f = DirectFile::open_rw(&path, true, false).await?;
+    let made = async {
+        f.pre_allocate(inner.cfg.segment_bytes).await?;
+        f.fdatasync().await?;
+        file::sync_dir(&inner.cfg.dir).await
+    }
+    .await;
+    if let Err(e) = made {
+        let _ = f.close().await;
+        if let Err(re) = file::remove_file(&path).await {
+            tracing::warn!(error = %re, path = %path.display(), "could not remove a half-made WAL segment");
+        }
+        return Err(e);
+    }
+    inner.segments.borrow_mut().insert(id);
+    let old = std::mem::replace(&mut *inner.current.borrow_mut(), Rc::new(f));
+    // Every batch in the old segment is durable already; close it once no one else holds it.
+    if let Ok(old) = Rc::try_unwrap(old) {
+        if let Err(e) = old.close().await {
+            tracing::warn!(error = %e, "closing a full WAL segment");
+        }
+    }
+    Ok(())
+}
