@@ -1,1 +1,2 @@
 //! The `narad` binary's library: CLI, server wiring and the HTTP layer.
+pub mod wire;

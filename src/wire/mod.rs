@@ -1,0 +1,182 @@
+//! Byte-exact wire helpers of the HTTP API: receipt handles, Go duration strings, query-string
+//! decoding, payload and key encoding in Message objects, base64, the key → partition hash, the
+//! strict request-body decoders and the error body.
+//!
+//! Owns: the exact texts and bytes the original Go broker produced and accepted, so that the Go
+//! SDK and curl users see no difference (API.md §1.2–1.3, §4, §10; SEMANTICS.md §5, §7;
+//! CLIENTS.md).
+//!
+//! Never does: I/O, allocation of trees for JSON it only has to validate or copy, or any policy
+//! (statuses, limits other than the per-body ones of the spec): callers map the typed errors here
+//! to statuses. Every function is pure and deterministic.
+
+pub mod base64;
+// pub mod body;
+pub mod duration;
+pub mod json;
+pub mod query;
+pub mod reader;
+pub mod receipt;
+
+// pub use body::{decode_strict, parse_batch_ack, parse_batch_produce, BatchMessage, BatchProduceError};
+pub use duration::GoDuration;
+pub use json::{
+    append_key_json, append_payload_json, error_body, push_error_body, push_json_string,
+    MessageJson,
+};
+pub use query::{form_decode, EscapeError, Query, QueryError};
+pub use reader::is_valid_json;
+pub use receipt::{MalformedHandle, ReceiptHandle};
+
+/// FNV-1a, 32 bits, of the key bytes: the partition of a keyed message is this modulo the
+/// partition count (SEMANTICS.md §5).
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 0x811C_9DC5;
+    for &b in bytes {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// The partition of a keyed message among `partitions` (> 0).
+pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
+    fnv1a32(key) % partitions.max(1)
+}
+
+/// Appends the decimal form of `v`.
+pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends the decimal form of a signed `v`.
+pub fn push_i64(out: &mut Vec<u8>, v: i64) {
+    if v < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, v.unsigned_abs());
+}
+
+/// Approximation of Go's `unicode.IsPrint` good for error texts: controls, non-ASCII spaces and
+/// the common invisible format characters are not printable.
+fn go_is_print(c: char) -> bool {
+    if c == ' ' {
+        return true;
+    }
+    if c.is_control() || c.is_whitespace() {
+        return false;
+    }
+    !matches!(c, '\u{AD}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+}
+
+/// Appends one rune the way Go's `strconv.Quote` escapes it inside `quote`.
+fn go_escape_rune(out: &mut String, c: char, quote: char) {
+    if c == quote || c == '\\' {
+        out.push('\\');
+        out.push(c);
+        return;
+    }
+    if go_is_print(c) {
+        out.push(c);
+        return;
+    }
+    match c {
+        '\u{7}' => out.push_str("\\a"),
+        '\u{8}' => out.push_str("\\b"),
+        '\u{c}' => out.push_str("\\f"),
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        '\u{b}' => out.push_str("\\v"),
+        c if (c as u32) < 0x20 || c as u32 == 0x7F => out.push_str(&format!("\\x{:02x}", c as u32)),
+        c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
+        c => out.push_str(&format!("\\U{:08x}", c as u32)),
+    }
+}
+
+/// Go's `strconv.Quote` (`%q`) of a byte string: invalid UTF-8 bytes as `\xHH`.
+pub fn go_quote(s: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for chunk in s.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            go_escape_rune(&mut out, c, '"');
+        }
+        for &b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `quoteChar` of its JSON scanner: a byte shown as the rune U+00XX in single quotes.
+fn go_quote_char(c: u8) -> String {
+    match c {
+        b'\'' => "'\\''".to_string(),
+        b'"' => "'\"'".to_string(),
+        c => {
+            let mut out = String::from("'");
+            go_escape_rune(&mut out, char::from(c), '\'');
+            out.push('\'');
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a32_matches_reference_vectors() {
+        // Proves the key hash is FNV-1a 32 (published test vectors), so keys land on the same
+        // partitions as in the original.
+        assert_eq!(fnv1a32(b""), 0x811c9dc5);
+        assert_eq!(fnv1a32(b"a"), 0xe40c292c);
+        assert_eq!(fnv1a32(b"foobar"), 0xbf9cf968);
+        assert_eq!(key_partition(b"foobar", 3), 0xbf9cf968 % 3);
+        assert_eq!(key_partition(b"x", 0), 0);
+    }
+
+    #[test]
+    fn integers_format_in_decimal() {
+        // Proves the allocation-free integer writers cover zero and the extremes.
+        let mut out = Vec::new();
+        push_u64(&mut out, 0);
+        out.push(b' ');
+        push_u64(&mut out, u64::MAX);
+        out.push(b' ');
+        push_i64(&mut out, i64::MIN);
+        out.push(b' ');
+        push_i64(&mut out, 42);
+        assert_eq!(out, b"0 18446744073709551615 -9223372036854775808 42");
+    }
+
+    #[test]
+    fn go_quote_matches_strconv_quote() {
+        // Proves %q-style quoting as Go prints it in `json: unknown field "x"` and URL escape
+        // errors.
+        assert_eq!(go_quote(b"x"), r#""x""#);
+        assert_eq!(go_quote(b"a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(go_quote(b"\n\t\x01\x7f"), r#""\n\t\x01\x7f""#);
+        assert_eq!(go_quote("é\u{a0}\u{200b}".as_bytes()), r#""é\u00a0\u200b""#);
+        assert_eq!(go_quote(b"%\xff"), r#""%\xff""#);
+        assert_eq!(go_quote_char(b'x'), "'x'");
+        assert_eq!(go_quote_char(b'\''), r"'\''");
+        assert_eq!(go_quote_char(b'"'), "'\"'");
+        assert_eq!(go_quote_char(0x01), r"'\x01'");
+        assert_eq!(go_quote_char(0xff), "'ÿ'");
+        assert_eq!(go_quote_char(0x85), r"'\u0085'");
+    }
+}

@@ -1,0 +1,507 @@
+//! A small pull reader over JSON text: validates and skips values without building a tree,
+//! reads strings with their escapes, and reports syntax errors with the texts of Go's
+//! `encoding/json` scanner (`invalid character 'x' looking for beginning of value`,
+//! `unexpected EOF`). Iterative: nesting costs one bit per level, up to `JSON_DEPTH_MAX` (Go's
+//! own limit), never stack frames.
+
+use std::borrow::Cow;
+
+use super::go_quote_char;
+
+/// Deepest nesting accepted, as Go's scanner (`exceeded max depth`).
+pub const JSON_DEPTH_MAX: usize = 10_000;
+
+const DEPTH_WORDS: usize = JSON_DEPTH_MAX.div_ceil(64);
+
+/// Open containers as bits: 1 = object, 0 = array.
+struct Nest {
+    bits: [u64; DEPTH_WORDS],
+    depth: usize,
+}
+
+impl Nest {
+    fn push(&mut self, object: bool) -> Result<(), String> {
+        if self.depth >= JSON_DEPTH_MAX {
+            return Err("exceeded max depth".to_string());
+        }
+        let (w, b) = (self.depth / 64, self.depth % 64);
+        if object {
+            self.bits[w] |= 1 << b;
+        } else {
+            self.bits[w] &= !(1 << b);
+        }
+        self.depth += 1;
+        Ok(())
+    }
+    fn top_is_object(&self) -> bool {
+        let d = self.depth - 1;
+        self.bits[d / 64] & (1 << (d % 64)) != 0
+    }
+}
+
+/// Position-carrying reader. Errors are Go-style detail texts (without the `invalid json: `
+/// prefix the handlers add).
+pub struct Reader<'a> {
+    pub buf: &'a [u8],
+    pub pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+
+    pub fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.buf.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    pub fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    pub fn at_end(&self) -> bool {
+        self.pos >= self.buf.len()
+    }
+
+    /// Go's error for the byte at the cursor in `context`, or `unexpected EOF` at the end.
+    pub fn error(&self, context: &str) -> String {
+        match self.peek() {
+            None => "unexpected EOF".to_string(),
+            Some(c) => format!("invalid character {} {context}", go_quote_char(c)),
+        }
+    }
+
+    /// Consumes `c` (after whitespace) or fails with Go's text for `context`.
+    pub fn expect(&mut self, c: u8, context: &str) -> Result<(), String> {
+        self.skip_ws();
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(self.error(context))
+        }
+    }
+
+    /// Skips one complete value (leading whitespace allowed); returns the span of its bytes.
+    pub fn skip_value(&mut self) -> Result<(usize, usize), String> {
+        let mut nest = Nest {
+            bits: [0; DEPTH_WORDS],
+            depth: 0,
+        };
+        self.skip_ws();
+        let start = self.pos;
+        // Each pass consumes at least one byte or fails, so the loop is bounded by the input.
+        'value: loop {
+            self.skip_ws();
+            match self.peek() {
+                Some(b'{') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                    if self.peek() == Some(b'}') {
+                        self.pos += 1;
+                    } else {
+                        nest.push(true)?;
+                        self.object_key()?;
+                        continue 'value;
+                    }
+                }
+                Some(b'[') => {
+                    self.pos += 1;
+                    self.skip_ws();
+                    if self.peek() == Some(b']') {
+                        self.pos += 1;
+                    } else {
+                        nest.push(false)?;
+                        continue 'value;
+                    }
+                }
+                Some(b'"') => self.skip_string()?,
+                Some(b'-' | b'0'..=b'9') => self.skip_number()?,
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                _ => return Err(self.error("looking for beginning of value")),
+            }
+            // After a value: close containers or move to the next element.
+            loop {
+                if nest.depth == 0 {
+                    return Ok((start, self.pos));
+                }
+                self.skip_ws();
+                let object = nest.top_is_object();
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        if object {
+                            self.object_key()?;
+                        }
+                        continue 'value;
+                    }
+                    Some(b'}') if object => {
+                        self.pos += 1;
+                        nest.depth -= 1;
+                    }
+                    Some(b']') if !object => {
+                        self.pos += 1;
+                        nest.depth -= 1;
+                    }
+                    _ if object => return Err(self.error("after object key:value pair")),
+                    _ => return Err(self.error("after array element")),
+                }
+            }
+        }
+    }
+
+    /// Inside an object: a key string then `:`.
+    fn object_key(&mut self) -> Result<(), String> {
+        self.skip_ws();
+        if self.peek() != Some(b'"') {
+            return Err(self.error("looking for beginning of object key string"));
+        }
+        self.skip_string()?;
+        self.expect(b':', "after object key")
+    }
+
+    fn literal(&mut self, lit: &[u8]) -> Result<(), String> {
+        let name = std::str::from_utf8(lit).unwrap_or("");
+        for (i, &want) in lit.iter().enumerate() {
+            match self.peek() {
+                Some(c) if c == want => self.pos += 1,
+                _ => {
+                    return Err(self.error(&format!(
+                        "in literal {name} (expecting {})",
+                        go_quote_char(lit[i])
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// JSON number grammar; the byte after it is judged by the caller's context.
+    fn skip_number(&mut self) -> Result<(), String> {
+        if self.peek() == Some(b'-') {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                while let Some(b'0'..=b'9') = self.peek() {
+                    self.pos += 1;
+                }
+            }
+            _ => return Err(self.error("in numeric literal")),
+        }
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(self.error("after decimal point in numeric literal"));
+            }
+            while let Some(b'0'..=b'9') = self.peek() {
+                self.pos += 1;
+            }
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if !matches!(self.peek(), Some(b'0'..=b'9')) {
+                return Err(self.error("in exponent of numeric literal"));
+            }
+            while let Some(b'0'..=b'9') = self.peek() {
+                self.pos += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Skips a string at the cursor (which is `"`), validating escapes. Any byte ≥ 0x20 is
+    /// accepted inside, as Go's scanner does.
+    pub fn skip_string(&mut self) -> Result<(), String> {
+        self.pos += 1;
+        loop {
+            // Fast path: run over plain bytes.
+            while let Some(&c) = self.buf.get(self.pos) {
+                if c == b'"' || c == b'\\' || c < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    self.escape()?;
+                }
+                _ => return Err(self.error("in string literal")),
+            }
+        }
+    }
+
+    /// After a backslash: validates one escape and returns the code unit it stands for.
+    fn escape(&mut self) -> Result<u32, String> {
+        let c = match self.peek() {
+            Some(b'"') => '"' as u32,
+            Some(b'\\') => '\\' as u32,
+            Some(b'/') => '/' as u32,
+            Some(b'b') => 8,
+            Some(b'f') => 12,
+            Some(b'n') => 10,
+            Some(b'r') => 13,
+            Some(b't') => 9,
+            Some(b'u') => {
+                self.pos += 1;
+                let mut v = 0u32;
+                for _ in 0..4 {
+                    let d = match self.peek() {
+                        Some(c @ b'0'..=b'9') => c - b'0',
+                        Some(c @ b'a'..=b'f') => c - b'a' + 10,
+                        Some(c @ b'A'..=b'F') => c - b'A' + 10,
+                        _ => return Err(self.error("in \\u hexadecimal character escape")),
+                    };
+                    v = v * 16 + u32::from(d);
+                    self.pos += 1;
+                }
+                return Ok(v);
+            }
+            _ => return Err(self.error("in string escape code")),
+        };
+        self.pos += 1;
+        Ok(c)
+    }
+
+    /// Reads a string at the cursor (after whitespace), unescaped. Bytes are returned as
+    /// written (invalid UTF-8 kept); `\u` escapes become UTF-8, a lone surrogate U+FFFD (as Go).
+    pub fn read_string(&mut self) -> Result<Cow<'a, [u8]>, String> {
+        self.skip_ws();
+        if self.peek() != Some(b'"') {
+            return Err(self.error("looking for beginning of value"));
+        }
+        let start = self.pos + 1;
+        let mut p = start;
+        while let Some(&c) = self.buf.get(p) {
+            if c == b'"' {
+                self.pos = p + 1;
+                return Ok(Cow::Borrowed(&self.buf[start..p]));
+            }
+            if c == b'\\' || c < 0x20 {
+                break;
+            }
+            p += 1;
+        }
+        // Slow path: escapes present.
+        self.pos = start;
+        let mut out = Vec::with_capacity(p - start + 16);
+        loop {
+            let run = self.pos;
+            while let Some(&c) = self.buf.get(self.pos) {
+                if c == b'"' || c == b'\\' || c < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            out.extend_from_slice(&self.buf[run..self.pos]);
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(Cow::Owned(out));
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let unit = self.escape()?;
+                    let ch = if (0xD800..0xDC00).contains(&unit) {
+                        // A high surrogate: pair it with a following \uDC00–\uDFFF escape.
+                        let save = self.pos;
+                        let low = if self.buf.get(self.pos..self.pos + 2) == Some(b"\\u") {
+                            self.pos += 1;
+                            self.escape().ok()
+                        } else {
+                            None
+                        };
+                        match low {
+                            Some(l) if (0xDC00..0xE000).contains(&l) => {
+                                char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (l - 0xDC00))
+                            }
+                            _ => {
+                                self.pos = save;
+                                None
+                            }
+                        }
+                    } else {
+                        char::from_u32(unit)
+                    };
+                    let ch = ch.unwrap_or('\u{FFFD}');
+                    let mut b = [0u8; 4];
+                    out.extend_from_slice(ch.encode_utf8(&mut b).as_bytes());
+                }
+                _ => return Err(self.error("in string literal")),
+            }
+        }
+    }
+
+    /// A string as Go decodes it into a `string`: invalid UTF-8 replaced by U+FFFD.
+    pub fn read_string_lossy(&mut self) -> Result<Cow<'a, str>, String> {
+        Ok(match self.read_string()? {
+            Cow::Borrowed(b) => String::from_utf8_lossy(b),
+            Cow::Owned(v) => match String::from_utf8(v) {
+                Ok(s) => Cow::Owned(s),
+                Err(e) => Cow::Owned(String::from_utf8_lossy(e.as_bytes()).into_owned()),
+            },
+        })
+    }
+}
+
+/// Whether `bytes` is exactly one JSON value, surrounding whitespace allowed (Go's `json.Valid`).
+pub fn is_valid_json(bytes: &[u8]) -> bool {
+    let mut r = Reader::new(bytes);
+    if r.skip_value().is_err() {
+        return false;
+    }
+    r.skip_ws();
+    r.at_end()
+}
+
+/// Go's `json.Valid` error detail for `bytes`, or `None` when valid.
+pub fn json_syntax_error(bytes: &[u8]) -> Option<String> {
+    let mut r = Reader::new(bytes);
+    if let Err(e) = r.skip_value() {
+        return Some(e);
+    }
+    r.skip_ws();
+    (!r.at_end()).then(|| r.error("after top-level value"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_every_json_value_shape() {
+        // Proves the validator accepts all JSON value kinds, surrounding whitespace, escapes,
+        // bytes >= 0x20 inside strings and deep (but legal) nesting.
+        for ok in [
+            "0",
+            "-0",
+            "-12.5e+3",
+            "1E9",
+            "0.0",
+            "true",
+            "false",
+            "null",
+            "\"hi\"",
+            " \n\t\r{\"a\":[1,2,{\"b\":null}],\"c\":\"\\u00e9\\n\\\"\\/\"} \n",
+            "[]",
+            "{}",
+            "[[],{},\"\"]",
+            "\"\u{7f}é😀\"",
+        ] {
+            assert!(is_valid_json(ok.as_bytes()), "{ok}");
+        }
+        let deep = format!(
+            "{}{}",
+            "[".repeat(JSON_DEPTH_MAX),
+            "]".repeat(JSON_DEPTH_MAX)
+        );
+        assert!(is_valid_json(deep.as_bytes()));
+    }
+
+    #[test]
+    fn refuses_invalid_json_with_go_scanner_texts() {
+        // Proves invalid documents are refused with the scanner messages Go prints.
+        let cases: &[(&str, &str)] = &[
+            ("", "unexpected EOF"),
+            ("   ", "unexpected EOF"),
+            ("x", "invalid character 'x' looking for beginning of value"),
+            ("hi", "invalid character 'h' looking for beginning of value"),
+            ("01", "invalid character '1' after top-level value"),
+            ("1 2", "invalid character '2' after top-level value"),
+            ("{} {}", "invalid character '{' after top-level value"),
+            ("-", "unexpected EOF"),
+            ("-x", "invalid character 'x' in numeric literal"),
+            ("1.", "unexpected EOF"),
+            (
+                "1.x",
+                "invalid character 'x' after decimal point in numeric literal",
+            ),
+            ("1e+", "unexpected EOF"),
+            (
+                "1ex",
+                "invalid character 'x' in exponent of numeric literal",
+            ),
+            ("tru", "unexpected EOF"),
+            (
+                "trux",
+                "invalid character 'x' in literal true (expecting 'e')",
+            ),
+            (
+                "nul1",
+                "invalid character '1' in literal null (expecting 'l')",
+            ),
+            ("{\"a\" 1}", "invalid character '1' after object key"),
+            (
+                "{\"a\":1 \"b\":2}",
+                "invalid character '\"' after object key:value pair",
+            ),
+            (
+                "{\"a\":1,}",
+                "invalid character '}' looking for beginning of object key string",
+            ),
+            (
+                "{1:1}",
+                "invalid character '1' looking for beginning of object key string",
+            ),
+            (
+                "[1,]",
+                "invalid character ']' looking for beginning of value",
+            ),
+            ("[1 2]", "invalid character '2' after array element"),
+            ("[1", "unexpected EOF"),
+            ("\"a\nb\"", "invalid character '\\n' in string literal"),
+            ("\"\\x\"", "invalid character 'x' in string escape code"),
+            (
+                "\"\\u12g4\"",
+                "invalid character 'g' in \\u hexadecimal character escape",
+            ),
+            ("\"abc", "unexpected EOF"),
+            (
+                "'a'",
+                "invalid character '\\'' looking for beginning of value",
+            ),
+        ];
+        for &(doc, want) in cases {
+            assert!(!is_valid_json(doc.as_bytes()), "{doc:?}");
+            assert_eq!(
+                json_syntax_error(doc.as_bytes()).as_deref(),
+                Some(want),
+                "{doc:?}"
+            );
+        }
+        let too_deep = "[".repeat(JSON_DEPTH_MAX + 1);
+        assert_eq!(
+            json_syntax_error(too_deep.as_bytes()).as_deref(),
+            Some("exceeded max depth")
+        );
+    }
+
+    #[test]
+    fn reads_strings_with_escapes_and_surrogates() {
+        // Proves strings unescape (including surrogate pairs), lone surrogates become U+FFFD as
+        // in Go, and escape-free strings are borrowed, not copied.
+        let mut r = Reader::new(br#" "plain" "a\"b\\c\/\n\u00e9\ud83d\ude00" "\ud800x" "\udc00""#);
+        assert!(matches!(r.read_string(), Ok(Cow::Borrowed(b"plain"))));
+        assert_eq!(
+            r.read_string().unwrap().as_ref(),
+            "a\"b\\c/\né😀".as_bytes()
+        );
+        assert_eq!(r.read_string().unwrap().as_ref(), "\u{FFFD}x".as_bytes());
+        assert_eq!(r.read_string().unwrap().as_ref(), "\u{FFFD}".as_bytes());
+        let mut r = Reader::new(b"\"\xff\"");
+        assert_eq!(r.read_string_lossy().unwrap(), "\u{FFFD}");
+    }
+}
