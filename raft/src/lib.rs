@@ -9,6 +9,7 @@
 
 pub mod apply;
 pub mod model;
+pub mod rt;
 
 pub use apply::apply;
 pub use model::*;
