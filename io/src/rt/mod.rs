@@ -1,6 +1,8 @@
 //! The runtime: one pinned glommio executor per shard, and the few primitives the rest of the code
-//! may use (spawn, sleep, tasks). Nothing outside this crate names glommio; if glommio has to be
-//! replaced, only this crate changes.
+//! may use: spawn, sleep, tasks, the cross-shard [`Mesh`], shard-local sync ([`Notify`],
+//! [`oneshot`], [`Semaphore`], [`timeout`]), TCP sockets and the process [`ShutdownSignal`].
+//! Nothing outside this crate names glommio; if glommio has to be replaced, only this crate
+//! changes.
 //!
 //! Start-up applies the fixes measured on these machines (DESIGN.md §5): about 1 MiB of io memory
 //! per executor (the default 10 MiB exceeds an 8 MiB memlock limit), no spinning before park on
@@ -11,6 +13,20 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::types::ShardId;
+
+mod mesh;
+mod net;
+mod signal;
+mod sync;
+
+pub use mesh::{
+    Mesh, MeshError, MeshSetup, MESH_CALLS_IN_FLIGHT_PER_PEER_MAX, MESH_CHANNEL_CAPACITY_DEFAULT,
+};
+pub use net::{TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT};
+pub use signal::{install_termination_handler, ShutdownSignal, ShutdownWait, SignalListener};
+pub use sync::{
+    oneshot, timeout, timeout_at, Elapsed, Notified, Notify, Semaphore, SemaphorePermit,
+};
 
 /// io_uring registered-buffer memory per executor.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 1 << 20;
@@ -44,7 +60,9 @@ impl RuntimeConfig {
 pub enum StartError {
     /// io_uring_setup was refused (seccomp profile of a container runtime, or a disabled kernel).
     IoUringRefused(String),
-    MemlockTooLow { limit_bytes: u64 },
+    MemlockTooLow {
+        limit_bytes: u64,
+    },
     Other(String),
 }
 
@@ -78,15 +96,20 @@ pub fn available_cpus() -> Vec<usize> {
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
             return (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
         }
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect()
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
     }
 }
 
 fn memlock_limit_bytes() -> Option<u64> {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes one rlimit struct we own.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
-    (rc == 0).then_some(r.rlim_cur as u64)
+    (rc == 0).then_some(r.rlim_cur)
 }
 
 /// Checks that io_uring can be set up at all, so that a refused syscall becomes a clear message
@@ -101,7 +124,9 @@ fn probe_io_uring() -> Result<(), StartError> {
     // size (120 bytes); the returned fd is closed right away.
     let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, &mut p as *mut Params) };
     if fd < 0 {
-        return Err(StartError::IoUringRefused(std::io::Error::last_os_error().to_string()));
+        return Err(StartError::IoUringRefused(
+            std::io::Error::last_os_error().to_string(),
+        ));
     }
     // SAFETY: fd was just returned by the kernel and is owned here.
     unsafe { libc::close(fd as i32) };
@@ -114,13 +139,22 @@ fn probe_io_uring() -> Result<(), StartError> {
 async fn open_probe_file(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".io-probe");
-    let ok = std::fs::metadata(&path).map(|m| m.len() >= 4096).unwrap_or(false);
+    let ok = std::fs::metadata(&path)
+        .map(|m| m.len() >= 4096)
+        .unwrap_or(false);
     if !ok {
         std::fs::write(&path, vec![0x4e_u8; 4096])?;
     }
-    let f = glommio::io::DmaFile::open(&path).await.map_err(|e| std::io::Error::other(e.to_string()))?;
-    let _ = f.read_at_aligned(0, 4096).await.map_err(|e| std::io::Error::other(e.to_string()))?;
-    f.close().await.map_err(|e| std::io::Error::other(e.to_string()))?;
+    let f = glommio::io::DmaFile::open(&path)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let _ = f
+        .read_at_aligned(0, 4096)
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    f.close()
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(())
 }
 
@@ -167,11 +201,46 @@ where
     Ok(out)
 }
 
+/// Like [`run`], with a cross-shard [`Mesh`] joined on every shard before `f` runs: `f` gets its
+/// shard's end. Each mesh channel holds at most `mesh_capacity` messages. Create more meshes (for
+/// other message types) with [`MeshSetup`] and join them inside `f` the same way.
+pub fn run_with_mesh<Req, Resp, F, Fut, T>(
+    cfg: RuntimeConfig,
+    mesh_capacity: usize,
+    f: F,
+) -> Result<Vec<T>, StartError>
+where
+    Req: Send + 'static,
+    Resp: Send + 'static,
+    F: Fn(ShardId, Mesh<Req, Resp>) -> Fut + Send + Sync + Clone + 'static,
+    Fut: Future<Output = T> + 'static,
+    T: Send + 'static,
+{
+    let setup: MeshSetup<Req, Resp> = MeshSetup::new(cfg.shards, mesh_capacity);
+    run(cfg, move |id| {
+        let setup = setup.clone();
+        let f = f.clone();
+        async move {
+            // `run` calls this exactly once per shard id below `cfg.shards`, so join cannot
+            // find its slot taken.
+            let mesh = setup
+                .join(id)
+                .await
+                .expect("each shard joins the mesh exactly once");
+            let out = f(id, mesh.clone()).await;
+            mesh.close();
+            out
+        }
+    })
+}
+
 fn classify(e: String) -> StartError {
     if e.contains("io_uring") || e.contains("Operation not permitted") {
         StartError::IoUringRefused(e)
     } else if e.contains("memlock") || e.contains("Cannot allocate memory") {
-        StartError::MemlockTooLow { limit_bytes: memlock_limit_bytes().unwrap_or(0) }
+        StartError::MemlockTooLow {
+            limit_bytes: memlock_limit_bytes().unwrap_or(0),
+        }
     } else {
         StartError::Other(e)
     }
@@ -231,7 +300,11 @@ mod tests {
         // Proves `run` starts one executor per shard, passes each its id and collects results in
         // shard order, with timers working inside the executors.
         let dir = std::env::temp_dir().join(format!("narad-rt-{}", std::process::id()));
-        let cfg = RuntimeConfig { shards: 2, pin: false, ..RuntimeConfig::new(dir.clone()) };
+        let cfg = RuntimeConfig {
+            shards: 2,
+            pin: false,
+            ..RuntimeConfig::new(dir.clone())
+        };
         let out = run(cfg, |id| async move {
             sleep(Duration::from_millis(5)).await;
             id.0 * 10

@@ -1,0 +1,267 @@
+//! TCP sockets for one shard: a listener bound with `SO_REUSEPORT` (every shard binds the same
+//! port and the kernel spreads connections over them) and a stream implementing futures-lite's
+//! `AsyncRead` + `AsyncWrite`.
+//!
+//! Owns socket set-up (options, backlog) and the mapping of glommio errors to `std::io::Error`.
+//! Never parses protocols and never moves a socket between shards.
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_lite::io::{AsyncRead, AsyncWrite};
+
+/// Default accept backlog per listening socket (per shard).
+pub const LISTEN_BACKLOG_DEFAULT: u32 = 1024;
+
+fn gerr<T>(e: glommio::GlommioError<T>) -> io::Error {
+    io::Error::from(e)
+}
+
+/// A listening socket of this shard.
+pub struct TcpListener(glommio::net::TcpListener);
+
+impl TcpListener {
+    /// Binds `addr` with `SO_REUSEPORT` and the default backlog.
+    pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+        TcpListener::bind_with_backlog(addr, LISTEN_BACKLOG_DEFAULT)
+    }
+
+    /// Binds `addr` with `SO_REUSEADDR` + `SO_REUSEPORT` and listens with `backlog`.
+    pub fn bind_with_backlog(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+        let fd = bind_reuseport(addr, backlog)?;
+        // SAFETY: `fd` is a freshly created, bound and listening socket owned by nobody else;
+        // glommio's listener takes ownership and closes it on drop.
+        Ok(TcpListener(unsafe {
+            glommio::net::TcpListener::from_raw_fd(fd)
+        }))
+    }
+
+    /// Waits for the next connection of this shard's socket.
+    pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
+        let s = self.0.accept().await.map_err(gerr)?;
+        let peer = s.peer_addr().map_err(gerr)?;
+        Ok((TcpStream(s), peer))
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0.local_addr().map_err(gerr)
+    }
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn bind_reuseport(addr: SocketAddr, backlog: u32) -> io::Result<RawFd> {
+    let domain = if addr.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: plain socket syscalls on a descriptor created and owned here; every struct passed
+    // by pointer lives on this stack frame with its exact size given.
+    unsafe {
+        let fd = cvt(libc::socket(
+            domain,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
+        let guard = FdGuard(fd);
+        let one: libc::c_int = 1;
+        let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        let p = &one as *const libc::c_int as *const libc::c_void;
+        cvt(libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            p,
+            len,
+        ))?;
+        cvt(libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            p,
+            len,
+        ))?;
+        match addr {
+            SocketAddr::V4(a) => {
+                let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                sa.sin_family = libc::AF_INET as libc::sa_family_t;
+                sa.sin_port = a.port().to_be();
+                sa.sin_addr = libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                };
+                cvt(libc::bind(
+                    fd,
+                    &sa as *const libc::sockaddr_in as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                ))?;
+            }
+            SocketAddr::V6(a) => {
+                let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+                sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sa.sin6_port = a.port().to_be();
+                sa.sin6_addr = libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                };
+                sa.sin6_flowinfo = a.flowinfo();
+                sa.sin6_scope_id = a.scope_id();
+                cvt(libc::bind(
+                    fd,
+                    &sa as *const libc::sockaddr_in6 as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                ))?;
+            }
+        }
+        let backlog = backlog.clamp(1, i32::MAX as u32) as libc::c_int;
+        cvt(libc::listen(fd, backlog))?;
+        std::mem::forget(guard);
+        Ok(fd)
+    }
+}
+
+struct FdGuard(RawFd);
+impl Drop for FdGuard {
+    fn drop(&mut self) {
+        // SAFETY: closes a descriptor this guard owns, on an error path.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// A connected TCP stream of this shard.
+pub struct TcpStream(glommio::net::TcpStream);
+
+impl TcpStream {
+    /// Connects to `addr` (loopback tests, the CLI, other nodes).
+    pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+        glommio::net::TcpStream::connect(addr)
+            .await
+            .map(TcpStream)
+            .map_err(gerr)
+    }
+
+    /// Connects to a `host:port` string, resolving it with the system resolver (blocking).
+    pub async fn connect_host(addr: &str) -> io::Result<TcpStream> {
+        let a = addr
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
+        TcpStream::connect(a).await
+    }
+
+    /// Connects to `addr`, giving up after `timeout`.
+    pub async fn connect_timeout(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+        let timeout = timeout.max(Duration::from_micros(1));
+        glommio::net::TcpStream::connect_timeout(addr, timeout)
+            .await
+            .map(TcpStream)
+            .map_err(gerr)
+    }
+
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.0.set_nodelay(on).map_err(gerr)
+    }
+
+    /// Bounds every single read that has to wait: it fails with `ErrorKind::TimedOut` after
+    /// `dur`. `None` waits forever. A zero duration is raised to one microsecond.
+    pub fn set_read_timeout(&self, dur: Option<Duration>) -> io::Result<()> {
+        self.0
+            .set_read_timeout(dur.map(|d| d.max(Duration::from_micros(1))))
+            .map_err(gerr)
+    }
+
+    /// Like [`TcpStream::set_read_timeout`], for writes waiting for socket buffer space.
+    pub fn set_write_timeout(&self, dur: Option<Duration>) -> io::Result<()> {
+        self.0
+            .set_write_timeout(dur.map(|d| d.max(Duration::from_micros(1))))
+            .map_err(gerr)
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.0.peer_addr().map_err(gerr)
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.0.local_addr().map_err(gerr)
+    }
+
+    /// Shuts down the sending half (the peer reads end-of-stream).
+    pub async fn shutdown_write(&self) -> io::Result<()> {
+        self.0
+            .shutdown(std::net::Shutdown::Write)
+            .await
+            .map_err(gerr)
+    }
+
+    /// Shuts down both halves.
+    pub async fn shutdown(&self) -> io::Result<()> {
+        self.0
+            .shutdown(std::net::Shutdown::Both)
+            .await
+            .map_err(gerr)
+    }
+
+    /// True when the peer has closed the connection (end of stream or a socket error), checked
+    /// without blocking and without consuming data: tells a client that went away (metrics
+    /// status 499) from one that is merely quiet. Unread data makes it answer false.
+    pub fn poll_peer_closed(&self) -> bool {
+        let mut b = [0u8; 1];
+        // SAFETY: a non-blocking peek of at most one byte into a stack buffer.
+        let rc = unsafe {
+            libc::recv(
+                self.0.as_raw_fd(),
+                b.as_mut_ptr() as *mut libc::c_void,
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        if rc == 0 {
+            return true;
+        }
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            return !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            );
+        }
+        false
+    }
+}
+
+impl AsyncRead for TcpStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TcpStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_close(cx)
+    }
+}
