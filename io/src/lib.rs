@@ -4,6 +4,7 @@
 
 pub mod codec;
 pub mod file;
+pub mod log;
 pub mod partition;
 pub mod rt;
 pub mod types;

@@ -582,6 +582,11 @@ impl PartitionLog {
         self.segments.front().map_or(Offset(0), |s| s.base)
     }
 
+    /// Commit time of the newest message record, if any.
+    pub fn last_commit_ms(&self) -> Option<UnixMillis> {
+        self.segments.iter().rev().find_map(|s| s.last_commit_ms)
+    }
+
     fn active_segment(&mut self) -> &mut Segment {
         self.segments
             .back_mut()

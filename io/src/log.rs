@@ -1,0 +1,1024 @@
+//! [`ShardLog`]: one shard's message log. It composes the shard's write-ahead log
+//! ([`crate::wal::Wal`]) with per-partition segment files ([`crate::partition`]) and is the only
+//! storage API the rest of the code uses.
+//!
+//! Owns: offset assignment (dense per partition, from 0), commit-time stamps, the high watermark
+//! of every partition this shard owns, the settled (acked) state, checkpoints and recovery. Never
+//! does: leases, routing, HTTP; never holds a `RefCell` borrow across an `.await`; never names
+//! glommio outside this crate.
+//!
+//! # Write path
+//! Appends and settles queue in the shard log. One committer task takes whatever is queued (up to
+//! the WAL's batch limits), assigns offsets and commit times, encodes the partition segment frames,
+//! and hands all records to the WAL as ONE append call: one O_DIRECT write and one fdatasync for
+//! every partition and producer in the batch. Only one WAL append is in flight at a time, so
+//! offsets are assigned from the partitions' current ends and a failed batch needs no rollback:
+//! its offsets are simply never used. After the WAL answers durable-and-verified, the committer
+//! writes the frames to the partition segment files (page cache), which advances the high
+//! watermarks, then answers every appender and runs the `on_commit` callbacks. A record is thus
+//! visible to readers only after it is durable in the WAL.
+//!
+//! # Crash-safety argument
+//! 1. An append is acknowledged only after its WAL batch is durable and verified (WAL contract).
+//! 2. Segment files may lag the WAL (page cache). A checkpoint captures the WAL position `P` just
+//!    after the last materialised batch (every WAL record before `P` is in the segment files and
+//!    the settled state), then, off the executor thread, fdatasyncs every segment file written
+//!    since the previous checkpoint, fsyncs the directories whose entries changed (new partitions,
+//!    new segments), and replaces the dirty `consumer.state` files atomically (temp + fsync +
+//!    rename + dir fsync). Only then does it append `Checkpoint { upto: P }` to the WAL and release
+//!    WAL segments wholly before `P`. An fsync error poisons the shard log (never retried).
+//! 3. Recovery loads the partition files (CRC-checked; a torn tail of the newest segment is cut),
+//!    then replays the WAL records from the last checkpoint's `P` on. Replay is idempotent: a
+//!    message whose offset is already present is skipped, a missing one is appended (offsets in
+//!    the WAL are authoritative), a hole (a WAL record lost to corruption) becomes a gap frame that
+//!    reads as `Corrupt`; settles are re-applied (settling twice is a no-op). Everything before `P`
+//!    was fsynced in step 2, everything after is in the WAL, so every acknowledged record and
+//!    every durable settle survives, whatever moment the crash hits.
+//! 4. Records written to segment files but whose WAL batch failed cannot exist: frames are written
+//!    only after the WAL succeeded. A WAL failure therefore leaves no trace but the unused offsets.
+//! 5. A topic deleted here is checkpointed right after its directories are removed, so replay
+//!    does not resurrect it; a WAL message for a partition that has no directory and a non-zero
+//!    offset is skipped as belonging to a deleted partition.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::rc::{Rc, Weak};
+use std::time::{Duration, Instant};
+
+use crate::codec::{self, WalPosition, WalRecord};
+use crate::partition::{
+    self, frame, EncodedBatch, PartitionLog, PartitionStats, ScanReport, SyncWork,
+};
+use crate::rt::{oneshot, Notify};
+use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
+use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
+
+pub use crate::partition::{ReadError, Settled, StoredRecord};
+
+/// Bound on the offsets one settle call may carry.
+pub const SETTLE_OFFSETS_MAX: usize = 65_536;
+/// Replay writes a partition's frames in runs of at most this many bytes.
+const REPLAY_RUN_BYTES_MAX: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct LogConfig {
+    pub data_dir: PathBuf,
+    pub shard: ShardId,
+    /// Shards on this node (fixed when the data directory was created): recovery loads only the
+    /// partitions `owner_shard` assigns to `shard`.
+    pub shard_count: u32,
+    pub wal_segment_bytes: u64,
+    pub wal_batch_bytes_max: usize,
+    pub wal_batch_records_max: usize,
+    /// Bytes of appends queued for the committer; appends beyond wait (backpressure).
+    pub append_queue_bytes_max: usize,
+    pub partition_segment_bytes_max: u64,
+    pub checkpoint_wal_bytes: u64,
+    pub checkpoint_interval_ms: u64,
+}
+
+impl LogConfig {
+    pub fn new(data_dir: PathBuf, shard: ShardId, shard_count: u32) -> LogConfig {
+        LogConfig {
+            data_dir,
+            shard,
+            shard_count,
+            wal_segment_bytes: 64 << 20,
+            wal_batch_bytes_max: 4 << 20,
+            wal_batch_records_max: 16_384,
+            append_queue_bytes_max: 64 << 20,
+            partition_segment_bytes_max: 64 << 20,
+            checkpoint_wal_bytes: 256 << 20,
+            checkpoint_interval_ms: 5_000,
+        }
+    }
+
+    /// `<data_dir>/ingress/shard-<i>`.
+    pub fn wal_dir(&self) -> PathBuf {
+        self.data_dir
+            .join("ingress")
+            .join(format!("shard-{}", self.shard.0))
+    }
+}
+
+/// One record to append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRecord {
+    pub key: PartitionKey,
+    pub msg_key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecoveredPartition {
+    pub key: PartitionKey,
+    pub next_offset: Offset,
+    pub oldest_offset: Offset,
+    pub settled: Settled,
+}
+
+/// What `open` found and did.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    pub partitions: u32,
+    /// Partition segment scan: segments, records, torn tail bytes, corrupt records.
+    pub scan: ScanReport,
+    pub wal: WalRecoveryStats,
+    /// WAL message records appended to partitions (not yet in their segment files).
+    pub replayed_messages: u64,
+    /// WAL message records already present in the segment files.
+    pub skipped_present: u64,
+    /// WAL message records of partitions deleted since.
+    pub skipped_deleted: u64,
+    /// Offsets missing from the WAL replay (holes), filled with gap frames that read as corrupt.
+    pub gap_records: u64,
+    pub replayed_settles: u64,
+    /// Transit records seen (held for another node; not handled by this log yet).
+    pub transit_records: u64,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug)]
+pub enum LogError {
+    /// The disk is full (WAL segment allocation failed); nothing of the call was written. A later
+    /// call can succeed once space frees.
+    DiskFull,
+    /// A write or fsync failed earlier: this shard accepts no more writes until restarted.
+    Poisoned(String),
+    Io(std::io::Error),
+    /// One call is larger than a WAL batch or a record larger than a frame.
+    TooLarge,
+    /// The log was closed.
+    Closed,
+}
+
+impl std::fmt::Display for LogError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LogError::DiskFull => write!(f, "disk full"),
+            LogError::Poisoned(why) => write!(f, "log stopped after an I/O failure: {why}"),
+            LogError::Io(e) => write!(f, "log I/O error: {e}"),
+            LogError::TooLarge => write!(f, "append larger than one batch"),
+            LogError::Closed => write!(f, "log closed"),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
+
+impl From<std::io::Error> for LogError {
+    fn from(e: std::io::Error) -> Self {
+        LogError::Io(e)
+    }
+}
+
+impl From<WalError> for LogError {
+    fn from(e: WalError) -> Self {
+        match e {
+            WalError::DiskFull => LogError::DiskFull,
+            WalError::Poisoned(s) => LogError::Poisoned(s),
+            WalError::Io(e) => LogError::Io(e),
+            WalError::TooLarge => LogError::TooLarge,
+        }
+    }
+}
+
+impl LogError {
+    fn copy(&self) -> LogError {
+        match self {
+            LogError::DiskFull => LogError::DiskFull,
+            LogError::Poisoned(s) => LogError::Poisoned(s.clone()),
+            LogError::Io(e) => LogError::Io(std::io::Error::new(e.kind(), e.to_string())),
+            LogError::TooLarge => LogError::TooLarge,
+            LogError::Closed => LogError::Closed,
+        }
+    }
+}
+
+enum Kind {
+    Append,
+    Settle(PartitionKey, Vec<Offset>),
+    Checkpoint,
+}
+
+/// One queued call: its WAL records (message offsets and times are filled in by the committer).
+struct Request {
+    kind: Kind,
+    records: Vec<WalRecord>,
+    wal_bytes: usize,
+    reply: oneshot::Sender<Result<Vec<Offset>, LogError>>,
+}
+
+struct State {
+    partitions: HashMap<PartitionKey, PartitionLog>,
+    queue: VecDeque<Request>,
+    queue_bytes: usize,
+    /// A WAL append of the committer is in flight.
+    inflight: bool,
+    /// Position just after the last durable batch; every WAL record before it is materialised.
+    last_pos: Option<WalPosition>,
+    last_checkpoint: Option<WalPosition>,
+    wal_bytes_since_checkpoint: u64,
+    last_checkpoint_at: Instant,
+    /// Commit times are max(now, this): non-decreasing on the shard, so per partition too.
+    last_stamp: UnixMillis,
+    deleted_topics: HashSet<TopicId>,
+    poisoned: Option<String>,
+    closing: bool,
+    closed: bool,
+}
+
+struct Inner {
+    cfg: LogConfig,
+    wal: Wal,
+    state: RefCell<State>,
+    callbacks: RefCell<Vec<Rc<dyn Fn(&[PartitionKey])>>>,
+    checkpoint_running: Cell<bool>,
+    checkpoint_done: Notify,
+}
+
+/// Wake-ups shared with the committer without keeping the log alive.
+struct Signals {
+    /// New work queued (or close).
+    work: Notify,
+    /// A batch finished (queue space freed, progress made).
+    progress: Notify,
+}
+
+/// One shard's log. Clone-able handle (Rc inside); lives on its shard.
+#[derive(Clone)]
+pub struct ShardLog {
+    inner: Rc<Inner>,
+    signals: Rc<Signals>,
+}
+
+fn wal_config(cfg: &LogConfig) -> WalConfig {
+    WalConfig {
+        dir: cfg.wal_dir(),
+        segment_bytes: cfg.wal_segment_bytes,
+        batch_bytes_max: cfg.wal_batch_bytes_max,
+        batch_records_max: cfg.wal_batch_records_max,
+        // The committer keeps at most one call in the WAL queue.
+        queue_bytes_max: cfg.wal_batch_bytes_max,
+    }
+}
+
+/// Writes pending replay runs to their partitions.
+fn flush_runs(
+    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    runs: &mut HashMap<PartitionKey, EncodedBatch>,
+) -> Result<(), LogError> {
+    for (key, run) in runs.drain() {
+        if let Some(p) = partitions.get_mut(&key) {
+            p.append(&run)?;
+        }
+    }
+    Ok(())
+}
+
+fn replay(
+    cfg: &LogConfig,
+    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    records: Vec<(WalPosition, WalRecord)>,
+    report: &mut RecoveryReport,
+) -> Result<(), LogError> {
+    let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
+    for (_, rec) in records {
+        match rec {
+            WalRecord::Message {
+                key,
+                offset,
+                commit_ms,
+                msg_key,
+                payload,
+            } => {
+                if owner_shard(key, cfg.shard_count) != cfg.shard {
+                    tracing::error!(
+                        ?key,
+                        "WAL message for a partition this shard does not own; skipped"
+                    );
+                    continue;
+                }
+                if !partitions.contains_key(&key) {
+                    if offset != Offset(0) {
+                        report.skipped_deleted += 1;
+                        continue;
+                    }
+                    partitions.insert(
+                        key,
+                        PartitionLog::create(&cfg.data_dir, key, cfg.partition_segment_bytes_max)?,
+                    );
+                }
+                let p = &partitions[&key];
+                let next = runs.get(&key).map_or(p.next_offset(), EncodedBatch::next);
+                if offset < next {
+                    report.skipped_present += 1;
+                    continue;
+                }
+                let run = runs.entry(key).or_insert_with(|| EncodedBatch::new(next));
+                if offset > next {
+                    tracing::error!(?key, from = next.0, to = offset.0,
+                        "offsets missing from the write-ahead log replay; they will read as corrupt");
+                    report.gap_records += offset.0 - next.0;
+                    while run.next() < offset {
+                        run.push_gap();
+                    }
+                }
+                run.push_message(commit_ms, msg_key.as_deref(), &payload);
+                report.replayed_messages += 1;
+                if run.byte_len() >= REPLAY_RUN_BYTES_MAX {
+                    let run = runs.remove(&key).expect("run present");
+                    partitions
+                        .get_mut(&key)
+                        .expect("partition present")
+                        .append(&run)?;
+                }
+            }
+            WalRecord::Settle { key, offsets } => {
+                if let Some(p) = partitions.get_mut(&key) {
+                    p.settle(&offsets);
+                    report.replayed_settles += 1;
+                }
+            }
+            WalRecord::Transit { .. } => report.transit_records += 1,
+            WalRecord::Checkpoint { .. } => {}
+        }
+    }
+    flush_runs(partitions, &mut runs)
+}
+
+impl ShardLog {
+    /// Opens and recovers this shard's log: partition files first, then the WAL replay from the
+    /// last checkpoint; then checkpoints, so the next recovery starts from here.
+    pub async fn open(
+        cfg: LogConfig,
+    ) -> Result<(ShardLog, Vec<RecoveredPartition>, RecoveryReport), LogError> {
+        let started = Instant::now();
+        if cfg.shard_count == 0 || cfg.shard.0 >= cfg.shard_count {
+            return Err(LogError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "shard must be below shard_count",
+            )));
+        }
+        std::fs::create_dir_all(partition::topics_dir(&cfg.data_dir))?;
+        let mut report = RecoveryReport::default();
+        let mut partitions = HashMap::new();
+        for (key, dir) in partition::scan_partition_dirs(&cfg.data_dir)? {
+            if owner_shard(key, cfg.shard_count) != cfg.shard {
+                continue;
+            }
+            let (p, scan) = PartitionLog::open(&dir, key, cfg.partition_segment_bytes_max)?;
+            report.scan.add(&scan);
+            partitions.insert(key, p);
+        }
+        let (wal, records, wal_stats) = Wal::open(wal_config(&cfg)).await?;
+        report.wal = wal_stats;
+        let replayed = !records.is_empty();
+        replay(&cfg, &mut partitions, records, &mut report)?;
+        let mut last_stamp = UnixMillis(0);
+        let mut recovered = Vec::with_capacity(partitions.len());
+        for p in partitions.values_mut() {
+            p.clamp_settled();
+            last_stamp = last_stamp.max(p.last_commit_ms().unwrap_or_default());
+            recovered.push(RecoveredPartition {
+                key: p.key(),
+                next_offset: p.next_offset(),
+                oldest_offset: p.oldest_offset(),
+                settled: p.settled(),
+            });
+        }
+        recovered.sort_by_key(|r| r.key);
+        report.partitions = recovered.len() as u32;
+        let last_pos = replayed.then(|| wal.write_position());
+        let state = State {
+            partitions,
+            queue: VecDeque::new(),
+            queue_bytes: 0,
+            inflight: false,
+            last_pos,
+            last_checkpoint: None,
+            wal_bytes_since_checkpoint: 0,
+            last_checkpoint_at: Instant::now(),
+            last_stamp,
+            deleted_topics: HashSet::new(),
+            poisoned: None,
+            closing: false,
+            closed: false,
+        };
+        let inner = Rc::new(Inner {
+            cfg,
+            wal,
+            state: RefCell::new(state),
+            callbacks: RefCell::new(Vec::new()),
+            checkpoint_running: Cell::new(false),
+            checkpoint_done: Notify::new(),
+        });
+        let signals = Rc::new(Signals {
+            work: Notify::new(),
+            progress: Notify::new(),
+        });
+        crate::rt::spawn(committer(Rc::downgrade(&inner), signals.clone())).detach();
+        let log = ShardLog { inner, signals };
+        if replayed {
+            log.checkpoint().await?;
+        }
+        report.duration_ms = started.elapsed().as_millis() as u64;
+        tracing::info!(
+            shard = log.inner.cfg.shard.0,
+            partitions = report.partitions,
+            segments = report.scan.segments,
+            records = report.scan.records,
+            replayed = report.replayed_messages,
+            torn_bytes = report.scan.torn_tail_bytes,
+            corrupt = report.scan.corrupt_records,
+            gaps = report.gap_records,
+            ms = report.duration_ms,
+            "shard log recovered"
+        );
+        Ok((log, recovered, report))
+    }
+
+    fn refuse(&self) -> Option<LogError> {
+        let st = self.inner.state.borrow();
+        if st.closing || st.closed {
+            return Some(LogError::Closed);
+        }
+        if let Some(p) = st.poisoned.clone().or_else(|| self.inner.wal.poisoned()) {
+            return Some(LogError::Poisoned(p));
+        }
+        None
+    }
+
+    /// Queues a request (waiting while the queue is full) and waits for its answer.
+    async fn submit(&self, kind: Kind, records: Vec<WalRecord>) -> Result<Vec<Offset>, LogError> {
+        let wal_bytes: usize = records.iter().map(codec::encoded_len).sum();
+        if codec::BATCH_HEADER_BYTES + wal_bytes > self.inner.cfg.wal_batch_bytes_max
+            || records.len() > self.inner.cfg.wal_batch_records_max
+        {
+            return Err(LogError::TooLarge);
+        }
+        loop {
+            let progressed = self.signals.progress.notified();
+            {
+                let st = self.inner.state.borrow();
+                if st.queue.is_empty()
+                    || st.queue_bytes + wal_bytes <= self.inner.cfg.append_queue_bytes_max
+                {
+                    break;
+                }
+            }
+            progressed.await;
+            if !matches!(kind, Kind::Checkpoint) {
+                if let Some(e) = self.refuse() {
+                    return Err(e);
+                }
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut st = self.inner.state.borrow_mut();
+            st.queue_bytes += wal_bytes;
+            st.queue.push_back(Request {
+                kind,
+                records,
+                wal_bytes,
+                reply: tx,
+            });
+        }
+        self.signals.work.notify_waiters();
+        rx.await.unwrap_or(Err(LogError::Closed))
+    }
+
+    /// Assigns offsets (dense per partition, from 0) and commit times (non-decreasing per
+    /// partition), commits through the WAL group commit, and resolves after the batch is durable
+    /// and verified AND the records are readable (high watermarks advanced). Offsets in input
+    /// order.
+    pub async fn append(&self, records: Vec<AppendRecord>) -> Result<Vec<Offset>, LogError> {
+        if let Some(e) = self.refuse() {
+            return Err(e);
+        }
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut wal_records = Vec::with_capacity(records.len());
+        {
+            let st = self.inner.state.borrow();
+            for r in records {
+                if frame::message_frame_len(r.msg_key.as_deref(), &r.payload)
+                    > frame::FRAME_BYTES_MAX
+                {
+                    return Err(LogError::TooLarge);
+                }
+                if st.deleted_topics.contains(&r.key.topic) {
+                    return Err(LogError::Io(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "topic deleted",
+                    )));
+                }
+                wal_records.push(WalRecord::Message {
+                    key: r.key,
+                    offset: Offset(0),
+                    commit_ms: UnixMillis(0),
+                    msg_key: r.msg_key,
+                    payload: r.payload,
+                });
+            }
+        }
+        self.submit(Kind::Append, wal_records).await
+    }
+
+    /// Marks offsets acked; durable through a Settle WAL record in the next group commit.
+    /// Resolves when durable.
+    pub async fn settle(&self, key: PartitionKey, offsets: Vec<Offset>) -> Result<(), LogError> {
+        if let Some(e) = self.refuse() {
+            return Err(e);
+        }
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        if offsets.len() > SETTLE_OFFSETS_MAX {
+            return Err(LogError::TooLarge);
+        }
+        let rec = WalRecord::Settle {
+            key,
+            offsets: offsets.clone(),
+        };
+        self.submit(Kind::Settle(key, offsets), vec![rec])
+            .await
+            .map(|_| ())
+    }
+
+    pub fn high_watermark(&self, key: PartitionKey) -> Offset {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)
+            .map_or(Offset(0), PartitionLog::next_offset)
+    }
+
+    pub fn oldest_offset(&self, key: PartitionKey) -> Offset {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)
+            .map_or(Offset(0), PartitionLog::oldest_offset)
+    }
+
+    /// The settled state of a partition (as of the last materialised batch).
+    pub fn settled(&self, key: PartitionKey) -> Settled {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)
+            .map(PartitionLog::settled)
+            .unwrap_or_default()
+    }
+
+    /// Records `[from, hwm)`, at most `max_records` and `max_bytes` (the first record is always
+    /// included).
+    pub async fn read(
+        &self,
+        key: PartitionKey,
+        from: Offset,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredRecord>, ReadError> {
+        match self.inner.state.borrow().partitions.get(&key) {
+            Some(p) => p.read(from, max_records, max_bytes),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    pub fn stats(&self, key: PartitionKey) -> PartitionStats {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)
+            .map(PartitionLog::stats)
+            .unwrap_or_default()
+    }
+
+    pub fn partitions(&self) -> Vec<PartitionKey> {
+        let mut v: Vec<PartitionKey> = self
+            .inner
+            .state
+            .borrow()
+            .partitions
+            .keys()
+            .copied()
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Registers a callback run after every commit with the partitions whose high watermark
+    /// moved (wakes long-polls). Callbacks must not block.
+    pub fn on_commit(&self, f: Box<dyn Fn(&[PartitionKey])>) {
+        self.inner.callbacks.borrow_mut().push(Rc::from(f));
+    }
+
+    /// Deletes every partition of `topic` this shard owns (files and memory), then checkpoints so
+    /// that recovery does not replay them. Appends to the topic fail from now on.
+    pub async fn delete_topic(&self, topic: TopicId) -> Result<(), LogError> {
+        let dirs: Vec<PathBuf> = {
+            let mut st = self.inner.state.borrow_mut();
+            st.deleted_topics.insert(topic);
+            let keys: Vec<PartitionKey> = st
+                .partitions
+                .keys()
+                .filter(|k| k.topic == topic)
+                .copied()
+                .collect();
+            keys.iter()
+                .filter_map(|k| st.partitions.remove(k))
+                .map(|p| p.dir().to_path_buf())
+                .collect()
+        };
+        let topic_dir = partition::topic_dir(&self.inner.cfg.data_dir, topic);
+        let removed = glommio::executor()
+            .spawn_blocking(move || -> std::io::Result<()> {
+                for d in &dirs {
+                    match std::fs::remove_dir_all(d) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+                // Other shards may still hold partitions of the topic: remove it only when empty.
+                if std::fs::remove_dir(&topic_dir).is_ok() {
+                    if let Some(parent) = topic_dir.parent() {
+                        partition::state::sync_dir(parent)?;
+                    }
+                }
+                Ok(())
+            })
+            .await;
+        removed?;
+        self.checkpoint().await
+    }
+
+    /// Deletes whole sealed segments of `topic` whose newest record is older than
+    /// `now - retention_ms` (0 = keep forever). Returns the bytes deleted.
+    pub async fn enforce_retention(
+        &self,
+        topic: TopicId,
+        retention_ms: u64,
+        now: UnixMillis,
+    ) -> Result<u64, LogError> {
+        let mut st = self.inner.state.borrow_mut();
+        let mut deleted = 0;
+        for p in st
+            .partitions
+            .values_mut()
+            .filter(|p| p.key().topic == topic)
+        {
+            deleted += p.enforce_retention(retention_ms, now)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Makes everything materialised so far durable in the partition files and releases the WAL
+    /// before it. Also runs by itself every `checkpoint_wal_bytes` / `checkpoint_interval_ms`.
+    pub async fn checkpoint(&self) -> Result<(), LogError> {
+        run_checkpoint(&self.inner, &self.signals).await
+    }
+
+    /// Graceful stop: waits for queued calls, checkpoints, stops the committer. Later calls answer
+    /// `Closed`.
+    pub async fn close(&self) -> Result<(), LogError> {
+        self.inner.state.borrow_mut().closing = true;
+        loop {
+            let progressed = self.signals.progress.notified();
+            {
+                let st = self.inner.state.borrow();
+                if st.queue.is_empty() && !st.inflight {
+                    break;
+                }
+            }
+            progressed.await;
+        }
+        let r = if self.poisoned().is_none() {
+            self.checkpoint().await
+        } else {
+            Ok(())
+        };
+        self.inner.state.borrow_mut().closed = true;
+        self.signals.work.notify_waiters();
+        r
+    }
+
+    /// Why this log stopped accepting writes, if it did.
+    pub fn poisoned(&self) -> Option<String> {
+        self.inner
+            .state
+            .borrow()
+            .poisoned
+            .clone()
+            .or_else(|| self.inner.wal.poisoned())
+    }
+
+    /// Statistics of the shard's WAL (fsyncs, batch sizes, latencies).
+    pub fn wal_stats(&self) -> crate::wal::WalStats {
+        self.inner.wal.stats()
+    }
+
+    /// Bytes of offset index held in memory by this shard's partitions.
+    pub fn index_bytes(&self) -> usize {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .values()
+            .map(PartitionLog::index_bytes)
+            .sum()
+    }
+}
+
+fn poison(inner: &Inner, why: String) {
+    tracing::error!(shard = inner.cfg.shard.0, reason = %why, "shard log stopped accepting writes");
+    let mut st = inner.state.borrow_mut();
+    if st.poisoned.is_none() {
+        st.poisoned = Some(why);
+    }
+}
+
+async fn run_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(), LogError> {
+    while inner.checkpoint_running.get() {
+        let done = inner.checkpoint_done.notified();
+        if !inner.checkpoint_running.get() {
+            break;
+        }
+        done.await;
+    }
+    inner.checkpoint_running.set(true);
+    let r = checkpoint_once(inner, signals).await;
+    inner.checkpoint_running.set(false);
+    inner.checkpoint_done.notify_waiters();
+    r
+}
+
+async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(), LogError> {
+    if let Some(p) = inner.state.borrow().poisoned.clone() {
+        return Err(LogError::Poisoned(p));
+    }
+    // Capture P and the dirty files together: no batch is half-materialised outside the committer's
+    // synchronous section, so every WAL record before `upto` is in these files and states.
+    let (upto, works) = {
+        let mut st = inner.state.borrow_mut();
+        let upto = st.last_pos;
+        st.wal_bytes_since_checkpoint = 0;
+        st.last_checkpoint_at = Instant::now();
+        let mut works: Vec<SyncWork> = Vec::new();
+        for p in st.partitions.values_mut() {
+            let w = p.take_sync_work()?;
+            if !w.is_empty() {
+                works.push(w);
+            }
+        }
+        (upto, works)
+    };
+    if !works.is_empty() {
+        let synced = glommio::executor()
+            .spawn_blocking(move || -> std::io::Result<()> {
+                for w in works {
+                    w.run()?;
+                }
+                Ok(())
+            })
+            .await;
+        if let Err(e) = synced {
+            let why = format!("checkpoint fsync of partition files failed: {e}");
+            poison(inner, why.clone());
+            return Err(LogError::Poisoned(why));
+        }
+    }
+    let Some(upto) = upto else { return Ok(()) };
+    if inner.state.borrow().last_checkpoint == Some(upto) {
+        return Ok(());
+    }
+    let log = ShardLog {
+        inner: inner.clone(),
+        signals: signals.clone(),
+    };
+    log.submit(Kind::Checkpoint, vec![WalRecord::Checkpoint { upto }])
+        .await?;
+    inner.wal.release_before(upto).await?;
+    let mut st = inner.state.borrow_mut();
+    if st.last_checkpoint.is_none_or(|c| c < upto) {
+        st.last_checkpoint = Some(upto);
+    }
+    Ok(())
+}
+
+/// Takes queued requests up to the WAL batch limits (always at least one).
+fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
+    let mut out = Vec::new();
+    let mut bytes = codec::BATCH_HEADER_BYTES;
+    let mut records = 0;
+    while let Some(r) = st.queue.front() {
+        if !out.is_empty()
+            && (bytes + r.wal_bytes > cfg.wal_batch_bytes_max
+                || records + r.records.len() > cfg.wal_batch_records_max)
+        {
+            break;
+        }
+        bytes += r.wal_bytes;
+        records += r.records.len();
+        let r = st.queue.pop_front().expect("front exists");
+        st.queue_bytes -= r.wal_bytes;
+        out.push(r);
+    }
+    out
+}
+
+/// The committer: one WAL append in flight at a time, materialise, answer, repeat.
+async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
+    loop {
+        let work = signals.work.notified();
+        let Some(inner) = weak.upgrade() else { return };
+        let (batch, idle_for) = {
+            let mut st = inner.state.borrow_mut();
+            if st.closed {
+                return;
+            }
+            let batch = take_batch(&mut st, &inner.cfg);
+            let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
+            (
+                batch,
+                interval.saturating_sub(st.last_checkpoint_at.elapsed()),
+            )
+        };
+        if batch.is_empty() {
+            maybe_checkpoint(&inner, &signals);
+            drop(inner);
+            futures_lite::future::or(work, async {
+                crate::rt::sleep(idle_for.max(Duration::from_millis(10))).await;
+            })
+            .await;
+            continue;
+        }
+        commit_batch(&inner, batch).await;
+        signals.progress.notify_waiters();
+        maybe_checkpoint(&inner, &signals);
+    }
+}
+
+/// Starts a background checkpoint when the WAL grew by `checkpoint_wal_bytes` or
+/// `checkpoint_interval_ms` passed with something new.
+fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
+    if inner.checkpoint_running.get() {
+        return;
+    }
+    let due = {
+        let st = inner.state.borrow();
+        st.poisoned.is_none()
+            && !st.closed
+            && st.last_pos.is_some()
+            && st.last_pos != st.last_checkpoint
+            && (st.wal_bytes_since_checkpoint >= inner.cfg.checkpoint_wal_bytes
+                || st.last_checkpoint_at.elapsed()
+                    >= Duration::from_millis(inner.cfg.checkpoint_interval_ms))
+    };
+    if due {
+        let (inner, signals) = (inner.clone(), signals.clone());
+        crate::rt::spawn(async move {
+            if let Err(e) = run_checkpoint(&inner, &signals).await {
+                tracing::error!(shard = inner.cfg.shard.0, error = %e, "checkpoint failed");
+            }
+        })
+        .detach();
+    }
+}
+
+async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
+    // Assign offsets and times, encode the segment frames. No WAL append is in flight, so every
+    // partition's next offset is its end in the segment files.
+    let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
+    let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
+    let mut wal_bytes = 0u64;
+    {
+        let mut st = inner.state.borrow_mut();
+        let now = UnixMillis::now().max(st.last_stamp);
+        st.last_stamp = now;
+        for req in &mut batch {
+            wal_bytes += req.wal_bytes as u64;
+            let mut offs = Vec::new();
+            if matches!(req.kind, Kind::Append) {
+                offs.reserve(req.records.len());
+                for rec in &mut req.records {
+                    if let WalRecord::Message {
+                        key,
+                        offset,
+                        commit_ms,
+                        msg_key,
+                        payload,
+                    } = rec
+                    {
+                        let run = runs.entry(*key).or_insert_with(|| {
+                            EncodedBatch::new(
+                                st.partitions
+                                    .get(key)
+                                    .map_or(Offset(0), PartitionLog::next_offset),
+                            )
+                        });
+                        *commit_ms = now;
+                        *offset = run.push_message(now, msg_key.as_deref(), payload);
+                        offs.push(*offset);
+                    }
+                }
+            }
+            offsets.push(offs);
+        }
+        st.inflight = true;
+    }
+    let mut records = Vec::new();
+    let mut replies = Vec::with_capacity(batch.len());
+    for req in batch {
+        records.extend(req.records);
+        replies.push((req.kind, req.reply));
+    }
+    let result = inner.wal.append(records).await;
+    let mut moved: Vec<PartitionKey> = Vec::new();
+    let outcome: Result<(), LogError> = {
+        let mut st = inner.state.borrow_mut();
+        st.inflight = false;
+        match result {
+            Err(e) => Err(LogError::from(e)),
+            Ok(pos) => {
+                st.last_pos = Some(pos);
+                st.wal_bytes_since_checkpoint += wal_bytes;
+                let mut failed = None;
+                for (key, run) in &runs {
+                    if st.deleted_topics.contains(&key.topic) {
+                        continue;
+                    }
+                    if !st.partitions.contains_key(key) {
+                        match PartitionLog::create(
+                            &inner.cfg.data_dir,
+                            *key,
+                            inner.cfg.partition_segment_bytes_max,
+                        ) {
+                            Ok(p) => {
+                                st.partitions.insert(*key, p);
+                            }
+                            Err(e) => {
+                                failed = Some(format!("creating partition {key:?} failed: {e}"));
+                                break;
+                            }
+                        }
+                    }
+                    let p = st.partitions.get_mut(key).expect("partition present");
+                    if let Err(e) = p.append(run) {
+                        failed = Some(format!("writing partition {key:?} segment failed: {e}"));
+                        break;
+                    }
+                    moved.push(*key);
+                }
+                for reply in &replies {
+                    if let Kind::Settle(key, offs) = &reply.0 {
+                        if let Some(p) = st.partitions.get_mut(key) {
+                            p.settle(offs);
+                        }
+                    }
+                }
+                match failed {
+                    // The records are durable in the WAL and come back at restart; until then the
+                    // partition would have a hole, so the shard stops accepting writes.
+                    Some(why) => {
+                        drop(st);
+                        poison(inner, why.clone());
+                        Err(LogError::Poisoned(why))
+                    }
+                    None => Ok(()),
+                }
+            }
+        }
+    };
+    if let Err(e) = &outcome {
+        if matches!(e, LogError::Poisoned(_)) {
+            // Nothing queued can succeed any more.
+            let queued: Vec<Request> = inner.state.borrow_mut().queue.drain(..).collect();
+            inner.state.borrow_mut().queue_bytes = 0;
+            for r in queued {
+                let _ = r.reply.send(Err(e.copy()));
+            }
+        }
+    }
+    for ((_, reply), offs) in replies.into_iter().zip(offsets) {
+        let _ = reply.send(match &outcome {
+            Ok(()) => Ok(offs),
+            Err(e) => Err(e.copy()),
+        });
+    }
+    if !moved.is_empty() {
+        moved.sort();
+        let callbacks: Vec<Rc<dyn Fn(&[PartitionKey])>> = inner.callbacks.borrow().clone();
+        for cb in callbacks {
+            cb(&moved);
+        }
+    }
+}
