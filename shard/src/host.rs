@@ -1,0 +1,406 @@
+//! The partitions one shard owns: their log (through `narad_io::log::ShardLog`), their lease tables
+//! and the wake-ups of long-polling consumers.
+//!
+//! A `Host` lives on exactly one shard and is never touched from another thread: other shards reach
+//! it with messages (routing lives in the binary). It never names glommio and never parses HTTP.
+//!
+//! Ordering that makes consumption safe: a lease is recorded in the table *before* the record is
+//! read, so two consumers never hold the same live offset; only offsets below the high watermark
+//! (durable and verified, see `narad_io::log`) are ever leased; an ack updates the table and then
+//! waits for its settle record to be durable before the caller is answered, so an answered ack is
+//! never redelivered after a crash.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use narad_io::log::{
+    AppendRecord, LogError, ReadError, RecoveredPartition, ShardLog,
+};
+use narad_io::partition::{PartitionStats, StoredRecord};
+use narad_io::rt::Notify;
+use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, TopicId};
+
+use crate::lease::LeaseTable;
+
+/// Bytes one batch take reads at most (keys + payloads); the record crossing it is kept.
+pub const TAKE_BYTES_MAX: usize = 4 << 20;
+
+/// Milliseconds on a monotonic clock shared by every shard of the process.
+pub fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// The per-topic settings a partition's queue needs; copied from the metadata on each request so
+/// PATCHed caps apply at once.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueConf {
+    pub topic: TopicId,
+    pub visibility_ms: u64,
+    pub max_in_flight: u32,
+    pub max_acked_ahead: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SettleKind {
+    Ack,
+    Extend,
+    Nack,
+}
+
+#[derive(Debug)]
+pub enum SettleError {
+    /// No live lease with this offset and nonce (expired, settled, superseded, wrong topic).
+    Gone,
+    /// The settle record could not be made durable.
+    Log(LogError),
+}
+
+/// A record handed out under a lease.
+#[derive(Debug)]
+pub struct Leased {
+    pub partition: PartitionId,
+    pub nonce: Nonce,
+    pub record: StoredRecord,
+}
+
+pub struct Host {
+    log: ShardLog,
+    queues: RefCell<HashMap<PartitionKey, LeaseTable>>,
+    /// Settled state found at recovery, consumed when a partition's queue is first touched.
+    recovered: RefCell<HashMap<PartitionKey, (Offset, Vec<Offset>)>>,
+    wakers: RefCell<HashMap<TopicId, Rc<Notify>>>,
+    /// Called on every wake-up after local waiters were notified (the node forwards it to other
+    /// shards with parked long-polls on the topic).
+    wake_hook: RefCell<Option<Box<dyn Fn(TopicId)>>>,
+    seed: std::cell::Cell<u64>,
+}
+
+impl Host {
+    pub fn new(log: ShardLog, recovered: Vec<RecoveredPartition>, seed: u64) -> Rc<Host> {
+        let rec = recovered
+            .into_iter()
+            .map(|r| (r.key, (r.settled.frontier, r.settled.ahead)))
+            .collect();
+        let host = Rc::new(Host {
+            log,
+            queues: RefCell::new(HashMap::new()),
+            recovered: RefCell::new(rec),
+            wakers: RefCell::new(HashMap::new()),
+            wake_hook: RefCell::new(None),
+            seed: std::cell::Cell::new(seed | 1),
+        });
+        let weak = Rc::downgrade(&host);
+        host.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
+            if let Some(h) = weak.upgrade() {
+                let mut last = None;
+                for k in keys {
+                    if last != Some(k.topic) {
+                        h.wake(k.topic);
+                        last = Some(k.topic);
+                    }
+                }
+            }
+        }));
+        host
+    }
+
+    pub fn log(&self) -> &ShardLog {
+        &self.log
+    }
+
+    /// The notifier long-polls of `topic` on this shard park on.
+    pub fn notifier(&self, topic: TopicId) -> Rc<Notify> {
+        self.wakers.borrow_mut().entry(topic).or_insert_with(|| Rc::new(Notify::new())).clone()
+    }
+
+    pub fn set_wake_hook(&self, f: Box<dyn Fn(TopicId)>) {
+        *self.wake_hook.borrow_mut() = Some(f);
+    }
+
+    /// Wakes the long-polls of `topic` parked on this shard only.
+    pub fn wake_local(&self, topic: TopicId) {
+        let n = self.wakers.borrow().get(&topic).cloned();
+        if let Some(n) = n {
+            n.notify_waiters();
+        }
+    }
+
+    /// Wakes long-polls of `topic` here, and through the hook those on other shards.
+    pub fn wake(&self, topic: TopicId) {
+        self.wake_local(topic);
+        if let Some(hook) = self.wake_hook.borrow().as_ref() {
+            hook(topic);
+        }
+    }
+
+    fn next_seed(&self) -> u64 {
+        // splitmix64 step: distinct seeds per partition queue.
+        let s = self.seed.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.seed.set(s);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn with_queue<R>(&self, key: PartitionKey, f: impl FnOnce(&mut LeaseTable) -> R) -> R {
+        let mut queues = self.queues.borrow_mut();
+        if !queues.contains_key(&key) {
+            let (frontier, ahead) = self
+                .recovered
+                .borrow_mut()
+                .remove(&key)
+                .unwrap_or((Offset(0), Vec::new()));
+            let oldest = self.log.oldest_offset(key);
+            let mut t = LeaseTable::new(frontier, ahead, self.next_seed());
+            if oldest > t.frontier() {
+                t.jump_to(oldest);
+            }
+            queues.insert(key, t);
+        }
+        f(queues.get_mut(&key).expect("queue just inserted"))
+    }
+
+    pub async fn append(&self, records: Vec<AppendRecord>) -> Result<Vec<Offset>, LogError> {
+        self.log.append(records).await
+    }
+
+    /// Leases up to `n` records from the given partitions (all owned here), trying them in the
+    /// order given, and reads them. Lease first, read second.
+    pub async fn take(
+        &self,
+        conf: QueueConf,
+        partitions: &[PartitionId],
+        n: usize,
+    ) -> Result<Vec<Leased>, LogError> {
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for &p in partitions {
+            if out.len() >= n || bytes >= TAKE_BYTES_MAX {
+                break;
+            }
+            let key = PartitionKey { topic: conf.topic, partition: p };
+            let hwm = self.log.high_watermark(key);
+            let now = now_ms();
+            let want = n - out.len();
+            let leased = self.with_queue(key, |q| {
+                q.expire(now);
+                q.take(
+                    hwm,
+                    now,
+                    conf.visibility_ms,
+                    conf.max_in_flight as usize,
+                    conf.max_acked_ahead as usize,
+                    want,
+                )
+            });
+            for (i, &(offset, nonce)) in leased.iter().enumerate() {
+                if bytes >= TAKE_BYTES_MAX {
+                    // Over the scan budget: give the rest back at once.
+                    self.with_queue(key, |q| {
+                        for &(o, nn) in &leased[i..] {
+                            q.release(o, nn);
+                        }
+                    });
+                    break;
+                }
+                match self.log.read(key, offset, 1, usize::MAX).await {
+                    Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
+                        let record = recs.swap_remove(0);
+                        bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
+                        out.push(Leased { partition: p, nonce, record });
+                    }
+                    Ok(_) | Err(ReadError::Corrupt { .. }) => {
+                        tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
+                            "unreadable record skipped by queue consume");
+                        self.with_queue(key, |q| {
+                            q.release(offset, nonce);
+                            q.skip_unreadable(offset);
+                        });
+                    }
+                    Err(ReadError::BelowRetention { oldest }) => {
+                        self.with_queue(key, |q| {
+                            q.release(offset, nonce);
+                            q.jump_to(oldest);
+                        });
+                    }
+                    Err(e) => {
+                        self.with_queue(key, |q| {
+                            for &(o, nn) in &leased[i..] {
+                                q.release(o, nn);
+                            }
+                        });
+                        return Err(read_to_log_error(e));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gives back leases a caller could not deliver (its answer was cut short).
+    pub fn release(&self, topic: TopicId, items: &[(PartitionId, Offset, Nonce)]) {
+        for &(p, o, n) in items {
+            self.with_queue(PartitionKey { topic, partition: p }, |q| q.release(o, n));
+        }
+        self.wake(topic);
+    }
+
+    /// Acks, extends or nacks one lease each; acks are made durable before this returns.
+    pub async fn settle(
+        &self,
+        conf: QueueConf,
+        kind: SettleKind,
+        items: &[(PartitionId, Offset, Nonce)],
+    ) -> Vec<Result<(), SettleError>> {
+        let now = now_ms();
+        let mut results = Vec::with_capacity(items.len());
+        let mut durable: HashMap<PartitionId, Vec<Offset>> = HashMap::new();
+        let mut woke = false;
+        for &(p, offset, nonce) in items {
+            let key = PartitionKey { topic: conf.topic, partition: p };
+            let r = self.with_queue(key, |q| {
+                q.expire(now);
+                match kind {
+                    SettleKind::Ack => q.ack(offset, nonce, now),
+                    SettleKind::Extend => q.extend(offset, nonce, now, conf.visibility_ms),
+                    SettleKind::Nack => q.nack(offset, nonce, now),
+                }
+            });
+            match r {
+                Ok(()) => {
+                    if kind == SettleKind::Ack {
+                        durable.entry(p).or_default().push(offset);
+                    }
+                    woke |= kind != SettleKind::Extend;
+                    results.push(Ok(()));
+                }
+                Err(_) => results.push(Err(SettleError::Gone)),
+            }
+        }
+        if woke {
+            self.wake(conf.topic);
+        }
+        let mut failed: Option<LogError> = None;
+        for (p, offsets) in durable {
+            let key = PartitionKey { topic: conf.topic, partition: p };
+            if let Err(e) = self.log.settle(key, offsets).await {
+                failed = Some(e);
+            }
+        }
+        if let Some(e) = failed {
+            let msg = e.to_string();
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                *r = Err(SettleError::Log(LogError::Io(std::io::Error::other(msg.clone()))));
+            }
+        }
+        results
+    }
+
+    /// Reads the record at `offset` without a lease (replay). `Ok(None)` at or past the end.
+    pub async fn read_at(
+        &self,
+        key: PartitionKey,
+        offset: Offset,
+    ) -> Result<Option<StoredRecord>, ReadError> {
+        if offset >= self.log.high_watermark(key) {
+            return Ok(None);
+        }
+        let mut recs = self.log.read(key, offset, 1, usize::MAX).await?;
+        match recs.first() {
+            Some(r) if r.offset == offset => Ok(Some(recs.swap_remove(0))),
+            Some(_) | None => Err(ReadError::Corrupt { offset }),
+        }
+    }
+
+    /// True when a take on one of these partitions could hand something out now.
+    pub fn has_available(&self, conf: QueueConf, partitions: &[PartitionId]) -> bool {
+        let now = now_ms();
+        partitions.iter().any(|&p| {
+            let key = PartitionKey { topic: conf.topic, partition: p };
+            let hwm = self.log.high_watermark(key);
+            self.with_queue(key, |q| {
+                q.has_available(
+                    hwm,
+                    now,
+                    conf.max_in_flight as usize,
+                    conf.max_acked_ahead as usize,
+                )
+            })
+        })
+    }
+
+    pub fn stats(&self, key: PartitionKey) -> PartitionStats {
+        self.log.stats(key)
+    }
+
+    /// Queue gauges of one partition: (in flight, acked ahead, committed frontier).
+    pub fn queue_stats(&self, key: PartitionKey) -> (usize, usize, Offset) {
+        self.with_queue(key, |q| (q.in_flight(), q.acked_ahead_len(), q.frontier()))
+    }
+
+    /// Drops expired leases everywhere and wakes the long-polls of topics that got work back.
+    pub fn sweep(&self) {
+        let now = now_ms();
+        let mut topics = Vec::new();
+        for (key, q) in self.queues.borrow_mut().iter_mut() {
+            if q.expire(now) > 0 {
+                topics.push(key.topic);
+            }
+        }
+        topics.sort();
+        topics.dedup();
+        for t in topics {
+            self.wake(t);
+        }
+    }
+
+    /// Forgets a deleted topic's queues and removes its data.
+    pub async fn drop_topic(&self, topic: TopicId) -> Result<(), LogError> {
+        self.queues.borrow_mut().retain(|k, _| k.topic != topic);
+        self.recovered.borrow_mut().retain(|k, _| k.topic != topic);
+        self.wakers.borrow_mut().remove(&topic);
+        self.log.delete_topic(topic).await
+    }
+
+    /// Applies a topic's retention to its partitions here and moves consumers past deleted data.
+    pub async fn enforce_retention(
+        &self,
+        topic: TopicId,
+        retention_ms: u64,
+    ) -> Result<u64, LogError> {
+        if retention_ms == 0 {
+            return Ok(0);
+        }
+        let deleted = self
+            .log
+            .enforce_retention(topic, retention_ms, narad_io::types::UnixMillis::now())
+            .await?;
+        if deleted > 0 {
+            let keys: Vec<PartitionKey> =
+                self.log.partitions().into_iter().filter(|k| k.topic == topic).collect();
+            for key in keys {
+                let oldest = self.log.oldest_offset(key);
+                self.with_queue(key, |q| {
+                    if oldest > q.frontier() {
+                        let dropped = q.jump_to(oldest);
+                        tracing::warn!(topic = %topic, partition = key.partition.0, dropped,
+                            "consumer frontier fell behind retention; skipped to oldest retained offset");
+                    }
+                });
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+fn read_to_log_error(e: ReadError) -> LogError {
+    match e {
+        ReadError::Io(io) => LogError::Io(io),
+        other => LogError::Io(std::io::Error::other(format!("{other:?}"))),
+    }
+}
