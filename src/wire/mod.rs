@@ -11,14 +11,16 @@
 //! to statuses. Every function is pure and deterministic.
 
 pub mod base64;
-// pub mod body;
+pub mod body;
 pub mod duration;
 pub mod json;
 pub mod query;
 pub mod reader;
 pub mod receipt;
 
-// pub use body::{decode_strict, parse_batch_ack, parse_batch_produce, BatchMessage, BatchProduceError};
+pub use body::{
+    decode_strict, parse_batch_ack, parse_batch_produce, BatchMessage, BatchProduceError,
+};
 pub use duration::GoDuration;
 pub use json::{
     append_key_json, append_payload_json, error_body, push_error_body, push_json_string,
