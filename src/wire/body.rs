@@ -61,6 +61,14 @@ impl BatchProduceError {
     }
 }
 
+impl std::fmt::Display for BatchProduceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for BatchProduceError {}
+
 /// A failure while walking the document: `Json` details get the `invalid json: ` prefix.
 enum Fail {
     Json(String),

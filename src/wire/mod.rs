@@ -69,6 +69,40 @@ pub fn push_i64(out: &mut Vec<u8>, v: i64) {
     push_u64(out, v.unsigned_abs());
 }
 
+/// Go's `strconv.Atoi` on a query value, with its error text as the detail of
+/// `invalid partition: <detail>`: `strconv.Atoi: parsing "x": invalid syntax` or
+/// `... value out of range`. Accepts an optional sign and ASCII digits only.
+pub fn go_atoi(s: &[u8]) -> Result<i64, String> {
+    let syntax = || format!("strconv.Atoi: parsing {}: invalid syntax", go_quote(s));
+    let range = || format!("strconv.Atoi: parsing {}: value out of range", go_quote(s));
+    let (neg, digits) = match s.first() {
+        Some(b'+') => (false, &s[1..]),
+        Some(b'-') => (true, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() {
+        return Err(syntax());
+    }
+    let mut v: u64 = 0;
+    for &c in digits {
+        if !c.is_ascii_digit() {
+            return Err(syntax());
+        }
+        // As Go's ParseUint: the first overflow ends the scan with a range error.
+        v = v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(u64::from(c - b'0')))
+            .ok_or_else(range)?;
+    }
+    const CUTOFF: u64 = 1 << 63;
+    match (neg, v) {
+        (false, v) if v >= CUTOFF => Err(range()),
+        (true, v) if v > CUTOFF => Err(range()),
+        (true, v) => Ok((v as i64).wrapping_neg()),
+        (false, v) => Ok(v as i64),
+    }
+}
+
 /// Approximation of Go's `unicode.IsPrint` good for error texts: controls, non-ASCII spaces and
 /// the common invisible format characters are not printable.
 fn go_is_print(c: char) -> bool {
@@ -163,6 +197,49 @@ mod tests {
         out.push(b' ');
         push_i64(&mut out, 42);
         assert_eq!(out, b"0 18446744073709551615 -9223372036854775808 42");
+    }
+
+    #[test]
+    fn go_atoi_matches_strconv_atoi() {
+        // Proves integer query values parse as Go's strconv.Atoi, with its error texts.
+        assert_eq!(go_atoi(b"0"), Ok(0));
+        assert_eq!(go_atoi(b"+7"), Ok(7));
+        assert_eq!(go_atoi(b"-7"), Ok(-7));
+        assert_eq!(go_atoi(b"007"), Ok(7));
+        assert_eq!(go_atoi(b"9223372036854775807"), Ok(i64::MAX));
+        assert_eq!(go_atoi(b"-9223372036854775808"), Ok(i64::MIN));
+        assert_eq!(
+            go_atoi(b""),
+            Err(r#"strconv.Atoi: parsing "": invalid syntax"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"x"),
+            Err(r#"strconv.Atoi: parsing "x": invalid syntax"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"1.5"),
+            Err(r#"strconv.Atoi: parsing "1.5": invalid syntax"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b" 1"),
+            Err(r#"strconv.Atoi: parsing " 1": invalid syntax"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"-"),
+            Err(r#"strconv.Atoi: parsing "-": invalid syntax"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"9223372036854775808"),
+            Err(r#"strconv.Atoi: parsing "9223372036854775808": value out of range"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"-9223372036854775809"),
+            Err(r#"strconv.Atoi: parsing "-9223372036854775809": value out of range"#.to_string())
+        );
+        assert_eq!(
+            go_atoi(b"99999999999999999999x"),
+            Err(r#"strconv.Atoi: parsing "99999999999999999999x": value out of range"#.to_string())
+        );
     }
 
     #[test]
