@@ -41,6 +41,7 @@
 //!    offset is skipped as belonging to a deleted partition.
 
 use std::cell::{Cell, RefCell};
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::{Rc, Weak};
@@ -55,6 +56,9 @@ use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMill
 use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
+
+/// Run after every commit with the partitions whose high watermark moved.
+pub type CommitCallback = dyn Fn(&[PartitionKey]);
 
 /// Bound on the offsets one settle call may carry.
 pub const SETTLE_OFFSETS_MAX: usize = 65_536;
@@ -233,7 +237,7 @@ struct Inner {
     cfg: LogConfig,
     wal: Wal,
     state: RefCell<State>,
-    callbacks: RefCell<Vec<Rc<dyn Fn(&[PartitionKey])>>>,
+    callbacks: RefCell<Vec<Rc<CommitCallback>>>,
     checkpoint_running: Cell<bool>,
     checkpoint_done: Notify,
 }
@@ -300,15 +304,16 @@ fn replay(
                     );
                     continue;
                 }
-                if !partitions.contains_key(&key) {
+                if let Entry::Vacant(v) = partitions.entry(key) {
                     if offset != Offset(0) {
                         report.skipped_deleted += 1;
                         continue;
                     }
-                    partitions.insert(
+                    v.insert(PartitionLog::create(
+                        &cfg.data_dir,
                         key,
-                        PartitionLog::create(&cfg.data_dir, key, cfg.partition_segment_bytes_max)?,
-                    );
+                        cfg.partition_segment_bytes_max,
+                    )?);
                 }
                 let p = &partitions[&key];
                 let next = runs.get(&key).map_or(p.next_offset(), EncodedBatch::next);
@@ -618,7 +623,7 @@ impl ShardLog {
 
     /// Registers a callback run after every commit with the partitions whose high watermark
     /// moved (wakes long-polls). Callbacks must not block.
-    pub fn on_commit(&self, f: Box<dyn Fn(&[PartitionKey])>) {
+    pub fn on_commit(&self, f: Box<CommitCallback>) {
         self.inner.callbacks.borrow_mut().push(Rc::from(f));
     }
 
@@ -1016,7 +1021,7 @@ async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
     }
     if !moved.is_empty() {
         moved.sort();
-        let callbacks: Vec<Rc<dyn Fn(&[PartitionKey])>> = inner.callbacks.borrow().clone();
+        let callbacks: Vec<Rc<CommitCallback>> = inner.callbacks.borrow().clone();
         for cb in callbacks {
             cb(&moved);
         }

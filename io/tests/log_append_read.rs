@@ -45,9 +45,17 @@ fn concurrent_appends_get_dense_offsets_and_read_back() {
         assert_eq!(acked.len(), 64 * 20);
         for p in 0..4 {
             let k = key(1, p);
-            let mut offs: Vec<u64> = acked.iter().filter(|(kk, _, _)| *kk == k).map(|(_, o, _)| o.0).collect();
+            let mut offs: Vec<u64> = acked
+                .iter()
+                .filter(|(kk, _, _)| *kk == k)
+                .map(|(_, o, _)| o.0)
+                .collect();
             offs.sort();
-            assert_eq!(offs, (0..offs.len() as u64).collect::<Vec<_>>(), "dense offsets in {k:?}");
+            assert_eq!(
+                offs,
+                (0..offs.len() as u64).collect::<Vec<_>>(),
+                "dense offsets in {k:?}"
+            );
             assert_eq!(log.high_watermark(k), Offset(offs.len() as u64));
             let all = log.read(k, Offset(0), 10_000, 64 << 20).await.unwrap();
             assert_eq!(all.len(), offs.len());
@@ -58,13 +66,24 @@ fn concurrent_appends_get_dense_offsets_and_read_back() {
             let r = log.read(k, o, 1, 1).await.unwrap();
             assert_eq!(r[0].offset, o);
             assert_eq!(r[0].payload, payload(k, id));
-            assert_eq!(r[0].msg_key, id.is_multiple_of(2).then(|| format!("key{id}").into_bytes()));
+            assert_eq!(
+                r[0].msg_key,
+                id.is_multiple_of(2)
+                    .then(|| format!("key{id}").into_bytes())
+            );
             assert!(r[0].commit_ms > UnixMillis(1_600_000_000_000));
         }
         let ws = log.wal_stats();
-        assert!(ws.fsyncs < 64 * 20, "group commit shared fsyncs: {} fsyncs", ws.fsyncs);
+        assert!(
+            ws.fsyncs < 64 * 20,
+            "group commit shared fsyncs: {} fsyncs",
+            ws.fsyncs
+        );
         log.close().await.unwrap();
-        assert!(matches!(log.append(vec![rec(key(1, 0), 0)]).await, Err(LogError::Closed)));
+        assert!(matches!(
+            log.append(vec![rec(key(1, 0), 0)]).await,
+            Err(LogError::Closed)
+        ));
     });
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -78,17 +97,34 @@ fn one_call_spanning_partitions_keeps_input_order() {
     rt::block_on(async move {
         let (log, _, _) = ShardLog::open(cfg).await.unwrap();
         let (a, b) = (key(2, 0), key(2, 1));
-        let offs = log.append(vec![rec(a, 0), rec(b, 0), rec(a, 1), rec(a, 2), rec(b, 1)]).await.unwrap();
-        assert_eq!(offs, vec![Offset(0), Offset(0), Offset(1), Offset(2), Offset(1)]);
+        let offs = log
+            .append(vec![rec(a, 0), rec(b, 0), rec(a, 1), rec(a, 2), rec(b, 1)])
+            .await
+            .unwrap();
+        assert_eq!(
+            offs,
+            vec![Offset(0), Offset(0), Offset(1), Offset(2), Offset(1)]
+        );
         let big: Vec<AppendRecord> = (0..2000).map(|i| rec(a, i)).collect();
         assert!(matches!(log.append(big).await, Err(LogError::TooLarge)));
-        let huge = AppendRecord { key: a, msg_key: None, payload: vec![0; 1 << 20] };
-        assert!(matches!(log.append(vec![huge]).await, Err(LogError::TooLarge)));
+        let huge = AppendRecord {
+            key: a,
+            msg_key: None,
+            payload: vec![0; 1 << 20],
+        };
+        assert!(matches!(
+            log.append(vec![huge]).await,
+            Err(LogError::TooLarge)
+        ));
         assert_eq!(log.high_watermark(a), Offset(3));
         assert_eq!(log.append(vec![rec(a, 3)]).await.unwrap(), vec![Offset(3)]);
         assert_eq!(log.read(a, Offset(1), 2, 1 << 20).await.unwrap().len(), 2);
         assert!(log.read(a, Offset(4), 2, 1 << 20).await.unwrap().is_empty());
-        assert!(log.read(key(9, 9), Offset(0), 2, 1 << 20).await.unwrap().is_empty());
+        assert!(log
+            .read(key(9, 9), Offset(0), 2, 1 << 20)
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(log.partitions(), vec![a, b]);
         log.close().await.unwrap();
     });
@@ -108,7 +144,11 @@ fn queue_bound_applies_backpressure_without_loss() {
         for a in 0..256u64 {
             let log = log.clone();
             tasks.push(rt::spawn(async move {
-                let r = AppendRecord { key: key(3, (a % 3) as u32), msg_key: None, payload: vec![a as u8; 4096] };
+                let r = AppendRecord {
+                    key: key(3, (a % 3) as u32),
+                    msg_key: None,
+                    payload: vec![a as u8; 4096],
+                };
                 log.append(vec![r]).await.unwrap()[0]
             }));
         }

@@ -28,13 +28,22 @@ pub fn small_cfg(dir: PathBuf) -> LogConfig {
 }
 
 pub fn key(topic: u64, p: u32) -> PartitionKey {
-    PartitionKey { topic: TopicId(topic), partition: PartitionId(p) }
+    PartitionKey {
+        topic: TopicId(topic),
+        partition: PartitionId(p),
+    }
 }
 
 pub fn payload(k: PartitionKey, i: u64) -> Vec<u8> {
-    format!("t{}-p{}-i{}-", k.topic.0, k.partition.0, i).repeat(1 + (i % 5) as usize).into_bytes()
+    format!("t{}-p{}-i{}-", k.topic.0, k.partition.0, i)
+        .repeat(1 + (i % 5) as usize)
+        .into_bytes()
 }
 
 pub fn rec(k: PartitionKey, i: u64) -> AppendRecord {
-    AppendRecord { key: k, msg_key: i.is_multiple_of(2).then(|| format!("key{i}").into_bytes()), payload: payload(k, i) }
+    AppendRecord {
+        key: k,
+        msg_key: i.is_multiple_of(2).then(|| format!("key{i}").into_bytes()),
+        payload: payload(k, i),
+    }
 }
