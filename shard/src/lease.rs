@@ -432,39 +432,28 @@ impl LeaseTable {
         c
     }
 
-    /// Up to `want` free offsets in `[first_free, hwm)`, by merging the three blocked sets.
+    /// Up to `want` free offsets in `[first_free, hwm)`. Steps over blocked offsets one lookup
+    /// at a time until past the highest blocked offset, from where every offset is free.
     fn scan_free(&mut self, hwm: u64, want: usize) -> Vec<u64> {
         let start = self.first_free();
+        let last = |x: Option<&u64>| x.map_or(0, |&o| o + 1);
+        let beyond = last(self.leases.keys().next_back())
+            .max(last(self.acked_ahead.last()))
+            .max(last(self.skipped.last()));
         let mut out = Vec::with_capacity(want.min(64));
-        let mut leased = self.leases.range(start..).map(|(&o, _)| o).peekable();
-        let mut acked = self.acked_ahead.range(start..).copied().peekable();
-        let mut skipped = self.skipped.range(start..).copied().peekable();
         let mut cursor = start;
+        // Bounded by the blocked offsets below `beyond` plus `want`.
         while out.len() < want && cursor < hwm {
-            let next_blocked = [leased.peek(), acked.peek(), skipped.peek()]
-                .into_iter()
-                .flatten()
-                .min()
-                .copied();
-            match next_blocked {
-                Some(b) if b <= cursor => {
-                    // The sets are disjoint, so one of these moves; `<=` keeps the loop finite
-                    // even if they were not.
-                    leased.next_if(|&o| o <= cursor);
-                    acked.next_if(|&o| o <= cursor);
-                    skipped.next_if(|&o| o <= cursor);
-                    if b == cursor {
-                        cursor += 1;
-                    }
-                }
-                _ => {
-                    let end = next_blocked.unwrap_or(u64::MAX).min(hwm);
-                    while cursor < end && out.len() < want {
-                        out.push(cursor);
-                        cursor += 1;
-                    }
-                }
+            if cursor >= beyond {
+                let end = hwm.min(cursor.saturating_add((want - out.len()) as u64));
+                out.extend(cursor..end);
+                cursor = end;
+                break;
             }
+            if !self.is_blocked(cursor) {
+                out.push(cursor);
+            }
+            cursor += 1;
         }
         // Everything in [start, cursor) is now blocked: it was, or it is about to be leased.
         self.scan_from = cursor;
