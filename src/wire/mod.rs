@@ -175,6 +175,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn clients_md_query_examples_end_to_end() {
+        // Proves the Go SDK's encoded queries (CLIENTS.md) decode to the values the handlers
+        // need: the handle parses, the key is the exact bytes, the µs wait parses, and the clamp
+        // header for the 10 s ceiling reads `10s`.
+        let q = Query::new(b"extend=0&receipt_handle=0%3A0%3A1836419432839090974");
+        let h = ReceiptHandle::parse(&q.first("receipt_handle").unwrap().unwrap()).unwrap();
+        assert_eq!(h.to_string(), "0:0:1836419432839090974");
+        assert_eq!(q.first("extend").unwrap().unwrap().as_ref(), b"0");
+        let q = Query::new(b"key=customer+42%2F%C3%A9%26x%3D1&partition=2");
+        assert_eq!(
+            q.unique("key").unwrap().unwrap().as_ref(),
+            "customer 42/é&x=1".as_bytes()
+        );
+        assert_eq!(go_atoi(&q.unique("partition").unwrap().unwrap()), Ok(2));
+        let q = Query::new(b"key=%00%9F%FFk");
+        assert_eq!(
+            q.unique("key").unwrap().unwrap().as_ref(),
+            &[0x00, 0x9F, 0xFF, b'k']
+        );
+        for (raw, nanos) in [
+            ("max=10&wait=1s", 1_000_000_000),
+            ("wait=1m0s", 60_000_000_000),
+            ("wait=100%C2%B5s", 100_000),
+        ] {
+            let q = Query::new(raw.as_bytes());
+            assert_eq!(
+                GoDuration::parse(&q.first("wait").unwrap().unwrap()),
+                Ok(GoDuration { nanos }),
+                "{raw}"
+            );
+        }
+        assert_eq!(
+            GoDuration::from_std(std::time::Duration::from_secs(10)).to_string(),
+            "10s"
+        );
+    }
+
+    #[test]
     fn fnv1a32_matches_reference_vectors() {
         // Proves the key hash is FNV-1a 32 (published test vectors), so keys land on the same
         // partitions as in the original.

@@ -13,6 +13,19 @@ pub const JSON_DEPTH_MAX: usize = 10_000;
 
 const DEPTH_WORDS: usize = JSON_DEPTH_MAX.div_ceil(64);
 
+/// Bytes that end a run of plain string content: `"`, `\\` and control characters.
+const STRING_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        t[i] = true;
+        i += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
 /// Open containers as bits: 1 = object, 0 = array.
 struct Nest {
     bits: [u64; DEPTH_WORDS],
@@ -224,12 +237,11 @@ impl<'a> Reader<'a> {
         self.pos += 1;
         loop {
             // Fast path: run over plain bytes.
-            while let Some(&c) = self.buf.get(self.pos) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.pos += 1;
-            }
+            let rest = &self.buf[self.pos.min(self.buf.len())..];
+            self.pos += rest
+                .iter()
+                .position(|&c| STRING_STOP[c as usize])
+                .unwrap_or(rest.len());
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
