@@ -27,7 +27,7 @@ pub use json::{
     MessageJson,
 };
 pub use query::{form_decode, EscapeError, Query, QueryError};
-pub use reader::is_valid_json;
+pub use reader::{is_valid_json, nesting_depth};
 pub use receipt::{MalformedHandle, ReceiptHandle};
 
 /// FNV-1a, 32 bits, of the key bytes: the partition of a keyed message is this modulo the

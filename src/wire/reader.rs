@@ -379,6 +379,38 @@ pub fn is_valid_json(bytes: &[u8]) -> bool {
     r.at_end()
 }
 
+/// Deepest nesting of objects and arrays in a JSON text (0 for a scalar), counted over brackets
+/// outside strings in one pass without recursion: for the schema path's `payload nests deeper than
+/// 256 levels` check, which must run before any recursive parser sees the payload. Meaningful for
+/// valid JSON; for other bytes it is some finite number.
+pub fn nesting_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let mut in_string = false;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if in_string {
+            match c {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match c {
+                b'"' => in_string = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        i += 1;
+    }
+    max
+}
+
 /// Go's `json.Valid` error detail for `bytes`, or `None` when valid.
 pub fn json_syntax_error(bytes: &[u8]) -> Option<String> {
     let mut r = Reader::new(bytes);
@@ -499,6 +531,17 @@ mod tests {
             json_syntax_error(too_deep.as_bytes()).as_deref(),
             Some("exceeded max depth")
         );
+    }
+
+    #[test]
+    fn nesting_depth_counts_brackets_outside_strings() {
+        // Proves the depth used for the 256-level limit ignores brackets inside strings (also
+        // after escaped quotes) and handles depths no recursive parser would survive.
+        assert_eq!(nesting_depth(b"1"), 0);
+        assert_eq!(nesting_depth(b"{\"a\":[1,{\"b\":[]}]}"), 4);
+        assert_eq!(nesting_depth(br#"["[[[\"[[", {}]"#), 2);
+        let deep = format!("{}{}", "[".repeat(257), "]".repeat(257));
+        assert_eq!(nesting_depth(deep.as_bytes()), 257);
     }
 
     #[test]
