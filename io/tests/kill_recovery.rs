@@ -18,7 +18,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -107,13 +107,13 @@ fn kill_9_loses_no_acknowledged_record() {
             seed.wrapping_add(u64::from(round)),
             &acked_path,
         );
-        let during_recovery = rng.next() % 5 == 0;
+        let during_recovery = rng.next_u64() % 5 == 0;
         let mut lines = Vec::new();
         if during_recovery {
-            std::thread::sleep(Duration::from_millis(rng.next() % 120));
+            std::thread::sleep(Duration::from_millis(rng.next_u64() % 120));
         } else {
             lines = wait_for(&rx, "READY", 2, seed);
-            std::thread::sleep(Duration::from_millis(20 + rng.next() % 400));
+            std::thread::sleep(Duration::from_millis(20 + rng.next_u64() % 400));
         }
         child.kill().expect("SIGKILL");
         child.wait().unwrap();

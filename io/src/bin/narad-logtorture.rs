@@ -65,7 +65,7 @@ fn fnv64(key: Option<&[u8]>, payload: &[u8]) -> u64 {
 struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         // splitmix64
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -158,18 +158,18 @@ async fn appender(log: ShardLog, shard: ShardId, mut rng: Rng) {
         .filter(|&p| owner_shard(key(p), SHARDS) == shard)
         .collect();
     loop {
-        let n = 1 + (rng.next() % 3) as usize;
+        let n = 1 + (rng.next_u64() % 3) as usize;
         let mut recs = Vec::with_capacity(n);
         let mut hashes = Vec::with_capacity(n);
         for _ in 0..n {
-            let p = owned[(rng.next() % owned.len() as u64) as usize];
-            let len = 16 + (rng.next() % 496) as usize;
-            let fill = rng.next();
+            let p = owned[(rng.next_u64() % owned.len() as u64) as usize];
+            let len = 16 + (rng.next_u64() % 496) as usize;
+            let fill = rng.next_u64();
             let payload: Vec<u8> = (0..len)
                 .map(|i| (fill >> (i % 8 * 8)) as u8 ^ i as u8)
                 .collect();
             let msg_key =
-                (rng.next() % 2 == 0).then(|| format!("k{}", rng.next() % 1000).into_bytes());
+                (rng.next_u64() % 2 == 0).then(|| format!("k{}", rng.next_u64() % 1000).into_bytes());
             hashes.push((p, fnv64(msg_key.as_deref(), &payload)));
             recs.push(AppendRecord {
                 key: key(p),
@@ -184,7 +184,7 @@ async fn appender(log: ShardLog, shard: ShardId, mut rng: Rng) {
                     lines.push_str(&format!("A {p} {} {h:016x}\n", o.0));
                 }
                 say(&lines);
-                if rng.next() % 8 == 0 {
+                if rng.next_u64() % 8 == 0 {
                     let (p, _) = hashes[0];
                     if log.settle(key(p), vec![offs[0]]).await.is_ok() {
                         say(&format!("S {p} {}\n", offs[0].0));
