@@ -533,6 +533,83 @@ mod tests {
         );
     }
 
+    /// splitmix64 for the randomised test below.
+    fn next(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn differential(seed: u64) {
+        const ALPHABET: &[u8] = b"{}[]\":,0123456789-+.eE \n\ttruefalsnul\\u/bfnrtxA\x01";
+        const SEEDS: &[&str] = &[
+            r#"{"a":[1,-2.5e3,true,false,null,"x\u00e9\n"],"b":{}}"#,
+            r#"[0,{"k":"v"},[],"",-0.0E+1]"#,
+            r#" "str\"ing" "#,
+        ];
+        let mut st = seed;
+        for _ in 0..2000 {
+            let mut doc: Vec<u8> = if next(&mut st) % 2 == 0 {
+                SEEDS[(next(&mut st) % SEEDS.len() as u64) as usize]
+                    .as_bytes()
+                    .to_vec()
+            } else {
+                let n = next(&mut st) % 24;
+                (0..n)
+                    .map(|_| ALPHABET[(next(&mut st) % ALPHABET.len() as u64) as usize])
+                    .collect()
+            };
+            for _ in 0..next(&mut st) % 4 {
+                let at = (next(&mut st) % (doc.len() as u64 + 1)) as usize;
+                let c = ALPHABET[(next(&mut st) % ALPHABET.len() as u64) as usize];
+                match next(&mut st) % 3 {
+                    0 => doc.insert(at, c),
+                    1 if at < doc.len() => {
+                        doc.remove(at);
+                    }
+                    _ if at < doc.len() => doc[at] = c,
+                    _ => {}
+                }
+            }
+            let ours = is_valid_json(&doc);
+            let serde = serde_json::from_slice::<serde::de::IgnoredAny>(&doc).is_ok();
+            assert_eq!(
+                ours,
+                serde,
+                "validity differs on {:?}",
+                String::from_utf8_lossy(&doc)
+            );
+            assert_eq!(ours, json_syntax_error(&doc).is_none());
+            // The batch parser must never panic on garbage either.
+            let _ = crate::wire::parse_batch_produce(&doc);
+        }
+    }
+
+    #[test]
+    fn validator_agrees_with_serde_json_on_random_documents() {
+        // Proves, on random and mutated ASCII documents, that the hand-written validator accepts
+        // exactly what serde_json accepts, reports an error exactly when it refuses, and that the
+        // batch parser never panics. Replay one run with NARAD_SEED=<seed>.
+        let seeds: Vec<u64> = match std::env::var("NARAD_SEED") {
+            Ok(s) => vec![s.parse().expect("NARAD_SEED must be a u64")],
+            Err(_) => {
+                let base = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                (0..20).map(|i| base.wrapping_add(i)).collect()
+            }
+        };
+        for seed in seeds {
+            if let Err(e) = std::panic::catch_unwind(|| differential(seed)) {
+                eprintln!("validator_agrees_with_serde_json_on_random_documents failed: NARAD_SEED={seed}");
+                std::panic::resume_unwind(e);
+            }
+        }
+    }
+
     #[test]
     fn nesting_depth_counts_brackets_outside_strings() {
         // Proves the depth used for the 256-level limit ignores brackets inside strings (also
