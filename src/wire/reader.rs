@@ -551,7 +551,7 @@ mod tests {
         ];
         let mut st = seed;
         for _ in 0..2000 {
-            let mut doc: Vec<u8> = if next(&mut st) % 2 == 0 {
+            let mut doc: Vec<u8> = if next(&mut st) & 1 == 0 {
                 SEEDS[(next(&mut st) % SEEDS.len() as u64) as usize]
                     .as_bytes()
                     .to_vec()
