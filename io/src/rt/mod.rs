@@ -22,7 +22,7 @@ mod sync;
 pub use mesh::{
     Mesh, MeshError, MeshSetup, MESH_CALLS_IN_FLIGHT_PER_PEER_MAX, MESH_CHANNEL_CAPACITY_DEFAULT,
 };
-pub use net::{TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT};
+pub use net::{PeerProbe, TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT};
 pub use signal::{install_termination_handler, ShutdownSignal, ShutdownWait, SignalListener};
 pub use sync::{
     oneshot, timeout, timeout_at, Elapsed, Notified, Notify, Semaphore, SemaphorePermit,

@@ -5,10 +5,12 @@
 //! Owns socket set-up (options, backlog) and the mapping of glommio errors to `std::io::Error`.
 //! Never parses protocols and never moves a socket between shards.
 
+use std::cell::Cell;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::pin::Pin;
+use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -44,7 +46,7 @@ impl TcpListener {
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr)> {
         let s = self.0.accept().await.map_err(gerr)?;
         let peer = s.peer_addr().map_err(gerr)?;
-        Ok((TcpStream(s), peer))
+        Ok((TcpStream::wrap(s), peer))
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -138,14 +140,77 @@ impl Drop for FdGuard {
 }
 
 /// A connected TCP stream of this shard.
-pub struct TcpStream(glommio::net::TcpStream);
+pub struct TcpStream(glommio::net::TcpStream, Rc<Cell<bool>>);
+
+impl Drop for TcpStream {
+    fn drop(&mut self) {
+        self.1.set(false);
+    }
+}
+
+/// Asks, without reading, whether the client of a [`TcpStream`] has gone away. Cheap to clone;
+/// answers "gone" once the stream itself has been dropped, so it never touches a closed (and
+/// possibly reused) descriptor.
+#[derive(Clone)]
+pub struct PeerProbe {
+    fd: RawFd,
+    open: Rc<Cell<bool>>,
+}
+
+impl PeerProbe {
+    /// True when the peer has closed the connection (end of stream or a socket error) or the
+    /// stream was dropped. Unread data makes it answer false.
+    pub fn peer_closed(&self) -> bool {
+        if !self.open.get() {
+            return true;
+        }
+        peer_closed_fd(self.fd)
+    }
+}
+
+fn peer_closed_fd(fd: RawFd) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: a non-blocking peek of at most one byte into a stack buffer, on a descriptor the
+    // caller guarantees is open (the owning stream is alive).
+    let rc = unsafe {
+        libc::recv(
+            fd,
+            b.as_mut_ptr() as *mut libc::c_void,
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if rc == 0 {
+        return true;
+    }
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        );
+    }
+    false
+}
 
 impl TcpStream {
+    fn wrap(s: glommio::net::TcpStream) -> TcpStream {
+        TcpStream(s, Rc::new(Cell::new(true)))
+    }
+
+    /// A handle that can later ask whether the peer went away (see [`PeerProbe`]).
+    pub fn peer_probe(&self) -> PeerProbe {
+        PeerProbe {
+            fd: self.0.as_raw_fd(),
+            open: self.1.clone(),
+        }
+    }
+
     /// Connects to `addr` (loopback tests, the CLI, other nodes).
     pub async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
         glommio::net::TcpStream::connect(addr)
             .await
-            .map(TcpStream)
+            .map(TcpStream::wrap)
             .map_err(gerr)
     }
 
@@ -163,7 +228,7 @@ impl TcpStream {
         let timeout = timeout.max(Duration::from_micros(1));
         glommio::net::TcpStream::connect_timeout(addr, timeout)
             .await
-            .map(TcpStream)
+            .map(TcpStream::wrap)
             .map_err(gerr)
     }
 
@@ -214,27 +279,7 @@ impl TcpStream {
     /// without blocking and without consuming data: tells a client that went away (metrics
     /// status 499) from one that is merely quiet. Unread data makes it answer false.
     pub fn poll_peer_closed(&self) -> bool {
-        let mut b = [0u8; 1];
-        // SAFETY: a non-blocking peek of at most one byte into a stack buffer.
-        let rc = unsafe {
-            libc::recv(
-                self.0.as_raw_fd(),
-                b.as_mut_ptr() as *mut libc::c_void,
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        if rc == 0 {
-            return true;
-        }
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            return !matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            );
-        }
-        false
+        peer_closed_fd(self.0.as_raw_fd())
     }
 }
 

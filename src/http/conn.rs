@@ -1,0 +1,1025 @@
+//! Connections: the accept loop of one shard ([`serve`]) and the request loop of one connection
+//! ([`serve_connection`]).
+//!
+//! Per connection the server keeps one read buffer (bounded by the header limit plus one read)
+//! and one output buffer, both reused across requests. Requests are handled one after another
+//! in arrival order; responses of pipelined requests are coalesced and written together, and the
+//! output is always flushed before the server waits for anything (the client, or a handler that
+//! did not finish at once), so coalescing never delays an answer behind a slow request.
+//!
+//! Time bounds: a request must arrive completely (head and body) within `read_timeout` of its
+//! first byte; a keep-alive connection may idle for `idle_timeout`; each write may wait
+//! `write_timeout`. A connection that breaks a rule gets its answer (400/413/417/431/501) and is
+//! closed gracefully (write side shut, input drained for a bounded time) so the client reads the
+//! answer instead of a reset.
+
+use std::cell::Cell;
+use std::io;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_lite::future::{self, FutureExt};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use narad_io::rt::{self, Notify, Semaphore, ShutdownSignal, TcpListener, TcpStream};
+
+use super::parse::{parse_head, BodyFraming, ChunkedDecoder, ParseError};
+use super::response::{encode, ConnectionHeader};
+use super::{Limits, Request, RequestHead, Response, Service};
+
+/// Initial read buffer per connection.
+const READ_BUF_INITIAL_BYTES: usize = 8 << 10;
+/// Room kept above the header limit in the read buffer, so that a head of exactly the limit is
+/// seen whole and one more read can show it is over.
+const READ_BUF_SLACK_BYTES: usize = 8 << 10;
+/// Output is written once this much is waiting, even if more pipelined requests are buffered.
+const OUT_FLUSH_BYTES: usize = 64 << 10;
+/// An output buffer that grew beyond this (a large response) is released after the flush.
+const OUT_KEEP_BYTES: usize = 256 << 10;
+/// After the last answer of a closing connection: input read and dropped at most ...
+const LINGER_BYTES_MAX: usize = 256 << 10;
+/// ... for at most this long, so the client sees the answer rather than a reset.
+const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause after an accept failure for lack of descriptors or memory (no busy loop).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Stand-in capacity for "no connection limit".
+const CONNECTIONS_UNLIMITED: usize = 1 << 30;
+
+/// Shard-local "stop taking requests" flag: set when shutdown begins; idle connections close,
+/// busy ones finish their request and answer with `Connection: close`.
+#[derive(Default)]
+pub struct Drain {
+    draining: Cell<bool>,
+    notify: Notify,
+}
+
+impl Drain {
+    pub fn new() -> Drain {
+        Drain::default()
+    }
+
+    pub fn start(&self) {
+        self.draining.set(true);
+        self.notify.notify_waiters();
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.get()
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    /// The client closed between requests.
+    ClientClosed,
+    /// The client closed or failed in the middle of a request.
+    Truncated,
+    IdleTimeout,
+    /// The request (head and body) did not arrive within `read_timeout`.
+    ReadTimeout,
+    /// Writing failed or timed out.
+    WriteFailed,
+    /// The request or the response asked for it (`Connection: close`, HTTP/1.0).
+    NoKeepAlive,
+    /// Refused with this status (400, 413, 417, 431, 501) or an early answer with an unread body.
+    Refused(u16),
+    /// Shutdown began.
+    Draining,
+}
+
+/// What happened on one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnStats {
+    pub requests: u64,
+    pub close: CloseReason,
+}
+
+struct ReadBuf {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl ReadBuf {
+    fn new() -> ReadBuf {
+        ReadBuf {
+            buf: vec![0; READ_BUF_INITIAL_BYTES],
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.end - self.start);
+        self.start += n.min(self.end - self.start);
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    /// Makes room at the end: moves unread bytes to the front, then grows up to `cap_max`.
+    fn prepare(&mut self, cap_max: usize) {
+        if self.end < self.buf.len() {
+            return;
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.end < self.buf.len() {
+                return;
+            }
+        }
+        if self.buf.len() < cap_max {
+            let new_len = (self.buf.len() * 2).min(cap_max);
+            self.buf.resize(new_len, 0);
+        }
+    }
+
+    /// One read from the stream into the free space; 0 means end of stream (or no room, which
+    /// `prepare` with a cap above the header limit rules out).
+    async fn fill(&mut self, stream: &mut TcpStream, cap_max: usize) -> io::Result<usize> {
+        self.prepare(cap_max);
+        if self.end == self.buf.len() {
+            return Ok(0);
+        }
+        let n = stream.read(&mut self.buf[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+enum BodyError {
+    /// Over the limit: answer with the service's 413.
+    TooLarge,
+    /// Malformed chunking: 400.
+    Bad(ParseError),
+    /// The client went away, failed or was too slow: close without an answer.
+    Gone(CloseReason),
+}
+
+struct Conn<'a> {
+    stream: TcpStream,
+    rb: ReadBuf,
+    out: Vec<u8>,
+    limits: &'a Limits,
+    requests: u64,
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::TimedOut
+}
+
+impl Conn<'_> {
+    fn rb_cap(&self) -> usize {
+        self.limits.header_bytes_max + READ_BUF_SLACK_BYTES
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let r = self.stream.write_all(&self.out).await;
+        self.out.clear();
+        if self.out.capacity() > OUT_KEEP_BYTES {
+            self.out = Vec::with_capacity(READ_BUF_INITIAL_BYTES);
+        }
+        r
+    }
+
+    /// Sets the socket read timeout to what is left until `deadline`.
+    fn arm(&self, deadline: Instant) -> io::Result<()> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request deadline passed",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))
+    }
+
+    async fn read_more(&mut self, deadline: Instant) -> Result<(), CloseReason> {
+        let cap = self.rb_cap();
+        let r = match self.arm(deadline) {
+            Ok(()) => self.rb.fill(&mut self.stream, cap).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(0) => Err(CloseReason::Truncated),
+            Ok(_) => Ok(()),
+            Err(e) if is_timeout(&e) => Err(CloseReason::ReadTimeout),
+            Err(_) => Err(CloseReason::Truncated),
+        }
+    }
+
+    async fn read_body_length(
+        &mut self,
+        n: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, BodyError> {
+        let mut body = Vec::with_capacity(n);
+        let take = n.min(self.rb.data().len());
+        body.extend_from_slice(&self.rb.data()[..take]);
+        self.rb.consume(take);
+        if body.len() < n {
+            // Large bodies are read straight into their final buffer.
+            let mut filled = body.len();
+            body.resize(n, 0);
+            while filled < n {
+                self.arm(deadline)
+                    .map_err(|_| BodyError::Gone(CloseReason::ReadTimeout))?;
+                match self.stream.read(&mut body[filled..]).await {
+                    Ok(0) => return Err(BodyError::Gone(CloseReason::Truncated)),
+                    Ok(k) => filled += k,
+                    Err(e) if is_timeout(&e) => {
+                        return Err(BodyError::Gone(CloseReason::ReadTimeout))
+                    }
+                    Err(_) => return Err(BodyError::Gone(CloseReason::Truncated)),
+                }
+            }
+        }
+        Ok(body)
+    }
+
+    async fn read_body_chunked(
+        &mut self,
+        limit: usize,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, BodyError> {
+        let mut dec = ChunkedDecoder::new(self.limits.header_bytes_max);
+        let mut body = Vec::new();
+        loop {
+            if !self.rb.is_empty() {
+                let used = match dec.decode(self.rb.data(), &mut body, limit) {
+                    Ok(u) => u,
+                    Err(ParseError::BodyTooLarge) => return Err(BodyError::TooLarge),
+                    Err(e) => return Err(BodyError::Bad(e)),
+                };
+                self.rb.consume(used);
+                if dec.is_done() {
+                    return Ok(body);
+                }
+            }
+            self.read_more(deadline).await.map_err(BodyError::Gone)?;
+        }
+    }
+
+    /// Reads and drops `n` body bytes so the connection can serve the next request.
+    async fn discard_body(&mut self, n: usize, deadline: Instant) -> Result<(), CloseReason> {
+        let mut left = n;
+        loop {
+            let take = left.min(self.rb.data().len());
+            self.rb.consume(take);
+            left -= take;
+            if left == 0 {
+                return Ok(());
+            }
+            self.read_more(deadline).await?;
+        }
+    }
+
+    /// Answers, flushes, shuts the write side and drains input for a bounded time. With nothing
+    /// to send (an idle connection closed for shutdown) the socket is simply closed.
+    async fn close_with(&mut self, resp: Option<&Response>) {
+        if let Some(resp) = resp {
+            encode(&mut self.out, resp, false, ConnectionHeader::Close);
+        }
+        if self.out.is_empty() {
+            return;
+        }
+        if self.flush().await.is_err() {
+            return;
+        }
+        let _ = self.stream.shutdown_write().await;
+        let deadline = Instant::now() + LINGER_TIMEOUT;
+        let mut drained = 0;
+        let mut scratch = [0u8; 4096];
+        while drained < LINGER_BYTES_MAX && self.arm(deadline).is_ok() {
+            match self.stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(k) => drained += k,
+            }
+        }
+    }
+}
+
+/// Runs `service` on one accepted connection until it closes. Never panics on client input;
+/// a panicking handler is answered with [`Response::internal_panic`].
+pub async fn serve_connection<S: Service>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    service: &S,
+    limits: &Limits,
+    drain: &Drain,
+) -> ConnStats {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(limits.write_timeout));
+    let mut c = Conn {
+        stream,
+        rb: ReadBuf::new(),
+        out: Vec::with_capacity(4096),
+        limits,
+        requests: 0,
+    };
+    let close = run(&mut c, peer, service, drain).await;
+    ConnStats {
+        requests: c.requests,
+        close,
+    }
+}
+
+async fn run<S: Service>(
+    c: &mut Conn<'_>,
+    peer: SocketAddr,
+    service: &S,
+    drain: &Drain,
+) -> CloseReason {
+    let limits = c.limits;
+    let probe = c.stream.peer_probe();
+    let mut responses_waiting = 0usize;
+    loop {
+        // ---- head --------------------------------------------------------------------------
+        let mut started = (!c.rb.is_empty()).then(Instant::now);
+        let head: RequestHead = loop {
+            if !c.rb.is_empty() {
+                match parse_head(c.rb.data(), limits.header_bytes_max, peer) {
+                    Ok(Some((h, n))) => {
+                        c.rb.consume(n);
+                        break h;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        let resp = Response::for_parse_error(e);
+                        c.close_with(Some(&resp)).await;
+                        return CloseReason::Refused(resp.status);
+                    }
+                }
+            }
+            // About to wait for the client: send what is ready first.
+            if c.flush().await.is_err() {
+                return CloseReason::WriteFailed;
+            }
+            responses_waiting = 0;
+            match started {
+                Some(t0) => {
+                    if let Err(r) = c.read_more(t0 + limits.read_timeout).await {
+                        return r;
+                    }
+                }
+                None => {
+                    let notified = drain.notify.notified();
+                    if drain.is_draining() {
+                        c.close_with(None).await;
+                        return CloseReason::Draining;
+                    }
+                    if c.stream
+                        .set_read_timeout(Some(limits.idle_timeout))
+                        .is_err()
+                    {
+                        return CloseReason::Truncated;
+                    }
+                    let cap = c.rb_cap();
+                    let (rb, stream) = (&mut c.rb, &mut c.stream);
+                    let r = future::or(async { Some(rb.fill(stream, cap).await) }, async {
+                        notified.await;
+                        None
+                    })
+                    .await;
+                    match r {
+                        None => {
+                            c.close_with(None).await;
+                            return CloseReason::Draining;
+                        }
+                        Some(Ok(0)) => return CloseReason::ClientClosed,
+                        Some(Ok(_)) => started = Some(Instant::now()),
+                        Some(Err(e)) if is_timeout(&e) => return CloseReason::IdleTimeout,
+                        Some(Err(_)) => return CloseReason::ClientClosed,
+                    }
+                }
+            }
+        };
+        let deadline = started.unwrap_or_else(Instant::now) + limits.read_timeout;
+
+        // ---- body limit, decided before any body byte is read -------------------------------
+        let limit = match service.body_limit(&head) {
+            Ok(l) => l.min(limits.body_bytes_max),
+            Err(resp) => {
+                let drainable = match head.framing {
+                    BodyFraming::None => Some(0),
+                    BodyFraming::Length(n) if !head.expect_continue => usize::try_from(n)
+                        .ok()
+                        .filter(|&n| n <= limits.drain_body_bytes_max),
+                    _ => None,
+                };
+                let keep = head.keep_alive && !drain.is_draining() && drainable.is_some();
+                if let (true, Some(n)) = (keep, drainable) {
+                    if let Err(r) = c.discard_body(n, deadline).await {
+                        return r;
+                    }
+                    encode(&mut c.out, &resp, head.head, conn_header(&head, true));
+                    c.requests += 1;
+                    continue;
+                }
+                c.requests += 1;
+                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
+                c.close_with(None).await;
+                return if drain.is_draining() {
+                    CloseReason::Draining
+                } else if !head.keep_alive {
+                    CloseReason::NoKeepAlive
+                } else {
+                    CloseReason::Refused(resp.status)
+                };
+            }
+        };
+        if let BodyFraming::Length(n) = head.framing {
+            if n > limit as u64 {
+                let resp = service.body_too_large(&head);
+                c.requests += 1;
+                c.close_with(Some(&resp)).await;
+                return CloseReason::Refused(resp.status);
+            }
+        }
+
+        // ---- 100-continue and body ------------------------------------------------------------
+        if head.expect_continue && c.rb.is_empty() {
+            c.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if c.flush().await.is_err() {
+                return CloseReason::WriteFailed;
+            }
+            responses_waiting = 0;
+        }
+        let body = match head.framing {
+            BodyFraming::None => Ok(Vec::new()),
+            BodyFraming::Length(n) => c.read_body_length(n as usize, deadline).await,
+            BodyFraming::Chunked => c.read_body_chunked(limit, deadline).await,
+        };
+        let body = match body {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                let resp = service.body_too_large(&head);
+                c.requests += 1;
+                c.close_with(Some(&resp)).await;
+                return CloseReason::Refused(resp.status);
+            }
+            Err(BodyError::Bad(e)) => {
+                let resp = Response::for_parse_error(e);
+                c.requests += 1;
+                c.close_with(Some(&resp)).await;
+                return CloseReason::Refused(resp.status);
+            }
+            Err(BodyError::Gone(r)) => return r,
+        };
+
+        // ---- handler ------------------------------------------------------------------------
+        let head_only = head.head;
+        let mut keep_alive = head.keep_alive;
+        let http_minor = head.http_minor;
+        let mut req = Request::new(head, body);
+        req.client = Some(probe.clone());
+        let fut = AssertUnwindSafe(service.call(req)).catch_unwind();
+        let mut fut = std::pin::pin!(fut);
+        let mut write_failed = false;
+        let result = match future::poll_once(fut.as_mut()).await {
+            Some(r) => r,
+            None => {
+                // The handler waits (commit, long-poll): earlier answers go out meanwhile. The
+                // handler still runs to completion if the client is gone.
+                write_failed = c.flush().await.is_err();
+                responses_waiting = 0;
+                fut.await
+            }
+        };
+        let resp = result.unwrap_or_else(|_| Response::internal_panic());
+        c.requests += 1;
+        if write_failed {
+            return CloseReason::WriteFailed;
+        }
+        let resp_close = resp
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        keep_alive = keep_alive && !resp_close && !drain.is_draining();
+        let hdr = match (keep_alive, http_minor) {
+            (false, _) => ConnectionHeader::Close,
+            (true, 0) => ConnectionHeader::KeepAlive,
+            (true, _) => ConnectionHeader::Default,
+        };
+        encode(&mut c.out, &resp, head_only, hdr);
+        responses_waiting += 1;
+        if !keep_alive {
+            c.close_with(None).await;
+            return if drain.is_draining() {
+                CloseReason::Draining
+            } else {
+                CloseReason::NoKeepAlive
+            };
+        }
+        if (c.out.len() >= OUT_FLUSH_BYTES || responses_waiting >= limits.pipelined_responses_max)
+            && c.flush().await.is_err()
+        {
+            return CloseReason::WriteFailed;
+        }
+        if c.out.is_empty() {
+            responses_waiting = 0;
+        }
+    }
+}
+
+fn conn_header(head: &RequestHead, keep_alive: bool) -> ConnectionHeader {
+    match (keep_alive, head.http_minor) {
+        (false, _) => ConnectionHeader::Close,
+        (true, 0) => ConnectionHeader::KeepAlive,
+        (true, _) => ConnectionHeader::Default,
+    }
+}
+
+/// Accepts connections on this shard's `listener` and serves each with `service` until
+/// `shutdown` triggers; then stops accepting, lets busy connections finish their current
+/// request (closing idle ones at once) and returns when every connection has ended. Wrap it in
+/// [`rt::timeout`] for a bounded grace period.
+pub async fn serve<S: Service>(
+    listener: TcpListener,
+    service: Rc<S>,
+    limits: Limits,
+    shutdown: ShutdownSignal,
+) {
+    let drain = Rc::new(Drain::new());
+    let watcher = {
+        let drain = drain.clone();
+        rt::spawn(async move {
+            shutdown.wait().await;
+            drain.start();
+        })
+    };
+    let capacity = if limits.connections_max == 0 {
+        CONNECTIONS_UNLIMITED
+    } else {
+        limits.connections_max
+    };
+    let conns = Semaphore::new(capacity);
+    let limits = Rc::new(limits);
+    loop {
+        let notified = drain.notify.notified();
+        if drain.is_draining() {
+            break;
+        }
+        // At the limit, further connections wait in the kernel's accept backlog.
+        let permit = match future::or(async { Some(conns.acquire().await) }, async {
+            notified.await;
+            None
+        })
+        .await
+        {
+            Some(p) => p,
+            None => break,
+        };
+        let notified = drain.notify.notified();
+        if drain.is_draining() {
+            break;
+        }
+        let accepted = future::or(async { Some(listener.accept().await) }, async {
+            notified.await;
+            None
+        })
+        .await;
+        match accepted {
+            None => break,
+            Some(Ok((stream, peer))) => {
+                let service = service.clone();
+                let limits = limits.clone();
+                let drain = drain.clone();
+                rt::spawn(async move {
+                    let stats = serve_connection(stream, peer, &*service, &limits, &drain).await;
+                    tracing::trace!(%peer, requests = stats.requests, close = ?stats.close, "connection closed");
+                    drop(permit);
+                })
+                .detach();
+            }
+            Some(Err(e)) => {
+                drop(permit);
+                match e.raw_os_error() {
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                        tracing::warn!(error = %e, "accept failed, backing off");
+                        rt::sleep(ACCEPT_BACKOFF).await;
+                    }
+                    // Mostly a client that gave up before we accepted it; the short pause keeps a
+                    // persistent error from turning into a busy loop.
+                    _ => {
+                        tracing::debug!(error = %e, "accept failed");
+                        rt::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            }
+        }
+    }
+    drop(listener);
+    drop(watcher);
+    // Every permit back means every connection has ended.
+    let _all = conns.acquire_n(capacity).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream as StdStream;
+
+    use super::*;
+
+    /// Test service: echoes method, path, query and body; `/deny` answers 401 before the body,
+    /// `/panic` panics, `/slow` waits 30 ms, `/close` asks to close; bodies up to 1024 bytes.
+    struct Echo;
+
+    impl Service for Echo {
+        fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
+            if head.path == "/deny" {
+                return Err(Response::json(
+                    401,
+                    &b"{\"error\":\"authentication required\"}\n"[..],
+                ));
+            }
+            Ok(1024)
+        }
+
+        async fn call(&self, req: Request) -> Response {
+            match req.path.as_str() {
+                "/panic" => panic!("handler bug"),
+                "/slow" => {
+                    rt::sleep(Duration::from_millis(30)).await;
+                }
+                "/close" => return Response::text(200, "bye").with_header("Connection", "close"),
+                "/nocontent" => return Response::empty(204),
+                _ => {}
+            }
+            let mut body =
+                format!("{} {} {} ", req.method.as_str(), req.path, req.query).into_bytes();
+            body.extend_from_slice(&req.body);
+            Response::text(200, std::str::from_utf8(&body).unwrap_or("?"))
+        }
+    }
+
+    fn test_limits() -> Limits {
+        Limits {
+            header_bytes_max: 4096,
+            read_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+            ..Limits::default()
+        }
+    }
+
+    /// Runs the server on 127.0.0.1:0 inside an executor on this thread, runs `client` on a std
+    /// thread, then shuts the server down and checks that `serve` returns.
+    fn with_server(limits: Limits, client: impl FnOnce(SocketAddr) + Send + 'static) {
+        rt::block_on(async move {
+            let l = TcpListener::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let sig = ShutdownSignal::new();
+            let server = rt::spawn(serve(l, Rc::new(Echo), limits, sig.clone()));
+            let t = std::thread::spawn(move || client(addr));
+            let t0 = Instant::now();
+            while !t.is_finished() {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(30),
+                    "client thread hangs"
+                );
+                rt::sleep(Duration::from_millis(2)).await;
+            }
+            sig.trigger();
+            rt::timeout(Duration::from_secs(5), server)
+                .await
+                .expect("serve returns after shutdown");
+            if let Err(p) = t.join() {
+                std::panic::resume_unwind(p);
+            }
+        });
+    }
+
+    fn connect(addr: SocketAddr) -> BufReader<StdStream> {
+        let s = StdStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        BufReader::new(s)
+    }
+
+    /// Reads one response: (status, lowercase headers, body).
+    fn read_response(
+        r: &mut BufReader<StdStream>,
+        head_request: bool,
+    ) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        let mut line = String::new();
+        r.read_line(&mut line).expect("status line");
+        let status: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("status line {line:?}"));
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).expect("header");
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (k, v) = h.split_once(':').expect("field");
+            headers.push((k.to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let len = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .map_or(0, |(_, v)| v.parse().expect("len"));
+        let mut body = vec![0; if head_request { 0 } else { len }];
+        r.read_exact(&mut body).expect("body");
+        (status, headers, body)
+    }
+
+    fn closed(r: &mut BufReader<StdStream>) -> bool {
+        let mut b = [0u8; 1];
+        matches!(r.read(&mut b), Ok(0) | Err(_))
+    }
+
+    fn hdr<'a>(h: &'a [(String, String)], k: &str) -> Option<&'a str> {
+        h.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn keep_alive_pipelining_head_and_no_content() {
+        // Proves two requests on one keep-alive connection, three pipelined requests sent in one
+        // write answered in order, HEAD answered with Content-Length but no body, 204 without
+        // Content-Length, and a slow request not reordered with fast ones.
+        with_server(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /a?x=1 HTTP/1.1\r\nHost: t\r\n\r\n")
+                .expect("write");
+            let (s, h, b) = read_response(&mut c, false);
+            assert_eq!((s, b.as_slice()), (200, &b"GET /a x=1 "[..]));
+            assert_eq!(hdr(&h, "content-type"), Some("text/plain; charset=utf-8"));
+            assert!(hdr(&h, "date").is_some());
+            c.get_mut()
+                .write_all(b"POST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /slow HTTP/1.1\r\n\r\nHEAD /c HTTP/1.1\r\n\r\nGET /nocontent HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"POST /b  abc");
+            assert_eq!(read_response(&mut c, false).2, b"GET /slow  ");
+            let (s, h, _) = read_response(&mut c, true);
+            assert_eq!((s, hdr(&h, "content-length")), (200, Some("8")));
+            let (s, h, _) = read_response(&mut c, false);
+            assert_eq!((s, hdr(&h, "content-length")), (204, None));
+            // Still open and in sync after all that.
+            c.get_mut()
+                .write_all(b"GET /again HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /again  ");
+        });
+    }
+
+    #[test]
+    fn expect_continue_chunked_and_early_answers() {
+        // Proves 100 Continue is sent before the body is read when the limit accepts it, not
+        // sent when the body is too large (413 at once) or the service answers early (401), and
+        // a chunked body with extensions and trailers reaches the handler decoded.
+        with_server(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+                .expect("write");
+            let mut line = String::new();
+            c.read_line(&mut line).expect("interim");
+            assert_eq!(line, "HTTP/1.1 100 Continue\r\n");
+            line.clear();
+            c.read_line(&mut line).expect("blank");
+            c.get_mut().write_all(b"wxyz").expect("body");
+            assert_eq!(read_response(&mut c, false).2, b"POST /e  wxyz");
+
+            c.get_mut()
+                .write_all(b"POST /ch HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2;x=y\r\nab\r\n1\r\nc\r\n0\r\nT: 1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"POST /ch  abc");
+
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(
+                    b"POST /e HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n",
+                )
+                .expect("write");
+            let (s, h, b) = read_response(&mut c, false);
+            assert_eq!(
+                (s, b.as_slice()),
+                (413, &b"{\"error\":\"request body too large\"}\n"[..])
+            );
+            assert_eq!(hdr(&h, "connection"), Some("close"));
+            assert!(closed(&mut c));
+
+            // Early answer with a small body: body drained, connection kept.
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(
+                    b"POST /deny HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /ok HTTP/1.1\r\n\r\n",
+                )
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).0, 401);
+            assert_eq!(read_response(&mut c, false).2, b"GET /ok  ");
+            // Early answer while the client waits for 100: no 100, answer, close.
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(
+                    b"POST /deny HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3000\r\n\r\n",
+                )
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).0, 401);
+            assert!(closed(&mut c));
+            // Chunked body over the limit while decoding: 413.
+            let mut c = connect(addr);
+            let mut req = b"POST /big HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            for _ in 0..3 {
+                req.extend_from_slice(b"190\r\n");
+                req.extend(std::iter::repeat_n(b'x', 400));
+                req.extend_from_slice(b"\r\n");
+            }
+            c.get_mut().write_all(&req).expect("write");
+            assert_eq!(read_response(&mut c, false).0, 413);
+            assert!(closed(&mut c));
+        });
+    }
+
+    #[test]
+    fn bad_input_gets_4xx_and_close_and_the_server_keeps_serving() {
+        // Proves garbage is 400, an oversized header block 431 (plain text), a bad chunk size
+        // 400, each followed by a clean close; a truncated body and a too-slow client are just
+        // disconnected; a handler panic is a 500 JSON answer; and after all of it the server
+        // still answers on a fresh connection.
+        with_server(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"\x16\x03\x01garbage\r\n\r\n")
+                .expect("write");
+            let (s, h, b) = read_response(&mut c, false);
+            assert_eq!((s, b.as_slice()), (400, &b"400 Bad Request"[..]));
+            assert_eq!(hdr(&h, "connection"), Some("close"));
+            assert!(closed(&mut c));
+
+            let mut c = connect(addr);
+            let mut big = b"GET / HTTP/1.1\r\nX-Big: ".to_vec();
+            big.extend(std::iter::repeat_n(b'a', 5000));
+            big.extend_from_slice(b"\r\n\r\n");
+            c.get_mut().write_all(&big).expect("write");
+            let (s, _, b) = read_response(&mut c, false);
+            assert_eq!(
+                (s, b.as_slice()),
+                (431, &b"431 Request Header Fields Too Large"[..])
+            );
+            assert!(closed(&mut c));
+
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nxyz\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).0, 400);
+            assert!(closed(&mut c));
+
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+                .expect("write");
+            c.get_mut()
+                .shutdown(std::net::Shutdown::Write)
+                .expect("half close");
+            assert!(closed(&mut c), "truncated body: closed without an answer");
+
+            let mut c = connect(addr);
+            let t0 = Instant::now();
+            c.get_mut()
+                .write_all(b"GET / HTTP/1.1\r\nX-Slow: ")
+                .expect("write");
+            assert!(closed(&mut c), "slow client disconnected");
+            assert!(t0.elapsed() < Duration::from_secs(3));
+
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /panic HTTP/1.1\r\n\r\n")
+                .expect("write");
+            let (s, h, b) = read_response(&mut c, false);
+            assert_eq!(
+                (s, b.as_slice()),
+                (500, &b"{\"error\":\"internal server panic\"}\n"[..])
+            );
+            assert_eq!(hdr(&h, "content-type"), Some("application/json"));
+            c.get_mut()
+                .write_all(b"GET /after-panic HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /after-panic  ");
+
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /alive HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).0, 200);
+        });
+    }
+
+    #[test]
+    fn connection_close_and_http10() {
+        // Proves Connection: close and HTTP/1.0 without keep-alive end the connection after the
+        // answer (with Connection: close), HTTP/1.0 with keep-alive stays open, and a handler
+        // asking to close is obeyed.
+        with_server(test_limits(), |addr| {
+            for req in [
+                &b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"[..],
+                b"GET / HTTP/1.0\r\n\r\n",
+                b"GET /close HTTP/1.1\r\n\r\n",
+            ] {
+                let mut c = connect(addr);
+                c.get_mut().write_all(req).expect("write");
+                let (s, h, _) = read_response(&mut c, false);
+                assert_eq!((s, hdr(&h, "connection")), (200, Some("close")));
+                assert!(closed(&mut c));
+            }
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .expect("write");
+            let (_, h, _) = read_response(&mut c, false);
+            assert_eq!(hdr(&h, "connection"), Some("keep-alive"));
+            c.get_mut()
+                .write_all(b"GET /2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /2  ");
+        });
+    }
+
+    #[test]
+    fn connection_limit_makes_extra_clients_wait() {
+        // Proves that with connections_max = 1 a second client is not served while the first
+        // is open, and is served as soon as the first closes.
+        let limits = Limits {
+            connections_max: 1,
+            ..test_limits()
+        };
+        with_server(limits, |addr| {
+            let mut a = connect(addr);
+            a.get_mut()
+                .write_all(b"GET /a HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut a, false).0, 200);
+            let mut b = connect(addr);
+            b.get_mut()
+                .set_read_timeout(Some(Duration::from_millis(200)))
+                .expect("timeout");
+            b.get_mut()
+                .write_all(b"GET /b HTTP/1.1\r\n\r\n")
+                .expect("write");
+            let mut one = [0u8; 1];
+            let r = b.get_mut().read(&mut one);
+            assert!(
+                matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                "{r:?}"
+            );
+            drop(a);
+            b.get_mut()
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            assert_eq!(read_response(&mut b, false).2, b"GET /b  ");
+        });
+    }
+
+    #[test]
+    fn shutdown_closes_idle_connections_and_serve_returns() {
+        // Proves that after the shutdown signal an idle keep-alive connection is closed and
+        // serve returns (with_server asserts the return); the client sees end of stream.
+        rt::block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let sig = ShutdownSignal::new();
+            let server = rt::spawn(serve(l, Rc::new(Echo), test_limits(), sig.clone()));
+            let t = std::thread::spawn(move || {
+                let mut c = connect(addr);
+                c.get_mut()
+                    .write_all(b"GET / HTTP/1.1\r\n\r\n")
+                    .expect("write");
+                assert_eq!(read_response(&mut c, false).0, 200);
+                c
+            });
+            while !t.is_finished() {
+                rt::sleep(Duration::from_millis(2)).await;
+            }
+            let mut c = t.join().expect("client");
+            sig.trigger();
+            rt::timeout(Duration::from_secs(5), server)
+                .await
+                .expect("serve returns");
+            assert!(closed(&mut c));
+        });
+    }
+}
