@@ -33,6 +33,7 @@
 pub mod core;
 pub mod driver;
 pub mod recovery;
+pub mod sim;
 
 use std::path::PathBuf;
 

@@ -199,6 +199,10 @@ impl Scanner {
         self.stats.corrupt_batches += hole.bad_batches;
         self.stats.corrupt_records += hole.bad_records;
         self.stats.lost_batches += missing.saturating_sub(hole.bad_batches);
+        if hole.bad_batches == 0 && missing == 0 {
+            // Damage of unknown extent (no readable header, sequence unknown): still report it.
+            self.stats.corrupt_batches += 1;
+        }
         tracing::error!(
             segment = hole.at.segment,
             byte = hole.at.byte,
