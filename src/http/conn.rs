@@ -995,6 +995,39 @@ mod tests {
     }
 
     #[test]
+    fn idle_timeout_and_pipelined_flush_limit() {
+        // Proves a keep-alive connection idle for longer than idle_timeout is closed, and that
+        // with pipelined_responses_max = 2 seven pipelined requests are all answered, in order
+        // (the limit only forces earlier flushes).
+        let limits = Limits {
+            idle_timeout: Duration::from_millis(150),
+            pipelined_responses_max: 2,
+            ..test_limits()
+        };
+        with_server(limits, |addr| {
+            let mut c = connect(addr);
+            let mut reqs = Vec::new();
+            for i in 0..7 {
+                reqs.extend_from_slice(format!("GET /{i} HTTP/1.1\r\n\r\n").as_bytes());
+            }
+            c.get_mut().write_all(&reqs).expect("write");
+            for i in 0..7 {
+                assert_eq!(
+                    read_response(&mut c, false).2,
+                    format!("GET /{i}  ").as_bytes()
+                );
+            }
+            let t0 = Instant::now();
+            assert!(closed(&mut c), "idle connection closed");
+            let waited = t0.elapsed();
+            assert!(
+                waited >= Duration::from_millis(100) && waited < Duration::from_secs(3),
+                "{waited:?}"
+            );
+        });
+    }
+
+    #[test]
     fn shutdown_closes_idle_connections_and_serve_returns() {
         // Proves that after the shutdown signal an idle keep-alive connection is closed and
         // serve returns (with_server asserts the return); the client sees end of stream.
