@@ -1,3 +1,10 @@
-//! The `narad` binary's library: CLI, server wiring and the HTTP layer.
+//! The `narad` binary's library: CLI, server wiring, the HTTP layer and the API handlers.
+
+pub mod api;
+pub mod config;
 pub mod http;
+pub mod metrics;
+pub mod node;
+pub mod server;
+pub mod service;
 pub mod wire;

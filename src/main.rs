@@ -1,3 +1,176 @@
-fn main() {
-    println!("narad: server not built yet");
+//! The `narad` binary: broker and CLI in one (OPERATIONS.md §1).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use narad::config::{Config, FlagOverrides};
+
+#[derive(Parser)]
+#[command(
+    name = "narad",
+    about = "Narad: a small, sturdy, fast message broker",
+    version
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker.
+    Server {
+        #[command(subcommand)]
+        command: ServerCommand,
+    },
+    /// Production entry point (container default).
+    Serve(ServeArgs),
+    /// Print the release.
+    Version,
+}
+
+#[derive(Subcommand)]
+enum ServerCommand {
+    /// Run a broker (a local playground with --dev).
+    Start {
+        /// Local playground: loopback only, auth off, data in ~/.narad/data.
+        #[arg(long)]
+        dev: bool,
+        #[arg(long)]
+        port: Option<u16>,
+        #[arg(long = "data-dir")]
+        data_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args, Default)]
+struct ServeArgs {
+    /// JSON config file.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    addr: Option<String>,
+    #[arg(long)]
+    port: Option<u16>,
+    #[arg(long = "cluster-port")]
+    cluster_port: Option<u16>,
+    #[arg(long = "node-id")]
+    node_id: Option<String>,
+    #[arg(long = "data-dir")]
+    data_dir: Option<PathBuf>,
+    #[arg(long = "log-level")]
+    log_level: Option<String>,
+    #[arg(long = "log-format")]
+    log_format: Option<String>,
+    #[arg(long = "pprof-addr")]
+    pprof_addr: Option<String>,
+}
+
+fn env_map() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("NARAD_"))
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("narad dev ({})", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Server {
+            command:
+                ServerCommand::Start {
+                    dev,
+                    port,
+                    data_dir,
+                },
+        } => {
+            if dev {
+                start_dev(port, data_dir)
+            } else {
+                serve(ServeArgs {
+                    port: port.filter(|&p| p != 7942),
+                    data_dir,
+                    ..Default::default()
+                })
+            }
+        }
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn start_dev(port: Option<u16>, data_dir: Option<PathBuf>) -> ExitCode {
+    let port = port.unwrap_or(7942);
+    let data_dir = data_dir.unwrap_or_else(|| {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| ".".into());
+        home.join(".narad").join("data")
+    });
+    let mut env = env_map();
+    env.insert("NARAD_SECURITY_ENABLED".into(), "false".into());
+    env.entry("NARAD_CLUSTER_ADDR".into())
+        .or_insert_with(|| format!("127.0.0.1:{}", port.wrapping_add(1)));
+    env.insert("NARAD_LOG_FORMAT".into(), "text".into());
+    let flags = FlagOverrides {
+        addr: Some(format!("127.0.0.1:{port}")),
+        data_dir: Some(data_dir),
+        ..Default::default()
+    };
+    let mut config = match Config::load(None, &env, &flags) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    config.dev = true;
+    eprintln!(
+        "dev mode: auth OFF, bound to loopback only (127.0.0.1:{port}), data in {}\n\
+         try it:\n  curl -s -X POST localhost:{port}/v1/topics -H 'Content-Type: application/json' -d '{{\"name\":\"orders\"}}'\n  \
+         curl -s -X POST localhost:{port}/v1/topics/orders/produce -H 'Content-Type: application/json' -d '{{\"hello\":\"world\"}}'\n  \
+         curl -s 'localhost:{port}/v1/topics/orders/consume?wait=5s'",
+        config.data_dir.display()
+    );
+    run(config)
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    let flags = FlagOverrides {
+        addr: args.addr,
+        port: args.port,
+        cluster_port: args.cluster_port,
+        node_id: args.node_id,
+        data_dir: args.data_dir,
+        log_level: args.log_level,
+        log_format: args.log_format,
+        pprof_addr: args.pprof_addr,
+    };
+    let config = match Config::load(args.config.as_deref(), &env_map(), &flags) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if config.security_enabled {
+        return fail(
+            "security is on by default, and this build does not implement authentication yet: \
+             set NARAD_SECURITY_ENABLED=false to run without authentication (only behind a \
+             trusted network), or use `narad server start --dev` for a local playground",
+        );
+    }
+    run(config)
+}
+
+fn run(config: Config) -> ExitCode {
+    narad::server::init_logging(&config);
+    match narad::server::run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("narad: {msg}");
+    ExitCode::from(2)
 }

@@ -23,7 +23,10 @@ fn health_and_unknown_routes() {
     assert_eq!(r.json(), serde_json::json!({"status":"ok"}));
     assert_eq!(r.header("content-type"), Some("application/json"));
     let r = c.get("/readyz");
-    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ready")));
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("ready"))
+    );
     let r = c.get("/nope");
     assert_eq!(r.status, 404);
     assert_eq!(r.text(), "404 page not found\n");
@@ -57,22 +60,44 @@ fn topic_lifecycle_and_errors() {
     assert_eq!(r.error(), "topic already exists");
     let r = c.post_json("/v1/topics", r#"{"name":"ORDERS"}"#);
     assert_eq!(r.status, 409);
-    assert!(r.error().contains("differs only in letter case"), "{}", r.error());
+    assert!(
+        r.error().contains("differs only in letter case"),
+        "{}",
+        r.error()
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p","partitions":2}"#);
     assert_eq!(r.status, 400);
-    assert_eq!(r.error(), "invalid argument: partitions must be >= 3 (0 = use default)");
+    assert_eq!(
+        r.error(),
+        "invalid argument: partitions must be >= 3 (0 = use default)"
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p","partitions":109}"#);
-    assert_eq!(r.error(), "invalid argument: partitions (109) exceeds topic.max_partitions (108)");
+    assert_eq!(
+        r.error(),
+        "invalid argument: partitions (109) exceeds topic.max_partitions (108)"
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p","retention_ms":5}"#);
-    assert_eq!(r.error(), "invalid argument: retention_ms (5) is below the minimum of 3600000 (1 hour)");
+    assert_eq!(
+        r.error(),
+        "invalid argument: retention_ms (5) is below the minimum of 3600000 (1 hour)"
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p","bogus":1}"#);
-    assert_eq!((r.status, r.error().as_str()), (400, "invalid json: json: unknown field \"bogus\""));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "invalid json: json: unknown field \"bogus\"")
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p"} {}"#);
-    assert_eq!((r.status, r.error().as_str()), (400, "invalid json: multiple JSON values"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "invalid json: multiple JSON values")
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"a/b"}"#);
     assert_eq!(r.status, 400);
     let r = c.post_json("/v1/topics", r#"{"name":"forever","retention_ms":0}"#);
-    assert_eq!((r.status, r.json()["retention_ms"].as_u64()), (201, Some(0)));
+    assert_eq!(
+        (r.status, r.json()["retention_ms"].as_u64()),
+        (201, Some(0))
+    );
 
     let r = c.get("/v1/topics/orders");
     assert_eq!(r.status, 200);
@@ -89,24 +114,61 @@ fn topic_lifecycle_and_errors() {
     assert_eq!(c.get("/v1/topics/orders?partition=3").status, 400);
     assert_eq!(c.get("/v1/topics/nope").error(), "topic not found");
 
-    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")],
-        br#"{"retention_ms":7200000,"max_in_flight_per_partition":5,"partitions":4}"#);
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"retention_ms":7200000,"max_in_flight_per_partition":5,"partitions":4}"#,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     let j = r.json();
-    assert_eq!((j["retention_ms"].as_u64(), j["max_in_flight_per_partition"].as_u64(), j["partitions"].as_u64()),
-        (Some(7_200_000), Some(5), Some(4)));
-    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{"partitions":3}"#);
+    assert_eq!(
+        (
+            j["retention_ms"].as_u64(),
+            j["max_in_flight_per_partition"].as_u64(),
+            j["partitions"].as_u64()
+        ),
+        (Some(7_200_000), Some(5), Some(4))
+    );
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"partitions":3}"#,
+    );
     assert_eq!(r.error(), "invalid argument: new partition count (3) must be greater than current (4); decrease is not supported");
-    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{}"#);
-    assert_eq!(r.error(), "at least one of partitions, retention_ms, max_*_per_partition, or schema is required");
-    let r = c.request("PATCH", "/v1/topics/orders", &[("Content-Type", "application/json")], br#"{"visibility_timeout_ms":5}"#);
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{}"#,
+    );
+    assert_eq!(
+        r.error(),
+        "at least one of partitions, retention_ms, max_*_per_partition, or schema is required"
+    );
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"visibility_timeout_ms":5}"#,
+    );
     assert_eq!(r.status, 400);
 
     let r = c.get("/v1/topics/orders/schema");
-    assert_eq!(r.json(), serde_json::json!({"topic":"orders","version":0,"versions":[]}));
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"topic":"orders","version":0,"versions":[]})
+    );
 
-    assert_eq!(c.request("DELETE", "/v1/topics/orders", &[], b"").status, 204);
-    assert_eq!(c.request("DELETE", "/v1/topics/orders", &[], b"").status, 404);
+    assert_eq!(
+        c.request("DELETE", "/v1/topics/orders", &[], b"").status,
+        204
+    );
+    assert_eq!(
+        c.request("DELETE", "/v1/topics/orders", &[], b"").status,
+        404
+    );
     assert_eq!(c.get("/v1/topics/orders").status, 404);
     // A recreated topic gets a new id and none of the old data.
     let t2 = c.create_topic("orders", 3);
@@ -132,7 +194,10 @@ fn topic_list_pagination() {
     assert_eq!(r["next_page_token"], "");
     let r = c.get("/v1/topics?limit=3&page_token=b").json();
     assert_eq!(r["next_page_token"], "");
-    assert_eq!(c.get("/v1/topics?limit=0").error(), "limit must be a positive integer");
+    assert_eq!(
+        c.get("/v1/topics?limit=0").error(),
+        "limit must be a positive integer"
+    );
     assert_eq!(c.get("/v1/topics?limit=x").status, 400);
 }
 
@@ -142,14 +207,36 @@ fn cross_site_guard() {
     let (_d, s) = server("guard");
     let mut c = s.client();
     c.create_topic("g", 3);
-    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "application/x-www-form-urlencoded")], b"a=1");
+    let r = c.request(
+        "POST",
+        "/v1/topics/g/produce",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"a=1",
+    );
     assert_eq!(r.status, 415);
-    assert!(r.error().starts_with("state-changing requests must send Content-Type"));
-    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "text/plain")], b"hi");
+    assert!(r
+        .error()
+        .starts_with("state-changing requests must send Content-Type"));
+    let r = c.request(
+        "POST",
+        "/v1/topics/g/produce",
+        &[("Content-Type", "text/plain")],
+        b"hi",
+    );
     assert_eq!(r.status, 415);
-    let r = c.request("POST", "/v1/topics/g/produce", &[("Content-Type", "Application/Octet-Stream; charset=x")], b"hi");
+    let r = c.request(
+        "POST",
+        "/v1/topics/g/produce",
+        &[("Content-Type", "Application/Octet-Stream; charset=x")],
+        b"hi",
+    );
     assert_eq!(r.status, 202);
-    let r = c.request("POST", "/v1/topics/g/produce", &[("X-Narad-Client", "x")], b"hi");
+    let r = c.request(
+        "POST",
+        "/v1/topics/g/produce",
+        &[("X-Narad-Client", "x")],
+        b"hi",
+    );
     assert_eq!(r.status, 202);
     // A body-less POST without headers to a path that would 405 still gets 415 first.
     let r = c.request("POST", "/healthz", &[], b"");
@@ -163,22 +250,42 @@ fn produce_consume_ack_with_encodings() {
     let (_d, s) = server("encodings");
     let mut c = s.client();
     c.create_topic("enc", 3);
-    let r = c.request("POST", "/v1/topics/enc/produce?partition=0&key=customer+42%2F%C3%A9", &[("Content-Type", "application/json")],
-        br#" {"order_id":"ord_123","amount":4999}"#);
+    let r = c.request(
+        "POST",
+        "/v1/topics/enc/produce?partition=0&key=customer+42%2F%C3%A9",
+        &[("Content-Type", "application/json")],
+        br#" {"order_id":"ord_123","amount":4999}"#,
+    );
     assert_eq!(r.status, 202);
     assert!(r.body.is_empty());
     assert_eq!(r.header("content-length"), Some("0"));
-    c.request("POST", "/v1/topics/enc/produce?partition=0", &[("Content-Type", "application/octet-stream")], b"plain text");
-    c.request("POST", "/v1/topics/enc/produce?partition=0&key=%00%9F%FFk", &[("Content-Type", "application/octet-stream")], &[0xff, 0x00, 0x10]);
+    c.request(
+        "POST",
+        "/v1/topics/enc/produce?partition=0",
+        &[("Content-Type", "application/octet-stream")],
+        b"plain text",
+    );
+    c.request(
+        "POST",
+        "/v1/topics/enc/produce?partition=0&key=%00%9F%FFk",
+        &[("Content-Type", "application/octet-stream")],
+        &[0xff, 0x00, 0x10],
+    );
 
     let m = c.get("/v1/topics/enc/consume?partition=0").json();
     assert_eq!(m["topic"], "enc");
     assert_eq!(m["partition"], 0);
     assert_eq!(m["offset"], 0);
     assert_eq!(m["key"], "customer 42/é");
-    assert_eq!(m["payload"], serde_json::json!({"order_id":"ord_123","amount":4999}));
+    assert_eq!(
+        m["payload"],
+        serde_json::json!({"order_id":"ord_123","amount":4999})
+    );
     assert!(m.get("payload_encoding").is_none());
-    assert!(m["timestamp"].as_u64().unwrap() > 1_700_000_000 && m["timestamp"].as_u64().unwrap() < 4_000_000_000);
+    assert!(
+        m["timestamp"].as_u64().unwrap() > 1_700_000_000
+            && m["timestamp"].as_u64().unwrap() < 4_000_000_000
+    );
     let h0 = m["receipt_handle"].as_str().unwrap().to_string();
     assert!(h0.starts_with("0:0:"), "{h0}");
 
@@ -195,26 +302,62 @@ fn produce_consume_ack_with_encodings() {
 
     // Raw body check: JSON payload verbatim including its leading space.
     let raw = c.get("/v1/topics/enc/consume?partition=0&offset=0");
-    assert!(raw.text().contains(r#""payload": {"order_id":"ord_123","amount":4999}"#), "{}", raw.text());
+    assert!(
+        raw.text()
+            .contains(r#""payload": {"order_id":"ord_123","amount":4999}"#),
+        "{}",
+        raw.text()
+    );
     assert!(raw.json().get("receipt_handle").is_none());
 
-    let ack = |c: &mut common::Client, h: &str| c.post_client(&format!("/v1/topics/enc/ack?receipt_handle={h}"), b"").status;
+    let ack = |c: &mut common::Client, h: &str| {
+        c.post_client(&format!("/v1/topics/enc/ack?receipt_handle={h}"), b"")
+            .status
+    };
     assert_eq!(ack(&mut c, &h0), 204);
     assert_eq!(ack(&mut c, &h0), 410);
-    let r = c.post_client(&format!("/v1/topics/enc/ack?receipt_handle={}", h1.replace(':', "%3A")), b"");
+    let r = c.post_client(
+        &format!(
+            "/v1/topics/enc/ack?receipt_handle={}",
+            h1.replace(':', "%3A")
+        ),
+        b"",
+    );
     assert_eq!(r.status, 204);
     let r = c.post_client("/v1/topics/enc/ack?receipt_handle=1:2", b"");
-    assert_eq!((r.status, r.error().as_str()), (400, "receipt handle is malformed"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "receipt handle is malformed")
+    );
     let r = c.post_client("/v1/topics/enc/ack?receipt_handle=9:0:5", b"");
-    assert_eq!((r.status, r.error().as_str()), (410, "receipt handle no longer matches an active reservation"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            410,
+            "receipt handle no longer matches an active reservation"
+        )
+    );
     let r = c.post_client("/v1/topics/enc/ack", b"");
-    assert_eq!((r.status, r.error().as_str()), (400, "receipt_handle required"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "receipt_handle required")
+    );
     let r = c.post_client("/v1/topics/enc/ack?receipt_handle=0:0:1&extend=maybe", b"");
     assert_eq!(r.status, 400);
     // Replay past the end is 204; replay needs a partition.
-    assert_eq!(c.get("/v1/topics/enc/consume?partition=0&offset=3").status, 204);
-    assert_eq!(c.get("/v1/topics/enc/consume?offset=0").error(), "partition required for replay-mode consume");
-    assert_eq!(c.get("/v1/topics/enc/consume?partition=0&offset=-1").error(), "invalid offset: must be >= 0");
+    assert_eq!(
+        c.get("/v1/topics/enc/consume?partition=0&offset=3").status,
+        204
+    );
+    assert_eq!(
+        c.get("/v1/topics/enc/consume?offset=0").error(),
+        "partition required for replay-mode consume"
+    );
+    assert_eq!(
+        c.get("/v1/topics/enc/consume?partition=0&offset=-1")
+            .error(),
+        "invalid offset: must be >= 0"
+    );
 }
 
 #[test]
@@ -223,18 +366,43 @@ fn produce_validation() {
     let (_d, s) = server("prodval");
     let mut c = s.client();
     c.create_topic("v", 3);
-    let p = |c: &mut common::Client, q: &str, body: &[u8]| c.post_client(&format!("/v1/topics/v/produce{q}"), body);
+    let p = |c: &mut common::Client, q: &str, body: &[u8]| {
+        c.post_client(&format!("/v1/topics/v/produce{q}"), body)
+    };
     assert_eq!(p(&mut c, "", b"").error(), "message required");
-    assert_eq!(p(&mut c, "?partition=", b"x").error(), "invalid partition: empty");
-    assert_eq!(p(&mut c, "?partition=-1", b"x").error(), "invalid partition: must be >= 0");
-    assert_eq!(p(&mut c, "?partition=3", b"x").error(), "invalid argument: partition out of range");
-    assert_eq!(p(&mut c, "?partition=1&partition=2", b"x").error(), "duplicate partition query parameter");
-    assert_eq!(p(&mut c, "?key=a&key=b", b"x").error(), "duplicate key query parameter");
-    assert!(p(&mut c, "?partition=x", b"x").error().starts_with("invalid partition: "));
-    assert_eq!(c.post_client("/v1/topics/none/produce", b"x").error(), "topic not found");
+    assert_eq!(
+        p(&mut c, "?partition=", b"x").error(),
+        "invalid partition: empty"
+    );
+    assert_eq!(
+        p(&mut c, "?partition=-1", b"x").error(),
+        "invalid partition: must be >= 0"
+    );
+    assert_eq!(
+        p(&mut c, "?partition=3", b"x").error(),
+        "invalid argument: partition out of range"
+    );
+    assert_eq!(
+        p(&mut c, "?partition=1&partition=2", b"x").error(),
+        "duplicate partition query parameter"
+    );
+    assert_eq!(
+        p(&mut c, "?key=a&key=b", b"x").error(),
+        "duplicate key query parameter"
+    );
+    assert!(p(&mut c, "?partition=x", b"x")
+        .error()
+        .starts_with("invalid partition: "));
+    assert_eq!(
+        c.post_client("/v1/topics/none/produce", b"x").error(),
+        "topic not found"
+    );
     let big = vec![b'a'; (1 << 20) + 1];
     let r = p(&mut c, "", &big);
-    assert_eq!((r.status, r.error().as_str()), (413, "request body too large"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (413, "request body too large")
+    );
     assert_eq!(p(&mut c, "", &big[..1 << 20]).status, 202);
 }
 
@@ -249,29 +417,69 @@ fn batch_produce_consume_and_ack() {
         r#"{"messages":[{"key":"customer-42","payload":{"order_id":"ord_124"}},{"key":"customer-7","payload":"aGVsbG8=","payload_encoding":"base64"},{"key":"/w==","key_encoding":"base64","payload":[1,2],"partition":2}]}"#);
     assert_eq!(r.status, 202, "{}", r.text());
     assert_eq!(r.json(), serde_json::json!({"accepted":3}));
-    let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[{"payload":1},{"payload":"","payload_encoding":"base64"}]}"#);
-    assert_eq!((r.status, r.error().as_str()), (400, "message 1: message required"));
-    let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[{"payload":1,"partition":7}]}"#);
-    assert_eq!((r.status, r.error().as_str()), (400, "message 0: invalid argument: partition out of range"));
+    let r = c.post_json(
+        "/v1/topics/b/produce/batch",
+        r#"{"messages":[{"payload":1},{"payload":"","payload_encoding":"base64"}]}"#,
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "message 1: message required")
+    );
+    let r = c.post_json(
+        "/v1/topics/b/produce/batch",
+        r#"{"messages":[{"payload":1,"partition":7}]}"#,
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "message 0: invalid argument: partition out of range")
+    );
     let r = c.post_json("/v1/topics/b/produce/batch", r#"{"messages":[]}"#);
     assert_eq!(r.error(), "messages required");
-    let r = c.post_json("/v1/topics/b/produce/batch?key=x", r#"{"messages":[{"payload":1}]}"#);
-    assert_eq!(r.error(), "key is set per message in a batch produce, not as a query parameter");
-    let many = format!(r#"{{"messages":[{}]}}"#, vec![r#"{"payload":1}"#; 1001].join(","));
-    assert_eq!(c.post_json("/v1/topics/b/produce/batch", &many).error(), "too many messages: more than 1000");
+    let r = c.post_json(
+        "/v1/topics/b/produce/batch?key=x",
+        r#"{"messages":[{"payload":1}]}"#,
+    );
+    assert_eq!(
+        r.error(),
+        "key is set per message in a batch produce, not as a query parameter"
+    );
+    let many = format!(
+        r#"{{"messages":[{}]}}"#,
+        vec![r#"{"payload":1}"#; 1001].join(",")
+    );
+    assert_eq!(
+        c.post_json("/v1/topics/b/produce/batch", &many).error(),
+        "too many messages: more than 1000"
+    );
     // Nothing of the refused batches was stored.
     let d = c.get("/v1/topics/b").json();
-    let total: u64 = d["partition_stats"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    let total: u64 = d["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["high_watermark"].as_u64().unwrap())
+        .sum();
     assert_eq!(total, 3);
 
     let r = c.get("/v1/topics/b/consume?max=10");
     assert_eq!(r.status, 400);
-    let r = c.request("GET", "/v1/topics/b/consume?max=10", &[("X-Narad-Client", "t")], b"");
+    let r = c.request(
+        "GET",
+        "/v1/topics/b/consume?max=10",
+        &[("X-Narad-Client", "t")],
+        b"",
+    );
     assert_eq!(r.status, 200);
     let msgs = r.json()["messages"].as_array().unwrap().clone();
     assert_eq!(msgs.len(), 3);
-    let mut handles: Vec<String> = msgs.iter().map(|m| m["receipt_handle"].as_str().unwrap().to_string()).collect();
-    let pinned = msgs.iter().find(|m| m["payload"] == serde_json::json!([1, 2])).unwrap();
+    let mut handles: Vec<String> = msgs
+        .iter()
+        .map(|m| m["receipt_handle"].as_str().unwrap().to_string())
+        .collect();
+    let pinned = msgs
+        .iter()
+        .find(|m| m["payload"] == serde_json::json!([1, 2]))
+        .unwrap();
     assert_eq!(pinned["partition"], 2);
     assert_eq!(pinned["key"], "/w==");
     handles.insert(1, "0:0:1".into());
@@ -284,8 +492,20 @@ fn batch_produce_consume_and_ack() {
     assert_eq!(statuses, vec![204, 410, 204, 204, 400]);
     assert!(res[0].get("error").is_none());
     let many = serde_json::json!({"receipt_handles": vec!["0:0:1"; 101]}).to_string();
-    assert_eq!(c.post_json("/v1/topics/b/ack", &many).error(), "too many receipt_handles: more than 100");
-    assert_eq!(c.request("GET", "/v1/topics/b/consume?max=10", &[("X-Narad-Client", "t")], b"").status, 204);
+    assert_eq!(
+        c.post_json("/v1/topics/b/ack", &many).error(),
+        "too many receipt_handles: more than 100"
+    );
+    assert_eq!(
+        c.request(
+            "GET",
+            "/v1/topics/b/consume?max=10",
+            &[("X-Narad-Client", "t")],
+            b""
+        )
+        .status,
+        204
+    );
 }
 
 #[test]
@@ -294,7 +514,10 @@ fn leases_expire_nack_redelivers_extend_keeps() {
     // handle and the late ack gets 410; nack redelivers at once; extend keeps the lease alive.
     let (_d, s) = server("leases");
     let mut c = s.client();
-    let r = c.post_json("/v1/topics", r#"{"name":"l","partitions":3,"visibility_timeout_ms":1000}"#);
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"l","partitions":3,"visibility_timeout_ms":1000}"#,
+    );
     assert_eq!(r.status, 201);
     c.post_client("/v1/topics/l/produce?partition=1", b"one");
     let m1 = c.get("/v1/topics/l/consume").json();
@@ -305,19 +528,48 @@ fn leases_expire_nack_redelivers_extend_keeps() {
     assert_eq!(m2["offset"], m1["offset"]);
     let h2 = m2["receipt_handle"].as_str().unwrap().to_string();
     assert_ne!(h1, h2);
-    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h1}"), b"").status, 410);
+    assert_eq!(
+        c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h1}"), b"")
+            .status,
+        410
+    );
     // Nack: available again immediately.
-    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h2}&extend=0"), b"").status, 204);
+    assert_eq!(
+        c.post_client(
+            &format!("/v1/topics/l/ack?receipt_handle={h2}&extend=0"),
+            b""
+        )
+        .status,
+        204
+    );
     let m3 = c.get("/v1/topics/l/consume").json();
     assert_eq!(m3["offset"], m1["offset"]);
     let h3 = m3["receipt_handle"].as_str().unwrap().to_string();
     // Extend twice across more than one visibility timeout: still ours.
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}&extend=true"), b"").status, 204);
+    assert_eq!(
+        c.post_client(
+            &format!("/v1/topics/l/ack?receipt_handle={h3}&extend=true"),
+            b""
+        )
+        .status,
+        204
+    );
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}&extend=1"), b"").status, 204);
+    assert_eq!(
+        c.post_client(
+            &format!("/v1/topics/l/ack?receipt_handle={h3}&extend=1"),
+            b""
+        )
+        .status,
+        204
+    );
     assert_eq!(c.get("/v1/topics/l/consume").status, 204);
-    assert_eq!(c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}"), b"").status, 204);
+    assert_eq!(
+        c.post_client(&format!("/v1/topics/l/ack?receipt_handle={h3}"), b"")
+            .status,
+        204
+    );
     std::thread::sleep(Duration::from_millis(1200));
     assert_eq!(c.get("/v1/topics/l/consume").status, 204);
 }
@@ -339,11 +591,22 @@ fn long_poll_is_woken_by_produce_and_clamped() {
         });
         std::thread::sleep(Duration::from_millis(150));
         let t1 = Instant::now();
-        assert_eq!(c.post_client(&format!("/v1/topics/w/produce?partition={p}"), b"x").status, 202);
+        assert_eq!(
+            c.post_client(&format!("/v1/topics/w/produce?partition={p}"), b"x")
+                .status,
+            202
+        );
         let (status, took) = waiter.join().unwrap();
         assert_eq!(status, 200);
-        assert!(took < Duration::from_secs(4), "partition {p}: woken after {took:?}");
-        assert!(t1.elapsed() < Duration::from_millis(500), "partition {p}: wake took {:?}", t1.elapsed());
+        assert!(
+            took < Duration::from_secs(4),
+            "partition {p}: woken after {took:?}"
+        );
+        assert!(
+            t1.elapsed() < Duration::from_millis(500),
+            "partition {p}: wake took {:?}",
+            t1.elapsed()
+        );
     }
     let t0 = Instant::now();
     let r = c.get("/v1/topics/w/consume?wait=1m0s&partition=0");
@@ -351,7 +614,10 @@ fn long_poll_is_woken_by_produce_and_clamped() {
     assert_eq!(r.status, 204);
     assert_eq!(r.header("x-narad-wait-clamped"), Some("10s"));
     assert!(t0.elapsed() >= Duration::from_secs(9));
-    assert!(c.get("/v1/topics/w/consume?wait=nope").error().starts_with("invalid wait: "));
+    assert!(c
+        .get("/v1/topics/w/consume?wait=nope")
+        .error()
+        .starts_with("invalid wait: "));
     assert_eq!(c.get("/v1/topics/w/consume?wait=100%C2%B5s").status, 204);
 }
 

@@ -16,9 +16,7 @@ use std::rc::Rc;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use narad_io::log::{
-    AppendRecord, LogError, ReadError, RecoveredPartition, ShardLog,
-};
+use narad_io::log::{AppendRecord, LogError, ReadError, RecoveredPartition, ShardLog};
 use narad_io::partition::{PartitionStats, StoredRecord};
 use narad_io::rt::Notify;
 use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, TopicId};
@@ -114,7 +112,11 @@ impl Host {
 
     /// The notifier long-polls of `topic` on this shard park on.
     pub fn notifier(&self, topic: TopicId) -> Rc<Notify> {
-        self.wakers.borrow_mut().entry(topic).or_insert_with(|| Rc::new(Notify::new())).clone()
+        self.wakers
+            .borrow_mut()
+            .entry(topic)
+            .or_insert_with(|| Rc::new(Notify::new()))
+            .clone()
     }
 
     pub fn set_wake_hook(&self, f: Box<dyn Fn(TopicId)>) {
@@ -183,7 +185,10 @@ impl Host {
             if out.len() >= n || bytes >= TAKE_BYTES_MAX {
                 break;
             }
-            let key = PartitionKey { topic: conf.topic, partition: p };
+            let key = PartitionKey {
+                topic: conf.topic,
+                partition: p,
+            };
             let hwm = self.log.high_watermark(key);
             let now = now_ms();
             let want = n - out.len();
@@ -212,7 +217,11 @@ impl Host {
                     Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
                         let record = recs.swap_remove(0);
                         bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
-                        out.push(Leased { partition: p, nonce, record });
+                        out.push(Leased {
+                            partition: p,
+                            nonce,
+                            record,
+                        });
                     }
                     Ok(_) | Err(ReadError::Corrupt { .. }) => {
                         tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
@@ -245,7 +254,13 @@ impl Host {
     /// Gives back leases a caller could not deliver (its answer was cut short).
     pub fn release(&self, topic: TopicId, items: &[(PartitionId, Offset, Nonce)]) {
         for &(p, o, n) in items {
-            self.with_queue(PartitionKey { topic, partition: p }, |q| q.release(o, n));
+            self.with_queue(
+                PartitionKey {
+                    topic,
+                    partition: p,
+                },
+                |q| q.release(o, n),
+            );
         }
         self.wake(topic);
     }
@@ -262,7 +277,10 @@ impl Host {
         let mut durable: HashMap<PartitionId, Vec<Offset>> = HashMap::new();
         let mut woke = false;
         for &(p, offset, nonce) in items {
-            let key = PartitionKey { topic: conf.topic, partition: p };
+            let key = PartitionKey {
+                topic: conf.topic,
+                partition: p,
+            };
             let r = self.with_queue(key, |q| {
                 q.expire(now);
                 match kind {
@@ -287,7 +305,10 @@ impl Host {
         }
         let mut failed: Option<LogError> = None;
         for (p, offsets) in durable {
-            let key = PartitionKey { topic: conf.topic, partition: p };
+            let key = PartitionKey {
+                topic: conf.topic,
+                partition: p,
+            };
             if let Err(e) = self.log.settle(key, offsets).await {
                 failed = Some(e);
             }
@@ -295,7 +316,9 @@ impl Host {
         if let Some(e) = failed {
             let msg = e.to_string();
             for r in results.iter_mut().filter(|r| r.is_ok()) {
-                *r = Err(SettleError::Log(LogError::Io(std::io::Error::other(msg.clone()))));
+                *r = Err(SettleError::Log(LogError::Io(std::io::Error::other(
+                    msg.clone(),
+                ))));
             }
         }
         results
@@ -321,7 +344,10 @@ impl Host {
     pub fn has_available(&self, conf: QueueConf, partitions: &[PartitionId]) -> bool {
         let now = now_ms();
         partitions.iter().any(|&p| {
-            let key = PartitionKey { topic: conf.topic, partition: p };
+            let key = PartitionKey {
+                topic: conf.topic,
+                partition: p,
+            };
             let hwm = self.log.high_watermark(key);
             self.with_queue(key, |q| {
                 q.has_available(
@@ -381,8 +407,12 @@ impl Host {
             .enforce_retention(topic, retention_ms, narad_io::types::UnixMillis::now())
             .await?;
         if deleted > 0 {
-            let keys: Vec<PartitionKey> =
-                self.log.partitions().into_iter().filter(|k| k.topic == topic).collect();
+            let keys: Vec<PartitionKey> = self
+                .log
+                .partitions()
+                .into_iter()
+                .filter(|k| k.topic == topic)
+                .collect();
             for key in keys {
                 let oldest = self.log.oldest_offset(key);
                 self.with_queue(key, |q| {

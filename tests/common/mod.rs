@@ -15,8 +15,13 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let base = std::env::var_os("NARAD_TEST_TMP").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let base = std::env::var_os("NARAD_TEST_TMP")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
         let p = base.join(format!("narad-test-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -55,20 +60,32 @@ impl Server {
     }
 
     pub fn start_with(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
-        let mut s = Server { port: free_port_pair(), data_dir, child: None, extra_env };
+        let mut s = Server {
+            port: free_port_pair(),
+            data_dir,
+            child: None,
+            extra_env,
+        };
         s.spawn();
         s
     }
 
     fn spawn(&mut self) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-        cmd.args(["server", "start", "--dev", "--port", &self.port.to_string(), "--data-dir"])
-            .arg(&self.data_dir)
-            .env("NARAD_SHARDS", "2")
-            .env("NARAD_LOG_LEVEL", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+        cmd.args([
+            "server",
+            "start",
+            "--dev",
+            "--port",
+            &self.port.to_string(),
+            "--data-dir",
+        ])
+        .arg(&self.data_dir)
+        .env("NARAD_SHARDS", "2")
+        .env("NARAD_LOG_LEVEL", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
         for (k, v) in &self.extra_env {
             cmd.env(k, v);
         }
@@ -93,7 +110,10 @@ impl Server {
                     }
                 }
             }
-            assert!(start.elapsed() < READY_WAIT_MAX, "narad not ready after {READY_WAIT_MAX:?}");
+            assert!(
+                start.elapsed() < READY_WAIT_MAX,
+                "narad not ready after {READY_WAIT_MAX:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -114,13 +134,18 @@ impl Server {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("running");
         // SAFETY-free: use the kill command to send SIGTERM.
-        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
         let start = Instant::now();
         loop {
             if let Some(s) = c.try_wait().unwrap() {
                 return s;
             }
-            assert!(start.elapsed() < Duration::from_secs(30), "narad did not exit after SIGTERM");
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "narad did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -150,7 +175,10 @@ pub struct Resp {
 
 impl Resp {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -160,7 +188,10 @@ impl Resp {
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.text()))
     }
     pub fn error(&self) -> String {
-        self.json()["error"].as_str().unwrap_or_default().to_string()
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 }
 
@@ -174,7 +205,9 @@ impl Client {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        Ok(Client { stream: BufReader::new(s) })
+        Ok(Client {
+            stream: BufReader::new(s),
+        })
     }
 
     pub fn raw(&mut self) -> &mut TcpStream {
@@ -205,7 +238,10 @@ impl Client {
     pub fn read_response(&mut self, head: bool) -> std::io::Result<Resp> {
         let mut line = String::new();
         if self.stream.read_line(&mut line)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
         }
         let status: u16 = line
             .split_whitespace()
@@ -229,15 +265,32 @@ impl Client {
             .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
             .and_then(|(_, v)| v.parse().ok())
             .unwrap_or(0);
-        let mut body = vec![0; if head || status == 204 || status == 100 { 0 } else { len }];
+        let mut body = vec![
+            0;
+            if head || status == 204 || status == 100 {
+                0
+            } else {
+                len
+            }
+        ];
         self.stream.read_exact(&mut body)?;
         if status == 100 {
             return self.read_response(head);
         }
-        Ok(Resp { status, headers, body })
+        Ok(Resp {
+            status,
+            headers,
+            body,
+        })
     }
 
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
+    pub fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Resp {
         self.try_request(method, path, headers, body)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
@@ -248,7 +301,12 @@ impl Client {
 
     /// A POST with `Content-Type: application/json`.
     pub fn post_json(&mut self, path: &str, body: &str) -> Resp {
-        self.request("POST", path, &[("Content-Type", "application/json")], body.as_bytes())
+        self.request(
+            "POST",
+            path,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
     }
 
     pub fn post_client(&mut self, path: &str, body: &[u8]) -> Resp {
@@ -256,7 +314,10 @@ impl Client {
     }
 
     pub fn create_topic(&mut self, name: &str, partitions: u32) -> serde_json::Value {
-        let r = self.post_json("/v1/topics", &format!(r#"{{"name":"{name}","partitions":{partitions}}}"#));
+        let r = self.post_json(
+            "/v1/topics",
+            &format!(r#"{{"name":"{name}","partitions":{partitions}}}"#),
+        );
         assert_eq!(r.status, 201, "create {name}: {}", r.text());
         r.json()
     }

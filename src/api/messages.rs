@@ -1,0 +1,493 @@
+//! Message routes (API.md §10): produce, batch produce, consume (queue, batch, replay) and
+//! ack/extend/nack. The answer `202` is sent only after `Node::append` returned, which happens only
+//! after the owner shard's group commit made every record durable and verified.
+
+use std::rc::Rc;
+
+use narad_io::log::AppendRecord;
+use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey};
+use narad_raft::TopicMeta;
+use narad_shard::host::{now_ms, Leased, QueueConf, SettleKind};
+
+use super::params::Params;
+use super::{error, BODY_BYTES_MAX};
+use crate::http::{Request, Response};
+use crate::node::{Node, ReadFailure, SettleFailure, StoreError};
+use crate::wire;
+use crate::wire::duration::GoDuration;
+use crate::wire::receipt::{MalformedHandle, ReceiptHandle};
+
+/// Most records one batch consume hands out.
+pub const CONSUME_BATCH_MAX: usize = 100;
+/// Encoded messages in one batch consume answer; the first is always included.
+pub const CONSUME_RESPONSE_BYTES_MAX: usize = 8 << 20;
+/// Handles per batch ack.
+pub const ACK_BATCH_MAX: usize = 100;
+
+const GONE: &str = "receipt handle no longer matches an active reservation";
+
+fn queue_conf(t: &TopicMeta) -> QueueConf {
+    QueueConf {
+        topic: t.id,
+        visibility_ms: t.visibility_timeout_ms,
+        max_in_flight: t.max_in_flight_per_partition,
+        max_acked_ahead: t.max_acked_ahead_per_partition,
+    }
+}
+
+fn store_failure(e: StoreError) -> Response {
+    match e {
+        StoreError::DiskFull => error(507, "disk full: the message was not stored; retry later"),
+        StoreError::Failed(detail) => {
+            tracing::error!(error = %detail, "produce failed");
+            error(500, "produce failed")
+        }
+    }
+}
+
+/// Refusals shared by single and batch produce once the topic is known.
+fn produce_refusal(t: &TopicMeta) -> Option<Response> {
+    if t.parent.is_some() && t.fanout_delay_ms > 0 {
+        return Some(error(
+            409,
+            "direct produce to a delayed child topic is not allowed",
+        ));
+    }
+    None
+}
+
+/// Parses the `partition` query parameter of produce (API.md §10.1).
+fn partition_param(q: &Params, partitions: u32) -> Result<Option<u32>, Response> {
+    if q.count("partition") > 1 {
+        return Err(error(400, "duplicate partition query parameter"));
+    }
+    let Some(v) = q.str("partition")? else {
+        return Ok(None);
+    };
+    if v.is_empty() {
+        return Err(error(400, "invalid partition: empty"));
+    }
+    let n: i64 = v.parse().map_err(|_| {
+        error(
+            400,
+            &format!("invalid partition: strconv.Atoi: parsing {v:?}: invalid syntax"),
+        )
+    })?;
+    if n < 0 {
+        return Err(error(400, "invalid partition: must be >= 0"));
+    }
+    if n >= i64::from(partitions) {
+        return Err(error(400, "invalid argument: partition out of range"));
+    }
+    Ok(Some(n as u32))
+}
+
+fn pick_partition(node: &Node, t: &TopicMeta, key: Option<&[u8]>, pinned: Option<u32>) -> u32 {
+    if let Some(p) = pinned {
+        return p;
+    }
+    match key {
+        Some(k) if !k.is_empty() => wire::fnv1a32(k) % t.partitions,
+        _ => node.next_round_robin(t.id, t.partitions),
+    }
+}
+
+pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
+    let q = Params::new(&req.query);
+    if q.count("key") > 1 {
+        return error(400, "duplicate key query parameter");
+    }
+    let key = tri!(q.bytes("key")).filter(|k| !k.is_empty());
+    if req.body.is_empty() {
+        return error(400, "message required");
+    }
+    if req.body.len() > BODY_BYTES_MAX {
+        return error(413, "request body too large");
+    }
+    let meta = node.meta();
+    let Some(t) = meta.topic(topic) else {
+        return error(404, "topic not found");
+    };
+    let pinned = match partition_param(&q, t.partitions) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if let Some(r) = produce_refusal(&t) {
+        return r;
+    }
+    let p = pick_partition(node, &t, key.as_deref(), pinned);
+    let rec = AppendRecord {
+        key: PartitionKey {
+            topic: t.id,
+            partition: PartitionId(p),
+        },
+        msg_key: key,
+        payload: req.body,
+    };
+    match node.append(vec![rec]).await {
+        Ok(()) => Response::empty(202),
+        Err(e) => store_failure(e),
+    }
+}
+
+pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
+    let q = Params::new(&req.query);
+    for p in ["key", "partition"] {
+        if q.count(p) > 0 {
+            return error(
+                400,
+                &format!("{p} is set per message in a batch produce, not as a query parameter"),
+            );
+        }
+    }
+    // Pass one: format of every element (encodings, empty payloads, negative partitions).
+    let msgs = match wire::body::parse_batch_produce(&req.body) {
+        Ok(m) => m,
+        Err(e) => return error(e.status(), e.message()),
+    };
+    let meta = node.meta();
+    let Some(t) = meta.topic(topic) else {
+        return error(404, "topic not found");
+    };
+    if let Some(r) = produce_refusal(&t) {
+        return r;
+    }
+    // Pass two: partition range; then every record goes to the log in one append per shard.
+    let mut records = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.into_iter().enumerate() {
+        if let Some(p) = m.partition {
+            if p.0 >= t.partitions {
+                return error(
+                    400,
+                    &format!("message {i}: invalid argument: partition out of range"),
+                );
+            }
+        }
+        let p = pick_partition(node, t, m.key.as_deref(), m.partition.map(|p| p.0));
+        records.push(AppendRecord {
+            key: PartitionKey {
+                topic: t.id,
+                partition: PartitionId(p),
+            },
+            msg_key: m.key.map(|k| k.into_owned()).filter(|k| !k.is_empty()),
+            payload: m.payload.into_owned(),
+        });
+    }
+    let n = records.len();
+    match node.append(records).await {
+        Ok(()) => Response::json(202, format!("{{\"accepted\":{n}}}\n").into_bytes()),
+        Err(e) => store_failure(e),
+    }
+}
+
+fn write_message(
+    out: &mut Vec<u8>,
+    topic: &str,
+    partition: u32,
+    l: &narad_io::log::StoredRecord,
+    lease: Option<Nonce>,
+) {
+    wire::json::MessageJson {
+        topic,
+        partition: PartitionId(partition),
+        offset: l.offset,
+        key: l.msg_key.as_deref(),
+        payload: &l.payload,
+        timestamp: l.commit_ms,
+        receipt_handle: lease.map(|nonce| ReceiptHandle {
+            partition: PartitionId(partition),
+            offset: l.offset,
+            nonce,
+        }),
+    }
+    .write_to(out);
+}
+
+pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
+    let q = Params::new(&req.query);
+    let ceiling = node.config.consume_wait_ceiling();
+    let (wait, clamped) = match tri!(q.str("wait")) {
+        None => (std::time::Duration::ZERO, false),
+        Some(s) if s.is_empty() => (std::time::Duration::ZERO, false),
+        Some(s) => match GoDuration::parse(s.as_bytes()) {
+            Ok(d) if d.nanos <= 0 => (std::time::Duration::ZERO, false),
+            Ok(d) => {
+                let d = d.to_std();
+                if d > ceiling {
+                    (ceiling, true)
+                } else {
+                    (d, false)
+                }
+            }
+            Err(e) => return error(400, &format!("invalid wait: {e}")),
+        },
+    };
+    let max = match tri!(q.str("max")) {
+        None => None,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if (1..=CONSUME_BATCH_MAX as i64).contains(&n) => Some(n as usize),
+            _ => {
+                return error(
+                    400,
+                    &format!("invalid max: must be an integer between 1 and {CONSUME_BATCH_MAX}"),
+                )
+            }
+        },
+    };
+    if max.is_some()
+        && !req
+            .headers
+            .get("x-narad-client")
+            .is_some_and(|v| !v.is_empty())
+    {
+        return error(
+            400,
+            "batch consume (max) requires the X-Narad-Client header",
+        );
+    }
+    let offset = match tri!(q.str("offset")) {
+        None => None,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n < 0 => return error(400, "invalid offset: must be >= 0"),
+            Ok(n) => Some(n as u64),
+            Err(_) => {
+                return error(
+                    400,
+                    &format!("invalid offset: strconv.ParseInt: parsing {s:?}: invalid syntax"),
+                )
+            }
+        },
+    };
+    if offset.is_some() && max.is_some() {
+        return error(
+            400,
+            "max cannot be combined with offset (replay reads one record)",
+        );
+    }
+    let partition_raw = tri!(q.str("partition"));
+    let meta = node.meta();
+    let Some(t) = meta.topic(topic) else {
+        return error(404, "topic not found");
+    };
+    let partition = match partition_raw {
+        None => None,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n >= 0 && n < i64::from(t.partitions) => Some(n as u32),
+            Ok(_) => return error(400, "invalid partition: out of range"),
+            Err(_) => {
+                return error(
+                    400,
+                    &format!("invalid partition: strconv.Atoi: parsing {s:?}: invalid syntax"),
+                )
+            }
+        },
+    };
+    let mut resp = if let Some(off) = offset {
+        let Some(p) = partition else {
+            return error(400, "partition required for replay-mode consume");
+        };
+        replay(node, &t, p, off).await
+    } else {
+        queue_consume(
+            node,
+            &t,
+            partition,
+            max,
+            wait,
+            tri!(q.str("local_only")).as_deref() == Some("1"),
+        )
+        .await
+    };
+    if clamped {
+        resp.headers.push((
+            "X-Narad-Wait-Clamped".into(),
+            GoDuration::from_std(ceiling).to_string(),
+        ));
+    }
+    resp
+}
+
+async fn replay(node: &Rc<Node>, t: &TopicMeta, p: u32, offset: u64) -> Response {
+    let key = PartitionKey {
+        topic: t.id,
+        partition: PartitionId(p),
+    };
+    match node.read_at(key, Offset(offset)).await {
+        Ok(None) => Response::empty(204),
+        Ok(Some(rec)) => {
+            let mut body = Vec::with_capacity(rec.payload.len() + 128);
+            write_message(&mut body, &t.name, p, &rec, None);
+            body.push(b'\n');
+            Response::json(200, body)
+        }
+        Err(ReadFailure::BelowRetention { oldest }) => error(
+            410,
+            &format!(
+                "{GONE}: offset {offset} aged out of retention (oldest retained: {})",
+                oldest.0
+            ),
+        ),
+        Err(ReadFailure::Unreadable) => {
+            error(410, &format!("{GONE}: offset {offset} is unreadable"))
+        }
+        Err(ReadFailure::Failed(e)) => {
+            tracing::error!(error = %e, "partition read failed");
+            error(500, "partition unreadable")
+        }
+    }
+}
+
+async fn queue_consume(
+    node: &Rc<Node>,
+    t: &TopicMeta,
+    partition: Option<u32>,
+    max: Option<usize>,
+    wait: std::time::Duration,
+    local_only: bool,
+) -> Response {
+    let conf = queue_conf(t);
+    let partitions: Vec<PartitionId> = match partition {
+        Some(p) => vec![PartitionId(p)],
+        None => (0..t.partitions).map(PartitionId).collect(),
+    };
+    let n = max.unwrap_or(1);
+    let deadline = now_ms()
+        + if local_only {
+            0
+        } else {
+            wait.as_millis() as u64
+        };
+    loop {
+        let leased = match node.take(conf, &partitions, n).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = ?e, "consume failed");
+                return error(500, "partition unreadable");
+            }
+        };
+        if !leased.is_empty() {
+            return deliver(node, t, leased, max.is_some()).await;
+        }
+        if now_ms() >= deadline || node.shutting_down() {
+            return Response::empty(204);
+        }
+        node.wait_for_work(t.id, deadline).await;
+    }
+}
+
+async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: bool) -> Response {
+    let mut body = Vec::with_capacity(
+        leased
+            .iter()
+            .map(|l| l.record.payload.len() + 160)
+            .sum::<usize>()
+            + 16,
+    );
+    if !batch {
+        let l = &leased[0];
+        write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
+        body.push(b'\n');
+        return Response::json(200, body);
+    }
+    body.extend_from_slice(b"{\"messages\":[");
+    let mut unsent = Vec::new();
+    for (i, l) in leased.iter().enumerate() {
+        if i > 0 && body.len() >= CONSUME_RESPONSE_BYTES_MAX {
+            unsent.push((l.partition, l.record.offset, l.nonce));
+            continue;
+        }
+        if i > 0 {
+            body.push(b',');
+        }
+        write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
+    }
+    body.extend_from_slice(b"]}\n");
+    if !unsent.is_empty() {
+        node.release(t.id, unsent).await;
+    }
+    Response::json(200, body)
+}
+
+pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
+    let q = Params::new(&req.query);
+    let kind = match tri!(q.str("extend")).as_deref() {
+        None | Some("") | Some("false") => SettleKind::Ack,
+        Some("true") | Some("1") => SettleKind::Extend,
+        Some("0") => SettleKind::Nack,
+        Some(_) => {
+            return error(
+                400,
+                "invalid extend: want \"true\" (renew lease) or \"0\" (release for redelivery)",
+            )
+        }
+    };
+    let single = tri!(q.bytes("receipt_handle")).filter(|h| !h.is_empty());
+    let handles: Vec<Result<ReceiptHandle, MalformedHandle>> =
+        match (&single, req.body.iter().any(|b| !b.is_ascii_whitespace())) {
+            (Some(h), _) => vec![ReceiptHandle::parse(h)],
+            (None, true) => match wire::body::parse_batch_ack(&req.body) {
+                Ok(hs) => hs,
+                Err(e) => return error(400, &e),
+            },
+            (None, false) => return error(400, "receipt_handle required"),
+        };
+    let meta = node.meta();
+    let Some(t) = meta.topic(topic) else {
+        return error(404, "topic not found");
+    };
+    let conf = queue_conf(&t);
+    // Parse every handle; malformed ones answer 400, foreign partitions 410, without a lease lookup.
+    let mut parsed: Vec<Result<(PartitionId, Offset, Nonce), (u16, &'static str)>> =
+        Vec::with_capacity(handles.len());
+    for h in handles {
+        parsed.push(match h {
+            Err(_) => Err((400, "receipt handle is malformed")),
+            Ok(rh) if rh.partition.0 >= t.partitions => Err((410, GONE)),
+            Ok(rh) => Ok((rh.partition, rh.offset, rh.nonce)),
+        });
+    }
+    let items: Vec<(PartitionId, Offset, Nonce)> = parsed
+        .iter()
+        .filter_map(|r| r.as_ref().ok().copied())
+        .collect();
+    let mut results = node.settle(conf, kind, &items).await.into_iter();
+    let outcome: Vec<(u16, Option<String>)> = parsed
+        .iter()
+        .map(|r| match r {
+            Err((s, m)) => (*s, Some((*m).to_string())),
+            Ok(_) => match results.next() {
+                Some(Ok(())) => (204, None),
+                Some(Err(SettleFailure::Gone)) | None => (410, Some(GONE.to_string())),
+                Some(Err(SettleFailure::Failed(e))) => {
+                    tracing::error!(error = %e, "ack could not be made durable");
+                    (
+                        503,
+                        Some("ack could not be made durable; retry".to_string()),
+                    )
+                }
+            },
+        })
+        .collect();
+    if single.is_some() {
+        let (status, msg) = &outcome[0];
+        return match msg {
+            None => Response::empty(*status),
+            Some(m) => error(*status, m),
+        };
+    }
+    let mut body = Vec::with_capacity(outcome.len() * 24 + 16);
+    body.extend_from_slice(b"{\"results\":[");
+    for (i, (status, msg)) in outcome.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(format!("{{\"status\":{status}").as_bytes());
+        if let Some(m) = msg {
+            body.extend_from_slice(b",\"error\":");
+            wire::json::push_json_string(&mut body, m.as_bytes());
+        }
+        body.push(b'}');
+    }
+    body.extend_from_slice(b"]}\n");
+    Response::json(200, body)
+}

@@ -1,0 +1,536 @@
+//! Topic routes (API.md §6–8): create, list, describe, alter, delete, schema history. Field
+//! validation happens here, before anything is proposed; the conflicts that depend on the current
+//! metadata (name taken, case collision, schema base version) are decided by the Raft state
+//! machine so that they hold cluster-wide.
+
+use std::rc::Rc;
+
+use narad_io::types::{PartitionId, PartitionKey, TopicId};
+use narad_raft::{MetaCommand, TopicMeta};
+use serde::{Deserialize, Serialize};
+
+use super::params::Params;
+use super::{error, json, propose_error};
+use crate::http::{Request, Response};
+use crate::node::Node;
+
+/// The Topic object of API.md §7.
+#[derive(Serialize)]
+pub struct TopicView<'a> {
+    name: &'a str,
+    id: String,
+    partitions: u32,
+    retention_ms: u64,
+    visibility_timeout_ms: u64,
+    max_in_flight_per_partition: u32,
+    max_acked_ahead_per_partition: u32,
+    created_at: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<&'a str>,
+    role: &'static str,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    children: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attach_epoch: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout_delay_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attach_offsets: Option<&'a [u64]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema_version: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition_stats: Option<Vec<PartitionStatsView>>,
+}
+
+#[derive(Serialize)]
+pub struct PartitionStatsView {
+    index: u32,
+    segments: u32,
+    oldest_offset: u64,
+    next_offset: u64,
+    high_watermark: u64,
+    size_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    oldest_segment_at: Option<u64>,
+    owner_node: String,
+    status: &'static str,
+}
+
+pub fn view(t: &TopicMeta) -> TopicView<'_> {
+    let child = t.parent.is_some();
+    TopicView {
+        name: &t.name,
+        id: t.id.to_string(),
+        partitions: t.partitions,
+        retention_ms: t.retention_ms,
+        visibility_timeout_ms: t.visibility_timeout_ms,
+        max_in_flight_per_partition: t.max_in_flight_per_partition,
+        max_acked_ahead_per_partition: t.max_acked_ahead_per_partition,
+        created_at: t.created_at_s,
+        owner: t.owner.as_deref().filter(|o| !o.is_empty()),
+        role: t.role().as_str(),
+        children: &t.children,
+        parent: t.parent.as_deref(),
+        attach_epoch: t.attach_epoch.as_deref(),
+        fanout_delay_ms: (child && t.fanout_delay_ms > 0).then_some(t.fanout_delay_ms),
+        attach_offsets: child.then_some(t.attach_offsets.as_slice()),
+        schema_version: None,
+        schema: None,
+        partition_stats: None,
+    }
+}
+
+/// Topic names of SEMANTICS.md §14.1 (new topics: 1–200 characters).
+pub fn valid_new_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    name: Option<String>,
+    partitions: Option<i64>,
+    retention_ms: Option<i64>,
+    visibility_timeout_ms: Option<i64>,
+    max_in_flight_per_partition: Option<i64>,
+    max_acked_ahead_per_partition: Option<i64>,
+    schema: Option<Box<serde_json::value::RawValue>>,
+    parent: Option<String>,
+    fanout_delay_ms: Option<i64>,
+    #[allow(dead_code)]
+    owner: Option<String>,
+}
+
+fn invalid(msg: String) -> Response {
+    error(400, &format!("invalid argument: {msg}"))
+}
+
+/// A non-negative integer field where 0 means the server default.
+fn defaulted(field: &str, v: Option<i64>, default: u64) -> Result<u64, Response> {
+    match v {
+        None | Some(0) => Ok(default),
+        Some(n) if n < 0 => Err(invalid(format!("{field} must be >= 0 (0 = use default)"))),
+        Some(n) => Ok(n as u64),
+    }
+}
+
+fn u32_field(field: &str, v: u64) -> Result<u32, Response> {
+    u32::try_from(v).map_err(|_| invalid(format!("{field} ({v}) is too large")))
+}
+
+/// `retention_ms` of create and alter: absent → `None`, 0 → forever, else ≥ 1 h.
+fn retention(v: Option<i64>) -> Result<Option<u64>, Response> {
+    match v {
+        None => Ok(None),
+        Some(n) if n < 0 => Err(invalid(
+            "retention_ms must be >= 0 (0 = keep forever)".into(),
+        )),
+        Some(0) => Ok(Some(0)),
+        Some(n) if n < 3_600_000 => Err(invalid(format!(
+            "retention_ms ({n}) is below the minimum of 3600000 (1 hour)"
+        ))),
+        Some(n) => Ok(Some(n as u64)),
+    }
+}
+
+fn partitions_for_create(v: Option<i64>, default: u32, max: u32) -> Result<u32, Response> {
+    match v {
+        None | Some(0) => Ok(default),
+        Some(n) if n < 3 => Err(invalid("partitions must be >= 3 (0 = use default)".into())),
+        Some(n) if n > i64::from(max) => Err(invalid(format!(
+            "partitions ({n}) exceeds topic.max_partitions ({max})"
+        ))),
+        Some(n) => Ok(n as u32),
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into our buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+    }
+}
+
+pub async fn create(node: &Rc<Node>, req: &Request) -> Response {
+    let body: CreateBody = match crate::wire::body::decode_strict(&req.body) {
+        Ok(b) => b,
+        Err(e) => return error(400, &e),
+    };
+    let d = &node.config.topic;
+    let Some(name) = body.name.filter(|n| !n.is_empty()) else {
+        return invalid("name is required".into());
+    };
+    if !valid_new_name(&name) {
+        return invalid(format!(
+            "topic name {name:?} must be 1-200 characters of A-Z a-z 0-9 . _ - and not \".\" or \"..\""
+        ));
+    }
+    if body.fanout_delay_ms.is_some() && body.parent.is_none() {
+        return invalid("fanout_delay_ms requires parent".into());
+    }
+    if body.parent.is_some() {
+        return invalid("fan-out children are not supported by this build yet".into());
+    }
+    if body.schema.is_some() {
+        return invalid("topic schemas are not supported by this build yet".into());
+    }
+    let partitions =
+        match partitions_for_create(body.partitions, d.default_partitions, d.max_partitions) {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    let retention_ms = match retention(body.retention_ms) {
+        Ok(r) => r.unwrap_or(d.default_retention_age_ms),
+        Err(r) => return r,
+    };
+    let visibility = match defaulted(
+        "visibility_timeout_ms",
+        body.visibility_timeout_ms,
+        d.default_visibility_timeout_ms,
+    ) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let caps = defaulted(
+        "max_in_flight_per_partition",
+        body.max_in_flight_per_partition,
+        u64::from(d.default_max_in_flight_per_partition),
+    )
+    .and_then(|v| u32_field("max_in_flight_per_partition", v))
+    .and_then(|inflight| {
+        defaulted(
+            "max_acked_ahead_per_partition",
+            body.max_acked_ahead_per_partition,
+            u64::from(d.default_max_acked_ahead_per_partition),
+        )
+        .and_then(|v| u32_field("max_acked_ahead_per_partition", v))
+        .map(|ahead| (inflight, ahead))
+    });
+    let (max_in_flight, max_acked_ahead) = match caps {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let created_at_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let meta = TopicMeta {
+        name: name.clone(),
+        id: TopicId(random_u64()),
+        partitions,
+        retention_ms,
+        visibility_timeout_ms: visibility,
+        max_in_flight_per_partition: max_in_flight,
+        max_acked_ahead_per_partition: max_acked_ahead,
+        created_at_s,
+        owner: None,
+        schemas: Vec::new(),
+        parent: None,
+        children: Vec::new(),
+        attach_epoch: None,
+        fanout_delay_ms: 0,
+        attach_offsets: Vec::new(),
+    };
+    if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
+        return propose_error(e);
+    }
+    match node.topic(&name) {
+        Some(t) => json(201, &view(&t)),
+        None => error(
+            503,
+            "topic create was applied but is not visible yet; retry",
+        ),
+    }
+}
+
+pub fn list(node: &Rc<Node>, req: &Request) -> Response {
+    let q = Params::new(&req.query);
+    let limit = match tri!(q.str("limit")) {
+        None => 100,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n >= 1 => n.min(1000) as usize,
+            _ => return error(400, "limit must be a positive integer"),
+        },
+    };
+    let token = tri!(q.str("page_token")).unwrap_or_default();
+    let meta = node.meta();
+    let mut after = meta.topics.range::<str, _>((
+        std::ops::Bound::Excluded(token.as_str()),
+        std::ops::Bound::Unbounded,
+    ));
+    if token.is_empty() {
+        after = meta.topics.range::<str, _>(..);
+    }
+    let page: Vec<&TopicMeta> = after.by_ref().take(limit).map(|(_, t)| t).collect();
+    let more = after.next().is_some();
+    let next = if more {
+        page.last().map(|t| t.name.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    #[derive(Serialize)]
+    struct Page<'a> {
+        topics: Vec<TopicView<'a>>,
+        next_page_token: String,
+    }
+    json(
+        200,
+        &Page {
+            topics: page.into_iter().map(view).collect(),
+            next_page_token: next,
+        },
+    )
+}
+
+pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
+    let meta = node.meta();
+    let Some(t) = meta.topic(name) else {
+        return error(404, "topic not found");
+    };
+    let q = Params::new(&req.query);
+    let parts: Vec<u32> = match tri!(q.str("partition")) {
+        None => (0..t.partitions).collect(),
+        Some(s) => match s.parse::<i64>() {
+            Ok(p) if p >= 0 && p < i64::from(t.partitions) => vec![p as u32],
+            _ => return error(400, "invalid partition"),
+        },
+    };
+    let keys: Vec<PartitionKey> = parts
+        .iter()
+        .map(|&p| PartitionKey {
+            topic: t.id,
+            partition: PartitionId(p),
+        })
+        .collect();
+    let stats = node.stats(&keys).await;
+    let node_id = node.config.node_id.clone();
+    let mut v = view(&t);
+    v.schema_version = Some(t.schema_version());
+    v.schema = t.current_schema();
+    v.partition_stats = Some(
+        parts
+            .iter()
+            .zip(stats)
+            .map(|(&p, (s, _, _, _))| PartitionStatsView {
+                index: p,
+                segments: s.segments,
+                oldest_offset: s.oldest_offset.0,
+                next_offset: s.next_offset.0,
+                high_watermark: s.high_watermark.0,
+                size_bytes: s.size_bytes,
+                oldest_segment_at: s.oldest_segment_at.map(|m| m.0 / 1000),
+                owner_node: node_id.clone(),
+                status: "ok",
+            })
+            .collect(),
+    );
+    json(200, &v)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlterBody {
+    partitions: Option<i64>,
+    retention_ms: Option<i64>,
+    max_in_flight_per_partition: Option<i64>,
+    max_acked_ahead_per_partition: Option<i64>,
+    schema: Option<Box<serde_json::value::RawValue>>,
+    #[allow(dead_code)] // read once schemas are supported
+    schema_base_version: Option<i64>,
+}
+
+pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
+    let body: AlterBody = match crate::wire::body::decode_strict(&req.body) {
+        Ok(b) => b,
+        Err(e) => return error(400, &e),
+    };
+    if body.partitions.is_none()
+        && body.retention_ms.is_none()
+        && body.max_in_flight_per_partition.is_none()
+        && body.max_acked_ahead_per_partition.is_none()
+        && body.schema.is_none()
+    {
+        return error(
+            400,
+            "at least one of partitions, retention_ms, max_*_per_partition, or schema is required",
+        );
+    }
+    let meta = node.meta();
+    let Some(t) = meta.topic(name) else {
+        return error(404, "topic not found");
+    };
+    if body.schema.is_some() {
+        return invalid("topic schemas are not supported by this build yet".into());
+    }
+    let d = &node.config.topic;
+    // Validate every field before the first write, so a bad later field changes nothing.
+    let retention_ms = match retention(body.retention_ms) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let inflight = match body.max_in_flight_per_partition {
+        None => None,
+        Some(v) => match defaulted(
+            "max_in_flight_per_partition",
+            Some(v),
+            u64::from(d.default_max_in_flight_per_partition),
+        )
+        .and_then(|v| u32_field("max_in_flight_per_partition", v))
+        {
+            Ok(v) => Some(v),
+            Err(r) => return r,
+        },
+    };
+    let ahead = match body.max_acked_ahead_per_partition {
+        None => None,
+        Some(v) => match defaulted(
+            "max_acked_ahead_per_partition",
+            Some(v),
+            u64::from(d.default_max_acked_ahead_per_partition),
+        )
+        .and_then(|v| u32_field("max_acked_ahead_per_partition", v))
+        {
+            Ok(v) => Some(v),
+            Err(r) => return r,
+        },
+    };
+    let partitions = match body.partitions {
+        None | Some(0) => None,
+        Some(n) if n < 0 => return invalid("partitions must be > 0".into()),
+        Some(n) if n <= i64::from(t.partitions) || n > i64::from(d.max_partitions) => {
+            if n > i64::from(d.max_partitions) {
+                return invalid(format!(
+                    "partitions ({n}) exceeds topic.max_partitions ({})",
+                    d.max_partitions
+                ));
+            }
+            return invalid(format!(
+                "new partition count ({n}) must be greater than current ({}); decrease is not supported",
+                t.partitions
+            ));
+        }
+        Some(n) => Some(n as u32),
+    };
+    let alter = |retention_ms, inflight, ahead, partitions| MetaCommand::AlterTopic {
+        name: t.name.clone(),
+        id: t.id,
+        retention_ms,
+        max_in_flight_per_partition: inflight,
+        max_acked_ahead_per_partition: ahead,
+        partitions,
+        schema: None,
+        schema_base_version: None,
+    };
+    // Applied in the order retention → caps → partitions, each its own write (API.md §6.4).
+    let mut steps = Vec::new();
+    if retention_ms.is_some() {
+        steps.push(alter(retention_ms, None, None, None));
+    }
+    if inflight.is_some() || ahead.is_some() {
+        steps.push(alter(None, inflight, ahead, None));
+    }
+    if partitions.is_some() {
+        steps.push(alter(None, None, None, partitions));
+    }
+    for step in steps {
+        if let Err(e) = node.propose(step).await {
+            return propose_error(e);
+        }
+    }
+    match node.topic(name) {
+        Some(t) => json(200, &view(&t)),
+        None => error(404, "topic not found"),
+    }
+}
+
+pub async fn delete(node: &Rc<Node>, req: &Request, name: &str) -> Response {
+    let q = Params::new(&req.query);
+    match tri!(q.str("force")).as_deref() {
+        None | Some("true") | Some("false") => {}
+        Some(_) => return error(400, "invalid force: want \"true\" or \"false\""),
+    }
+    let meta = node.meta();
+    let Some(t) = meta.topic(name) else {
+        return error(404, "topic not found");
+    };
+    match node
+        .propose(MetaCommand::DeleteTopic {
+            name: t.name.clone(),
+            id: t.id,
+        })
+        .await
+    {
+        Ok(_) => Response::empty(204),
+        Err(e) => propose_error(e),
+    }
+}
+
+pub fn schema(node: &Rc<Node>, name: &str) -> Response {
+    let meta = node.meta();
+    let Some(t) = meta.topic(name) else {
+        return error(404, "topic not found");
+    };
+    let versions: Vec<serde_json::Value> = t
+        .schemas
+        .iter()
+        .enumerate()
+        .map(|(i, s)| serde_json::json!({"version": i + 1, "schema": s}))
+        .collect();
+    json(
+        200,
+        &serde_json::json!({"topic": t.name, "version": t.schema_version(), "versions": versions}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_follow_the_spec() {
+        // Proves the name rules of SEMANTICS.md §14.1 for new topics.
+        assert!(valid_new_name("orders.eu_1-a"));
+        assert!(!valid_new_name(""));
+        assert!(!valid_new_name("."));
+        assert!(!valid_new_name(".."));
+        assert!(!valid_new_name("a/b"));
+        assert!(!valid_new_name("é"));
+        assert!(valid_new_name(&"a".repeat(200)));
+        assert!(!valid_new_name(&"a".repeat(201)));
+    }
+
+    #[test]
+    fn create_field_validation_messages() {
+        // Proves the exact 400 texts the Go SDK's tests quote.
+        let r = partitions_for_create(Some(2), 3, 108).unwrap_err();
+        assert!(
+            String::from_utf8_lossy(&r.body).contains("partitions must be >= 3 (0 = use default)")
+        );
+        let r = partitions_for_create(Some(109), 3, 108).unwrap_err();
+        assert!(String::from_utf8_lossy(&r.body)
+            .contains("partitions (109) exceeds topic.max_partitions (108)"));
+        assert_eq!(partitions_for_create(Some(0), 3, 108).unwrap(), 3);
+        let r = retention(Some(1000)).unwrap_err();
+        assert!(String::from_utf8_lossy(&r.body)
+            .contains("retention_ms (1000) is below the minimum of 3600000 (1 hour)"));
+        assert_eq!(retention(Some(0)).unwrap(), Some(0));
+        assert_eq!(retention(None).unwrap(), None);
+    }
+}

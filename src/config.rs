@@ -1,0 +1,704 @@
+//! Node configuration: built-in defaults, then a JSON file (`--config`), then `NARAD_*` environment
+//! variables, then command-line flags (OPERATIONS.md §4). The layered result is validated as a whole
+//! before any data is opened; every problem names the setting.
+//!
+//! This module never touches the network or the data directory.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::wire::duration::GoDuration;
+
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    pub addr: String,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub max_consume_wait: Duration,
+    pub max_header_bytes: usize,
+    pub max_connections: usize,
+    pub max_consume_in_flight_per_identity: usize,
+    pub max_produce_in_flight_per_identity: usize,
+    pub max_batch_body_bytes_in_flight: usize,
+    pub metrics_addr: String,
+    pub metrics_unauthenticated: bool,
+    pub pprof_addr: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct TopicDefaults {
+    pub default_partitions: u32,
+    pub max_partitions: u32,
+    pub default_retention_age_ms: u64,
+    pub default_visibility_timeout_ms: u64,
+    pub default_max_in_flight_per_partition: u32,
+    pub default_max_acked_ahead_per_partition: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub node_id: String,
+    pub cluster_addr: String,
+    pub data_dir: PathBuf,
+    pub topic: TopicDefaults,
+    pub log_level: String,
+    pub log_format: String,
+    pub security_enabled: bool,
+    /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is created.
+    pub shards: u32,
+    pub dev: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            http: HttpConfig {
+                addr: ":7942".into(),
+                read_timeout: Duration::from_secs(10),
+                write_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(60),
+                shutdown_grace: Duration::from_secs(10),
+                max_consume_wait: Duration::from_secs(10),
+                max_header_bytes: 65536,
+                max_connections: 4096,
+                max_consume_in_flight_per_identity: 1024,
+                max_produce_in_flight_per_identity: 0,
+                max_batch_body_bytes_in_flight: 256 << 20,
+                metrics_addr: String::new(),
+                metrics_unauthenticated: false,
+                pprof_addr: String::new(),
+            },
+            node_id: hostname(),
+            cluster_addr: ":7943".into(),
+            data_dir: PathBuf::from("data"),
+            topic: TopicDefaults {
+                default_partitions: 3,
+                max_partitions: 108,
+                default_retention_age_ms: 604_800_000,
+                default_visibility_timeout_ms: 30_000,
+                default_max_in_flight_per_partition: 1024,
+                default_max_acked_ahead_per_partition: 1024,
+            },
+            log_level: "info".into(),
+            log_format: "json".into(),
+            security_enabled: true,
+            shards: 0,
+            dev: false,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "narad-0".into())
+}
+
+/// The JSON config file. Unknown keys at any level are a start-up error.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    http: Option<FileHttp>,
+    cluster: Option<FileCluster>,
+    storage: Option<serde_json::Map<String, serde_json::Value>>,
+    topic: Option<FileTopic>,
+    fanout: Option<FileFanout>,
+    log: Option<FileLog>,
+    security: Option<FileSecurity>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileHttp {
+    addr: Option<String>,
+    read_timeout: Option<String>,
+    write_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    shutdown_grace: Option<String>,
+    max_consume_wait: Option<String>,
+    max_header_bytes: Option<u64>,
+    max_connections: Option<u64>,
+    max_consume_in_flight_per_identity: Option<u64>,
+    max_produce_in_flight_per_identity: Option<u64>,
+    max_batch_body_bytes_in_flight: Option<u64>,
+    metrics_addr: Option<String>,
+    metrics_unauthenticated: Option<bool>,
+    pprof_addr: Option<String>,
+}
+
+// Accepted and checked for shape; not used by a single-node build yet.
+#[allow(dead_code)]
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileCluster {
+    node_id: Option<String>,
+    addr: Option<String>,
+    peers: Option<Vec<serde_json::Value>>,
+    advertise_addr: Option<String>,
+    initial_members: Option<String>,
+    raft_snapshot_threshold: Option<u64>,
+    raft_snapshot_interval: Option<String>,
+    raft_trailing_logs: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileTopic {
+    default_partitions: Option<u32>,
+    max_partitions: Option<u32>,
+    default_retention_age_ms: Option<u64>,
+    default_visibility_timeout_ms: Option<u64>,
+    default_max_in_flight_per_partition: Option<u32>,
+    default_max_acked_ahead_per_partition: Option<u32>,
+}
+
+// Accepted and checked for shape; not used by a single-node build yet.
+#[allow(dead_code)]
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileFanout {
+    max_batch_records: Option<u64>,
+    max_batch_bytes: Option<u64>,
+    linger_ms: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileLog {
+    level: Option<String>,
+    format: Option<String>,
+}
+
+// Accepted and checked for shape; not used by a single-node build yet.
+#[allow(dead_code)]
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileSecurity {
+    enabled: Option<bool>,
+    cluster_tls_cert_file: Option<String>,
+    cluster_tls_key_file: Option<String>,
+    cluster_tls_ca_file: Option<String>,
+    allow_plaintext_raft: Option<bool>,
+    allow_insecure_cluster: Option<bool>,
+    allow_legacy_cluster_auth: Option<bool>,
+}
+
+/// Storage keys an operator may set; every other `storage.*` key is internal.
+const STORAGE_KEYS_PUBLIC: &[&str] = &[
+    "data_dir",
+    "codec",
+    "compression_level",
+    "idle_log_eviction_ms",
+    "cold_retention_walk_ms",
+    "consumer_offset_commit_interval_ms",
+    "ingress_wal_prealloc",
+];
+
+/// Command-line values that override everything else.
+#[derive(Clone, Debug, Default)]
+pub struct FlagOverrides {
+    pub addr: Option<String>,
+    pub port: Option<u16>,
+    pub cluster_port: Option<u16>,
+    pub node_id: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub log_level: Option<String>,
+    pub log_format: Option<String>,
+    pub pprof_addr: Option<String>,
+}
+
+fn dur(key: &str, v: &str) -> Result<Duration, String> {
+    let d = GoDuration::parse(v.as_bytes()).map_err(|e| format!("{key}: {e}"))?;
+    if d.nanos < 0 {
+        return Err(format!("{key} ({v}) must not be negative"));
+    }
+    Ok(d.to_std())
+}
+
+fn show(d: Duration) -> String {
+    GoDuration::from_std(d).to_string()
+}
+
+impl Config {
+    /// Layers the file (when given), the environment and the flags over the defaults and validates.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &BTreeMap<String, String>,
+        flags: &FlagOverrides,
+    ) -> Result<Config, String> {
+        let mut c = Config::default();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("config file {}: {e}", path.display()))?;
+            c.apply_file(&text)?;
+        }
+        c.apply_env(env)?;
+        c.apply_flags(flags);
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn apply_file(&mut self, text: &str) -> Result<(), String> {
+        let f: FileConfig = serde_json::from_str(text).map_err(|e| format!("config file: {e}"))?;
+        if let Some(h) = f.http {
+            let t = &mut self.http;
+            if let Some(v) = h.addr {
+                t.addr = v;
+            }
+            for (key, src, dst) in [
+                ("http.read_timeout", h.read_timeout, &mut t.read_timeout),
+                ("http.write_timeout", h.write_timeout, &mut t.write_timeout),
+                ("http.idle_timeout", h.idle_timeout, &mut t.idle_timeout),
+                (
+                    "http.shutdown_grace",
+                    h.shutdown_grace,
+                    &mut t.shutdown_grace,
+                ),
+                (
+                    "http.max_consume_wait",
+                    h.max_consume_wait,
+                    &mut t.max_consume_wait,
+                ),
+            ] {
+                if let Some(v) = src {
+                    *dst = dur(key, &v)?;
+                }
+            }
+            for (src, dst) in [
+                (h.max_header_bytes, &mut t.max_header_bytes),
+                (h.max_connections, &mut t.max_connections),
+                (
+                    h.max_consume_in_flight_per_identity,
+                    &mut t.max_consume_in_flight_per_identity,
+                ),
+                (
+                    h.max_produce_in_flight_per_identity,
+                    &mut t.max_produce_in_flight_per_identity,
+                ),
+                (
+                    h.max_batch_body_bytes_in_flight,
+                    &mut t.max_batch_body_bytes_in_flight,
+                ),
+            ] {
+                if let Some(v) = src {
+                    *dst = v as usize;
+                }
+            }
+            if let Some(v) = h.metrics_addr {
+                t.metrics_addr = v;
+            }
+            if let Some(v) = h.metrics_unauthenticated {
+                t.metrics_unauthenticated = v;
+            }
+            if let Some(v) = h.pprof_addr {
+                t.pprof_addr = v;
+            }
+        }
+        if let Some(cl) = f.cluster {
+            if let Some(v) = cl.node_id {
+                self.node_id = v;
+            }
+            if let Some(v) = cl.addr {
+                self.cluster_addr = v;
+            }
+            if cl.peers.is_some_and(|p| !p.is_empty()) {
+                return Err(
+                    "cluster.peers: multi-node clusters are not supported by this build yet".into(),
+                );
+            }
+            if let Some(v) = cl.raft_snapshot_interval {
+                dur("cluster.raft_snapshot_interval", &v)?;
+            }
+        }
+        if let Some(s) = f.storage {
+            for (k, v) in s {
+                if !STORAGE_KEYS_PUBLIC.contains(&k.as_str()) {
+                    return Err(format!(
+                        "storage.{k} is an internal setting and cannot be configured"
+                    ));
+                }
+                if k == "data_dir" {
+                    let p = v.as_str().ok_or("storage.data_dir must be a string")?;
+                    self.data_dir = PathBuf::from(p);
+                }
+            }
+        }
+        if let Some(t) = f.topic {
+            let d = &mut self.topic;
+            if let Some(v) = t.default_partitions {
+                d.default_partitions = v;
+            }
+            if let Some(v) = t.max_partitions {
+                d.max_partitions = v;
+            }
+            if let Some(v) = t.default_retention_age_ms {
+                d.default_retention_age_ms = v;
+            }
+            if let Some(v) = t.default_visibility_timeout_ms {
+                d.default_visibility_timeout_ms = v;
+            }
+            if let Some(v) = t.default_max_in_flight_per_partition {
+                d.default_max_in_flight_per_partition = v;
+            }
+            if let Some(v) = t.default_max_acked_ahead_per_partition {
+                d.default_max_acked_ahead_per_partition = v;
+            }
+        }
+        let _ = f.fanout;
+        if let Some(l) = f.log {
+            if let Some(v) = l.level {
+                self.log_level = v;
+            }
+            if let Some(v) = l.format {
+                self.log_format = v;
+            }
+        }
+        if let Some(s) = f.security {
+            if let Some(v) = s.enabled {
+                self.security_enabled = v;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), String> {
+        let get = |k: &str| env.get(k).filter(|v| !v.is_empty()).cloned();
+        let num = |k: &str| -> Result<Option<u64>, String> {
+            get(k)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map_err(|_| format!("{k}: not a non-negative integer: {v}"))
+                })
+                .transpose()
+        };
+        let boolean = |k: &str| -> Result<Option<bool>, String> {
+            get(k)
+                .map(|v| match v.to_ascii_lowercase().as_str() {
+                    "1" | "true" | "t" | "yes" => Ok(true),
+                    "0" | "false" | "f" | "no" => Ok(false),
+                    _ => Err(format!("{k}: not a boolean: {v}")),
+                })
+                .transpose()
+        };
+        if let Some(v) = get("NARAD_HTTP_ADDR") {
+            self.http.addr = v;
+        }
+        for (key, dst) in [
+            ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
+            ("NARAD_HTTP_WRITE_TIMEOUT", &mut self.http.write_timeout),
+            ("NARAD_HTTP_IDLE_TIMEOUT", &mut self.http.idle_timeout),
+            ("NARAD_HTTP_SHUTDOWN_GRACE", &mut self.http.shutdown_grace),
+            (
+                "NARAD_HTTP_MAX_CONSUME_WAIT",
+                &mut self.http.max_consume_wait,
+            ),
+        ] {
+            if let Some(v) = get(key) {
+                *dst = dur(key, &v)?;
+            }
+        }
+        for (key, dst) in [
+            (
+                "NARAD_HTTP_MAX_HEADER_BYTES",
+                &mut self.http.max_header_bytes,
+            ),
+            ("NARAD_HTTP_MAX_CONNECTIONS", &mut self.http.max_connections),
+            (
+                "NARAD_HTTP_MAX_CONSUME_IN_FLIGHT_PER_IDENTITY",
+                &mut self.http.max_consume_in_flight_per_identity,
+            ),
+            (
+                "NARAD_HTTP_MAX_PRODUCE_IN_FLIGHT_PER_IDENTITY",
+                &mut self.http.max_produce_in_flight_per_identity,
+            ),
+            (
+                "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT",
+                &mut self.http.max_batch_body_bytes_in_flight,
+            ),
+        ] {
+            if let Some(v) = num(key)? {
+                *dst = v as usize;
+            }
+        }
+        if let Some(v) = get("NARAD_HTTP_METRICS_ADDR") {
+            self.http.metrics_addr = v;
+        }
+        if let Some(v) = boolean("NARAD_HTTP_METRICS_UNAUTHENTICATED")? {
+            self.http.metrics_unauthenticated = v;
+        }
+        if let Some(v) = get("NARAD_HTTP_PPROF_ADDR") {
+            self.http.pprof_addr = v;
+        }
+        if let Some(v) = get("NARAD_NODE_ID") {
+            self.node_id = v;
+        }
+        if let Some(v) = get("NARAD_CLUSTER_ADDR") {
+            self.cluster_addr = v;
+        }
+        if get("NARAD_CLUSTER_PEERS").is_some() {
+            return Err(
+                "NARAD_CLUSTER_PEERS: multi-node clusters are not supported by this build yet"
+                    .into(),
+            );
+        }
+        if let Some(v) = get("NARAD_DATA_DIR") {
+            self.data_dir = PathBuf::from(v);
+        }
+        let t = &mut self.topic;
+        if let Some(v) = num("NARAD_TOPIC_DEFAULT_PARTITIONS")? {
+            t.default_partitions = v as u32;
+        }
+        if let Some(v) = num("NARAD_TOPIC_MAX_PARTITIONS")? {
+            t.max_partitions = v as u32;
+        }
+        if let Some(v) = num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS")? {
+            t.default_retention_age_ms = v;
+        }
+        if let Some(v) = num("NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS")? {
+            t.default_visibility_timeout_ms = v;
+        }
+        if let Some(v) = num("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION")? {
+            t.default_max_in_flight_per_partition = v as u32;
+        }
+        if let Some(v) = num("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION")? {
+            t.default_max_acked_ahead_per_partition = v as u32;
+        }
+        if let Some(v) = get("NARAD_LOG_LEVEL") {
+            self.log_level = v;
+        }
+        if let Some(v) = get("NARAD_LOG_FORMAT") {
+            self.log_format = v;
+        }
+        if let Some(v) = boolean("NARAD_SECURITY_ENABLED")? {
+            self.security_enabled = v;
+        }
+        if let Some(v) = num("NARAD_SHARDS")? {
+            self.shards = v as u32;
+        }
+        Ok(())
+    }
+
+    fn apply_flags(&mut self, f: &FlagOverrides) {
+        if let Some(a) = &f.addr {
+            self.http.addr = a.clone();
+        }
+        if let Some(p) = f.port {
+            self.http.addr = format!(":{p}");
+        }
+        if let Some(p) = f.cluster_port {
+            self.cluster_addr = format!(":{p}");
+        }
+        if let Some(v) = &f.node_id {
+            self.node_id = v.clone();
+        }
+        if let Some(v) = &f.data_dir {
+            self.data_dir = v.clone();
+        }
+        if let Some(v) = &f.log_level {
+            self.log_level = v.clone();
+        }
+        if let Some(v) = &f.log_format {
+            self.log_format = v.clone();
+        }
+        if let Some(v) = &f.pprof_addr {
+            self.pprof_addr_set(v);
+        }
+    }
+
+    fn pprof_addr_set(&mut self, v: &str) {
+        self.http.pprof_addr = v.to_string();
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let h = &self.http;
+        if h.max_header_bytes < 4096 {
+            return Err(format!(
+                "http.max_header_bytes ({}) must be >= 4096",
+                h.max_header_bytes
+            ));
+        }
+        if h.max_consume_wait > h.shutdown_grace {
+            return Err(format!(
+                "http.max_consume_wait ({}) must be <= http.shutdown_grace ({})",
+                show(h.max_consume_wait),
+                show(h.shutdown_grace)
+            ));
+        }
+        if h.write_timeout <= h.max_consume_wait {
+            return Err(format!(
+                "http.write_timeout ({}) must exceed http.max_consume_wait ({})",
+                show(h.write_timeout),
+                show(h.max_consume_wait)
+            ));
+        }
+        if h.addr == self.cluster_addr {
+            return Err(format!(
+                "http.addr ({}) must differ from cluster.addr",
+                h.addr
+            ));
+        }
+        parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
+        if !h.metrics_addr.is_empty() {
+            parse_listen_addr(&h.metrics_addr).map_err(|e| format!("http.metrics_addr: {e}"))?;
+        }
+        let t = &self.topic;
+        if t.max_partitions < 3 {
+            return Err(format!(
+                "topic.max_partitions ({}) must be >= 3",
+                t.max_partitions
+            ));
+        }
+        if t.default_partitions < 3 || t.default_partitions > t.max_partitions {
+            return Err(format!(
+                "topic.default_partitions ({}) must be between 3 and topic.max_partitions ({})",
+                t.default_partitions, t.max_partitions
+            ));
+        }
+        if t.default_retention_age_ms != 0 && t.default_retention_age_ms < 3_600_000 {
+            return Err(format!(
+                "topic.default_retention_age_ms ({}) must be 0 (forever) or >= 3600000",
+                t.default_retention_age_ms
+            ));
+        }
+        if t.default_visibility_timeout_ms == 0 {
+            return Err("topic.default_visibility_timeout_ms must be > 0".into());
+        }
+        if t.default_retention_age_ms != 0
+            && t.default_visibility_timeout_ms > t.default_retention_age_ms
+        {
+            return Err(format!(
+                "topic.default_visibility_timeout_ms ({}) must be <= topic.default_retention_age_ms ({})",
+                t.default_visibility_timeout_ms, t.default_retention_age_ms
+            ));
+        }
+        if t.default_max_in_flight_per_partition == 0 {
+            return Err("topic.default_max_in_flight_per_partition must be > 0".into());
+        }
+        if t.default_max_acked_ahead_per_partition == 0 {
+            return Err("topic.default_max_acked_ahead_per_partition must be > 0".into());
+        }
+        if !matches!(self.log_level.as_str(), "debug" | "info" | "warn" | "error") {
+            return Err(format!(
+                "log.level ({}) must be one of debug, info, warn, error",
+                self.log_level
+            ));
+        }
+        if !matches!(self.log_format.as_str(), "json" | "text") {
+            return Err(format!(
+                "log.format ({}) must be json or text",
+                self.log_format
+            ));
+        }
+        if self.node_id.is_empty() {
+            return Err("cluster.node_id must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// The effective long-poll ceiling: a configured 0 falls back to 30 s.
+    pub fn consume_wait_ceiling(&self) -> Duration {
+        if self.http.max_consume_wait.is_zero() {
+            Duration::from_secs(30)
+        } else {
+            self.http.max_consume_wait
+        }
+    }
+}
+
+/// Parses `host:port`, `:port` (all interfaces) or `[v6]:port`.
+pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if let Some(port) = s.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else {
+        s.to_string()
+    };
+    if let Ok(a) = full.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    full.to_socket_addrs()
+        .map_err(|e| format!("{s}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{s}: no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn layers_apply_in_order_file_env_flags() {
+        // Proves precedence: defaults < file < environment < flags.
+        let dir = std::env::temp_dir().join(format!("narad-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("narad.json");
+        std::fs::write(
+            &path,
+            r#"{"http":{"addr":":9000","max_consume_wait":"5s"},"topic":{"default_partitions":4}}"#,
+        )
+        .unwrap();
+        let c = Config::load(
+            Some(&path),
+            &env(&[
+                ("NARAD_TOPIC_DEFAULT_PARTITIONS", "6"),
+                ("NARAD_HTTP_ADDR", ":9100"),
+            ]),
+            &FlagOverrides {
+                port: Some(9200),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(c.http.addr, ":9200");
+        assert_eq!(c.http.max_consume_wait, Duration::from_secs(5));
+        assert_eq!(c.topic.default_partitions, 6);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unknown_and_internal_keys_are_refused() {
+        // Proves the strictness rules of OPERATIONS.md §4.1.
+        let mut c = Config::default();
+        let e = c.apply_file(r#"{"http":{"nope":1}}"#).unwrap_err();
+        assert!(e.contains("unknown field `nope`"), "{e}");
+        let e = c
+            .apply_file(r#"{"storage":{"segment_bytes":1}}"#)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "storage.segment_bytes is an internal setting and cannot be configured"
+        );
+        let e = c.apply_file(r#"{"http":{"read_timeout":10}}"#).unwrap_err();
+        assert!(e.contains("config file"), "{e}");
+    }
+
+    #[test]
+    fn validation_names_the_setting() {
+        // Proves cross-field validation produces the documented message.
+        let e = Config::load(
+            None,
+            &env(&[("NARAD_HTTP_MAX_CONSUME_WAIT", "20s")]),
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "http.max_consume_wait (20s) must be <= http.shutdown_grace (10s)"
+        );
+    }
+}

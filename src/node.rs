@@ -1,0 +1,647 @@
+//! One shard's view of the node: its partitions (`narad_shard::host::Host`), its read-only copy of
+//! the metadata, and the messages it exchanges with the other shards of this process.
+//!
+//! Routing rules: a partition's owner shard is `owner_shard(key, shards)`; a request that needs a
+//! partition owned elsewhere becomes one mesh message per owner shard (a batch produce splits by
+//! owner, never per record). Metadata changes are proposed on shard 0 (which hosts Raft) and shard
+//! 0 installs the new metadata on every shard before it answers, so a client that got `201` for a
+//! topic can use it on any connection at once.
+//!
+//! Never shared between shards: the `Host`, the lease tables, the metadata `RefCell`. The metadata
+//! itself travels as an `Arc` of an immutable snapshot.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_io::log::{AppendRecord, LogError, ReadError, StoredRecord};
+use narad_io::partition::PartitionStats;
+use narad_io::rt::{self, Mesh, ShutdownSignal};
+use narad_io::types::{owner_shard, Nonce, Offset, PartitionId, PartitionKey, ShardId, TopicId};
+use narad_raft::{MetaCommand, MetaNode, MetaResponse, MetaState, ProposeError, TopicMeta};
+use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleError, SettleKind};
+
+use crate::config::Config;
+use crate::http::Response;
+
+/// A message between shards of this process.
+pub enum ShardReq {
+    Append(Vec<AppendRecord>),
+    Take {
+        conf: QueueConf,
+        partitions: Vec<PartitionId>,
+        n: usize,
+    },
+    Release {
+        topic: TopicId,
+        items: Vec<(PartitionId, Offset, Nonce)>,
+    },
+    Settle {
+        conf: QueueConf,
+        kind: SettleKind,
+        items: Vec<(PartitionId, Offset, Nonce)>,
+    },
+    Read {
+        key: PartitionKey,
+        offset: Offset,
+    },
+    Stats {
+        keys: Vec<PartitionKey>,
+    },
+    /// A shard has long-polls parked on `topic` until `until_ms` (monotonic): wake it on news.
+    Interest {
+        topic: TopicId,
+        until_ms: u64,
+    },
+    Wake {
+        topic: TopicId,
+    },
+    /// Install this metadata snapshot (from shard 0).
+    Meta(Arc<MetaState>),
+    /// Propose a metadata change (to shard 0).
+    Propose(MetaCommand),
+}
+
+pub enum ShardResp {
+    Appended(Result<Vec<Offset>, StoreError>),
+    Taken(Result<Vec<Leased>, StoreError>),
+    Settled(Vec<Result<(), SettleFailure>>),
+    Read(Result<Option<StoredRecord>, ReadFailure>),
+    Stats(Vec<(PartitionStats, usize, usize, Offset)>),
+    Proposed(Result<MetaResponse, ProposeError>),
+    Done,
+}
+
+/// Why an append did not become durable (values that reach the client as a status).
+#[derive(Debug, Clone)]
+pub enum StoreError {
+    DiskFull,
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum SettleFailure {
+    Gone,
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum ReadFailure {
+    BelowRetention { oldest: Offset },
+    Unreadable,
+    Failed(String),
+}
+
+fn store_error(e: LogError) -> StoreError {
+    match e {
+        LogError::DiskFull => StoreError::DiskFull,
+        other => StoreError::Failed(other.to_string()),
+    }
+}
+
+pub type NodeMesh = Mesh<ShardReq, ShardResp>;
+
+pub struct Node {
+    pub shard: ShardId,
+    pub shards: u32,
+    pub config: Arc<Config>,
+    pub host: Rc<Host>,
+    mesh: NodeMesh,
+    meta: RefCell<Arc<MetaState>>,
+    meta_node: Option<MetaNode>,
+    /// Round-robin cursor per topic for keyless produces.
+    rr: RefCell<HashMap<TopicId, u32>>,
+    /// Remote shards with long-polls parked per topic, and until when.
+    interest: RefCell<HashMap<TopicId, Vec<(ShardId, u64)>>>,
+    /// Topics this shard already told the others it waits on, and until when.
+    announced: RefCell<HashMap<TopicId, u64>>,
+    shutdown: ShutdownSignal,
+    started: Cell<bool>,
+    meta_installed: Cell<bool>,
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl Node {
+    pub fn new(
+        shard: ShardId,
+        shards: u32,
+        config: Arc<Config>,
+        host: Rc<Host>,
+        mesh: NodeMesh,
+        meta_node: Option<MetaNode>,
+        shutdown: ShutdownSignal,
+    ) -> Rc<Node> {
+        let meta = meta_node.as_ref().map(|m| m.state()).unwrap_or_default();
+        Rc::new(Node {
+            shard,
+            shards,
+            config,
+            host,
+            mesh,
+            meta: RefCell::new(meta),
+            meta_node,
+            rr: RefCell::new(HashMap::new()),
+            interest: RefCell::new(HashMap::new()),
+            announced: RefCell::new(HashMap::new()),
+            shutdown,
+            started: Cell::new(false),
+            meta_installed: Cell::new(false),
+            metrics: crate::metrics::Metrics::default(),
+        })
+    }
+
+    pub fn mark_started(&self) {
+        self.started.set(true);
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown.is_triggered()
+    }
+
+    pub fn ready(&self) -> Result<(), String> {
+        if !self.started.get() {
+            return Err("startup in progress".into());
+        }
+        if self.shutting_down() {
+            return Err("shutting down".into());
+        }
+        if let Some(reason) = self.host.log().poisoned() {
+            // Reads and consumes still work; readiness stays up (SEMANTICS.md §3.4).
+            tracing::debug!(reason, "ingress WAL failed");
+        }
+        Ok(())
+    }
+
+    /// True once this shard has a metadata snapshot from shard 0.
+    pub fn meta_installed(&self) -> bool {
+        self.meta_installed.get()
+    }
+
+    /// Shard 0 only: the Raft state machine's current snapshot.
+    pub fn meta_node_state(&self) -> Option<Arc<MetaState>> {
+        self.meta_node.as_ref().map(|m| m.state())
+    }
+
+    pub async fn shutdown_meta(&self) {
+        if let Some(m) = &self.meta_node {
+            m.shutdown().await;
+        }
+    }
+
+    pub fn meta(&self) -> Arc<MetaState> {
+        self.meta.borrow().clone()
+    }
+
+    pub fn topic(&self, name: &str) -> Option<TopicMeta> {
+        self.meta.borrow().topic(name).cloned()
+    }
+
+    /// Installs a new metadata snapshot on this shard and drops the data of deleted topics.
+    pub fn install_meta(self: &Rc<Self>, new: Arc<MetaState>) {
+        self.meta_installed.set(true);
+        let old = std::mem::replace(&mut *self.meta.borrow_mut(), new.clone());
+        if old.applied_index > new.applied_index {
+            // Never go back in time.
+            *self.meta.borrow_mut() = old;
+            return;
+        }
+        let live: std::collections::HashSet<TopicId> = new.topics.values().map(|t| t.id).collect();
+        for t in old.topics.values() {
+            if !live.contains(&t.id) {
+                let id = t.id;
+                let me = self.clone();
+                rt::spawn(async move {
+                    if let Err(e) = me.host.drop_topic(id).await {
+                        tracing::error!(topic = %id, error = %e, "deleting topic data failed");
+                    }
+                })
+                .detach();
+            }
+        }
+    }
+
+    /// Proposes a metadata change through shard 0; answers once every shard installed it.
+    pub async fn propose(self: &Rc<Self>, cmd: MetaCommand) -> Result<MetaResponse, ProposeError> {
+        if self.shard.0 == 0 {
+            return self.propose_here(cmd).await;
+        }
+        match self.mesh.call(ShardId(0), ShardReq::Propose(cmd)).await {
+            Ok(ShardResp::Proposed(r)) => r,
+            _ => Err(ProposeError::NoLeader { leader: None }),
+        }
+    }
+
+    async fn propose_here(self: &Rc<Self>, cmd: MetaCommand) -> Result<MetaResponse, ProposeError> {
+        let mn = self
+            .meta_node
+            .as_ref()
+            .ok_or(ProposeError::NoLeader { leader: None })?;
+        let (_index, resp) = mn.propose(cmd).await?;
+        let state = mn.state();
+        self.broadcast_meta(state).await;
+        Ok(resp)
+    }
+
+    /// Pushes a snapshot to every shard (this one included) and waits until all installed it.
+    pub async fn broadcast_meta(self: &Rc<Self>, state: Arc<MetaState>) {
+        self.install_meta(state.clone());
+        for s in 0..self.shards {
+            if s != self.shard.0 {
+                let _ = self
+                    .mesh
+                    .call(ShardId(s), ShardReq::Meta(state.clone()))
+                    .await;
+            }
+        }
+    }
+
+    pub fn owner(&self, key: PartitionKey) -> ShardId {
+        owner_shard(key, self.shards)
+    }
+
+    /// Next partition for a keyless produce: one rotation per topic per shard, from a random start.
+    pub fn next_round_robin(&self, topic: TopicId, partitions: u32) -> u32 {
+        let mut rr = self.rr.borrow_mut();
+        let c = rr
+            .entry(topic)
+            .or_insert_with(|| (now_ms() ^ topic.0) as u32);
+        *c = c.wrapping_add(1);
+        *c % partitions
+    }
+
+    /// Appends records that may belong to partitions on several shards: one message per owner
+    /// shard, all in flight at once; Ok only if every part became durable.
+    pub async fn append(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
+        if let [only] = records.as_slice() {
+            let s = self.owner(only.key);
+            return self.append_one(s, records).await;
+        }
+        let mut by_shard: Vec<Vec<AppendRecord>> = (0..self.shards).map(|_| Vec::new()).collect();
+        for r in records {
+            by_shard[self.owner(r.key).0 as usize].push(r);
+        }
+        let groups: Vec<(ShardId, Vec<AppendRecord>)> = by_shard
+            .into_iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .map(|(s, r)| (ShardId(s as u32), r))
+            .collect();
+        if groups.len() == 1 {
+            // The common case (a single produce, or a batch on one shard): no extra task.
+            let (s, recs) = groups.into_iter().next().expect("one group");
+            return self.append_one(s, recs).await;
+        }
+        let tasks: Vec<_> = groups
+            .into_iter()
+            .map(|(s, recs)| {
+                let host = self.host.clone();
+                let mesh = self.mesh.clone();
+                let me = self.shard;
+                rt::spawn(async move { append_via(&host, &mesh, me, s, recs).await })
+            })
+            .collect();
+        let mut first_err = None;
+        for t in tasks {
+            if let Err(e) = t.await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn append_one(&self, s: ShardId, recs: Vec<AppendRecord>) -> Result<(), StoreError> {
+        append_via(&self.host, &self.mesh, self.shard, s, recs).await
+    }
+
+    /// Leases up to `n` records of a topic, trying this shard's partitions first.
+    pub async fn take(
+        &self,
+        conf: QueueConf,
+        partitions: &[PartitionId],
+        n: usize,
+    ) -> Result<Vec<Leased>, StoreError> {
+        let start = self.next_round_robin(conf.topic, partitions.len().max(1) as u32) as usize;
+        let mut by_shard: Vec<Vec<PartitionId>> = (0..self.shards).map(|_| Vec::new()).collect();
+        for i in 0..partitions.len() {
+            let p = partitions[(start + i) % partitions.len()];
+            by_shard[self
+                .owner(PartitionKey {
+                    topic: conf.topic,
+                    partition: p,
+                })
+                .0 as usize]
+                .push(p);
+        }
+        let mut out = Vec::new();
+        let order =
+            std::iter::once(self.shard.0).chain((0..self.shards).filter(|&s| s != self.shard.0));
+        for s in order {
+            let parts = std::mem::take(&mut by_shard[s as usize]);
+            if parts.is_empty() || out.len() >= n {
+                continue;
+            }
+            let want = n - out.len();
+            let got = if s == self.shard.0 {
+                if !self.host.has_available(conf, &parts) {
+                    continue;
+                }
+                self.host
+                    .take(conf, &parts, want)
+                    .await
+                    .map_err(store_error)?
+            } else {
+                match self
+                    .mesh
+                    .call(
+                        ShardId(s),
+                        ShardReq::Take {
+                            conf,
+                            partitions: parts,
+                            n: want,
+                        },
+                    )
+                    .await
+                {
+                    Ok(ShardResp::Taken(r)) => r?,
+                    _ => return Err(StoreError::Failed("shard unavailable".into())),
+                }
+            };
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    /// Gives back leases that could not be delivered.
+    pub async fn release(&self, topic: TopicId, items: Vec<(PartitionId, Offset, Nonce)>) {
+        let mut by_shard: HashMap<ShardId, Vec<(PartitionId, Offset, Nonce)>> = HashMap::new();
+        for it in items {
+            by_shard
+                .entry(self.owner(PartitionKey {
+                    topic,
+                    partition: it.0,
+                }))
+                .or_default()
+                .push(it);
+        }
+        for (s, items) in by_shard {
+            if s == self.shard {
+                self.host.release(topic, &items);
+            } else {
+                let _ = self.mesh.call(s, ShardReq::Release { topic, items }).await;
+            }
+        }
+    }
+
+    /// Settles leases (ack / extend / nack), grouped by owner shard; results in input order.
+    pub async fn settle(
+        &self,
+        conf: QueueConf,
+        kind: SettleKind,
+        items: &[(PartitionId, Offset, Nonce)],
+    ) -> Vec<Result<(), SettleFailure>> {
+        let mut results: Vec<Option<Result<(), SettleFailure>>> = vec![None; items.len()];
+        let mut by_shard: HashMap<ShardId, (Vec<usize>, Vec<(PartitionId, Offset, Nonce)>)> =
+            HashMap::new();
+        for (i, it) in items.iter().enumerate() {
+            let e = by_shard
+                .entry(self.owner(PartitionKey {
+                    topic: conf.topic,
+                    partition: it.0,
+                }))
+                .or_default();
+            e.0.push(i);
+            e.1.push(*it);
+        }
+        for (s, (idx, its)) in by_shard {
+            let rs: Vec<Result<(), SettleFailure>> = if s == self.shard {
+                self.host
+                    .settle(conf, kind, &its)
+                    .await
+                    .into_iter()
+                    .map(settle_failure)
+                    .collect()
+            } else {
+                match self
+                    .mesh
+                    .call(
+                        s,
+                        ShardReq::Settle {
+                            conf,
+                            kind,
+                            items: its,
+                        },
+                    )
+                    .await
+                {
+                    Ok(ShardResp::Settled(r)) => r,
+                    _ => idx
+                        .iter()
+                        .map(|_| Err(SettleFailure::Failed("shard unavailable".into())))
+                        .collect(),
+                }
+            };
+            for (i, r) in idx.into_iter().zip(rs) {
+                results[i] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(SettleFailure::Gone)))
+            .collect()
+    }
+
+    pub async fn read_at(
+        &self,
+        key: PartitionKey,
+        offset: Offset,
+    ) -> Result<Option<StoredRecord>, ReadFailure> {
+        let s = self.owner(key);
+        if s == self.shard {
+            return self.host.read_at(key, offset).await.map_err(read_failure);
+        }
+        match self.mesh.call(s, ShardReq::Read { key, offset }).await {
+            Ok(ShardResp::Read(r)) => r,
+            _ => Err(ReadFailure::Failed("shard unavailable".into())),
+        }
+    }
+
+    /// Partition stats and queue gauges (in flight, acked ahead, frontier), in input order.
+    pub async fn stats(
+        &self,
+        keys: &[PartitionKey],
+    ) -> Vec<(PartitionStats, usize, usize, Offset)> {
+        let mut out: Vec<Option<(PartitionStats, usize, usize, Offset)>> = vec![None; keys.len()];
+        let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_shard.entry(self.owner(*k)).or_default().push(i);
+        }
+        for (s, idx) in by_shard {
+            let ks: Vec<PartitionKey> = idx.iter().map(|&i| keys[i]).collect();
+            let rs = if s == self.shard {
+                local_stats(&self.host, &ks)
+            } else {
+                match self.mesh.call(s, ShardReq::Stats { keys: ks }).await {
+                    Ok(ShardResp::Stats(r)) => r,
+                    _ => Vec::new(),
+                }
+            };
+            for (i, r) in idx.into_iter().zip(rs) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter().map(|o| o.unwrap_or_default()).collect()
+    }
+
+    /// Parks until something may be available for `topic` on any shard, or `deadline_ms` passes.
+    pub async fn wait_for_work(&self, topic: TopicId, deadline_ms: u64) {
+        let now = now_ms();
+        if now >= deadline_ms {
+            return;
+        }
+        // Tell the other shards once per wait window that this shard has waiters on the topic.
+        let needs_announce = self
+            .announced
+            .borrow()
+            .get(&topic)
+            .is_none_or(|&u| u < deadline_ms);
+        if needs_announce && self.shards > 1 {
+            let until = deadline_ms.max(now + 1000);
+            self.announced.borrow_mut().insert(topic, until);
+            for s in 0..self.shards {
+                if s != self.shard.0 {
+                    let _ = self
+                        .mesh
+                        .call(
+                            ShardId(s),
+                            ShardReq::Interest {
+                                topic,
+                                until_ms: until,
+                            },
+                        )
+                        .await;
+                }
+            }
+        }
+        let notify = self.host.notifier(topic);
+        let _ = rt::timeout(Duration::from_millis(deadline_ms - now), notify.notified()).await;
+    }
+
+    fn note_interest(&self, topic: TopicId, from: ShardId, until_ms: u64) {
+        let mut m = self.interest.borrow_mut();
+        let v = m.entry(topic).or_default();
+        v.retain(|(s, _)| *s != from);
+        v.push((from, until_ms));
+    }
+
+    /// Forwards a wake-up of `topic` to shards with parked long-polls on it.
+    pub fn forward_wake(self: &Rc<Self>, topic: TopicId) {
+        let now = now_ms();
+        let targets: Vec<ShardId> = {
+            let mut m = self.interest.borrow_mut();
+            let Some(v) = m.get_mut(&topic) else { return };
+            v.retain(|(_, until)| *until > now);
+            v.iter().map(|(s, _)| *s).collect()
+        };
+        for s in targets {
+            let mesh = self.mesh.clone();
+            rt::spawn(async move {
+                let _ = mesh.call(s, ShardReq::Wake { topic }).await;
+            })
+            .detach();
+        }
+    }
+
+    /// Serves a message from another shard.
+    pub async fn serve(self: Rc<Self>, from: ShardId, req: ShardReq) -> ShardResp {
+        match req {
+            ShardReq::Append(recs) => {
+                ShardResp::Appended(self.host.append(recs).await.map_err(store_error))
+            }
+            ShardReq::Take {
+                conf,
+                partitions,
+                n,
+            } => ShardResp::Taken(
+                self.host
+                    .take(conf, &partitions, n)
+                    .await
+                    .map_err(store_error),
+            ),
+            ShardReq::Release { topic, items } => {
+                self.host.release(topic, &items);
+                ShardResp::Done
+            }
+            ShardReq::Settle { conf, kind, items } => ShardResp::Settled(
+                self.host
+                    .settle(conf, kind, &items)
+                    .await
+                    .into_iter()
+                    .map(settle_failure)
+                    .collect(),
+            ),
+            ShardReq::Read { key, offset } => {
+                ShardResp::Read(self.host.read_at(key, offset).await.map_err(read_failure))
+            }
+            ShardReq::Stats { keys } => ShardResp::Stats(local_stats(&self.host, &keys)),
+            ShardReq::Interest { topic, until_ms } => {
+                self.note_interest(topic, from, until_ms);
+                ShardResp::Done
+            }
+            ShardReq::Wake { topic } => {
+                self.host.wake_local(topic);
+                ShardResp::Done
+            }
+            ShardReq::Meta(state) => {
+                self.install_meta(state);
+                ShardResp::Done
+            }
+            ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),
+        }
+    }
+
+    pub async fn metrics_response(&self) -> Response {
+        Response::text(200, &self.metrics.render())
+    }
+}
+
+async fn append_via(
+    host: &Host,
+    mesh: &NodeMesh,
+    me: ShardId,
+    s: ShardId,
+    recs: Vec<AppendRecord>,
+) -> Result<(), StoreError> {
+    if s == me {
+        return host.append(recs).await.map(|_| ()).map_err(store_error);
+    }
+    match mesh.call(s, ShardReq::Append(recs)).await {
+        Ok(ShardResp::Appended(r)) => r.map(|_| ()),
+        _ => Err(StoreError::Failed("shard unavailable".into())),
+    }
+}
+
+fn local_stats(host: &Host, keys: &[PartitionKey]) -> Vec<(PartitionStats, usize, usize, Offset)> {
+    keys.iter()
+        .map(|&k| {
+            let (inflight, ahead, frontier) = host.queue_stats(k);
+            (host.stats(k), inflight, ahead, frontier)
+        })
+        .collect()
+}
+
+fn settle_failure(r: Result<(), SettleError>) -> Result<(), SettleFailure> {
+    r.map_err(|e| match e {
+        SettleError::Gone => SettleFailure::Gone,
+        SettleError::Log(e) => SettleFailure::Failed(e.to_string()),
+    })
+}
+
+fn read_failure(e: ReadError) -> ReadFailure {
+    match e {
+        ReadError::BelowRetention { oldest } => ReadFailure::BelowRetention { oldest },
+        ReadError::Corrupt { .. } => ReadFailure::Unreadable,
+        other => ReadFailure::Failed(format!("{other:?}")),
+    }
+}

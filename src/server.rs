@@ -1,0 +1,209 @@
+//! Server wiring: one shard per core, each with its log, its partitions, an HTTP listener on the
+//! shared API port (SO_REUSEPORT) and its end of the cross-shard mesh; shard 0 also hosts the Raft
+//! metadata group. Start-up order per shard: join the mesh, recover the log, (shard 0) start Raft
+//! and push the metadata to every shard, then listen. Shutdown: stop accepting, finish in-flight
+//! requests within the grace period, checkpoint the log, exit.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_io::log::{LogConfig, ShardLog};
+use narad_io::rt::{self, MeshSetup, RuntimeConfig, ShutdownSignal, TcpListener};
+use narad_io::types::ShardId;
+use narad_raft::{MetaConfig, MetaNode};
+use narad_shard::host::Host;
+
+use crate::config::{parse_listen_addr, Config};
+use crate::node::{Node, ShardReq, ShardResp};
+
+/// Messages queued per pair of shards before a sender waits.
+const MESH_CAPACITY: usize = 1024;
+/// How long a shard waits at start for shard 0's first metadata push.
+const META_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Retention runs this often on every shard (SEMANTICS.md §6).
+const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Expired leases are swept this often (SEMANTICS.md §2.2).
+const LEASE_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+pub fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("NARAD_LOG").unwrap_or_else(|_| {
+        // openraft narrates every election at info; keep it to warnings unless asked.
+        tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", config.log_level))
+    });
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if config.log_format == "json" {
+        b.json().try_init()
+    } else {
+        b.try_init()
+    };
+}
+
+/// The shard count is fixed when the data directory is created and recorded in it.
+fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
+    let path = data_dir.join("shards");
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        let n: u32 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{}: not a shard count", path.display()))?;
+        if wanted != 0 && wanted != n {
+            return Err(format!(
+                "the data directory was created with {n} shards; NARAD_SHARDS={wanted} cannot change it"
+            ));
+        }
+        return Ok(n);
+    }
+    let n = if wanted != 0 {
+        wanted
+    } else {
+        rt::available_cpus().len().max(1) as u32
+    };
+    let tmp = data_dir.join("shards.tmp");
+    std::fs::write(&tmp, format!("{n}\n")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
+    std::fs::File::open(data_dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| e.to_string())?;
+    Ok(n)
+}
+
+pub fn run(config: Config) -> Result<(), String> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("data directory {}: {e}", config.data_dir.display()))?;
+    let data_dir = std::fs::canonicalize(&config.data_dir).map_err(|e| e.to_string())?;
+    let shards = shard_count(&data_dir, config.shards)?;
+    let addr = parse_listen_addr(&config.http.addr)?;
+    // Bind once here so that a port in use is a clear start-up error, not a panic in a shard.
+    drop(std::net::TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?);
+    let shutdown = ShutdownSignal::new();
+    rt::install_termination_handler(&shutdown).map_err(|e| e.to_string())?;
+    let mesh: MeshSetup<ShardReq, ShardResp> = MeshSetup::new(shards, MESH_CAPACITY);
+    let config = Arc::new(Config {
+        data_dir: data_dir.clone(),
+        ..config
+    });
+    let mut rcfg = RuntimeConfig::new(data_dir.clone());
+    rcfg.shards = shards;
+    let results = rt::run(rcfg, move |id| {
+        let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
+        async move { shard_main(id, shards, config, mesh, shutdown, addr).await }
+    })
+    .map_err(|e| e.to_string())?;
+    for r in results {
+        r?;
+    }
+    Ok(())
+}
+
+fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
+    LogConfig::new(PathBuf::from(data_dir), shard, shards)
+}
+
+async fn shard_main(
+    id: ShardId,
+    shards: u32,
+    config: Arc<Config>,
+    mesh: MeshSetup<ShardReq, ShardResp>,
+    shutdown: ShutdownSignal,
+    addr: std::net::SocketAddr,
+) -> Result<(), String> {
+    let mesh = mesh.join(id).await.map_err(|e| e.to_string())?;
+    let (log, recovered, report) = ShardLog::open(log_config(&config.data_dir, id, shards))
+        .await
+        .map_err(|e| format!("shard {}: opening the log: {e}", id.0))?;
+    tracing::debug!(shard = id.0, report = ?report, "log recovered");
+    let seed = narad_io::types::UnixMillis::now().0
+        ^ (u64::from(id.0) << 48)
+        ^ u64::from(std::process::id());
+    let host = Host::new(log, recovered, seed);
+    let meta_node = if id.0 == 0 {
+        let mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
+        Some(
+            MetaNode::start(mc)
+                .await
+                .map_err(|e| format!("metadata store: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let node = Node::new(
+        id,
+        shards,
+        config.clone(),
+        host.clone(),
+        mesh.clone(),
+        meta_node,
+        shutdown.clone(),
+    );
+    {
+        let weak = Rc::downgrade(&node);
+        host.set_wake_hook(Box::new(move |topic| {
+            if let Some(n) = weak.upgrade() {
+                n.forward_wake(topic);
+            }
+        }));
+    }
+    let n2 = node.clone();
+    mesh.serve(move |from, req| Box::pin(n2.clone().serve(from, req)));
+    if id.0 == 0 {
+        let state = node.meta_node_state().expect("shard 0 hosts the metadata");
+        node.broadcast_meta(state).await;
+    } else {
+        let start = std::time::Instant::now();
+        while !node.meta_installed() {
+            if start.elapsed() > META_WAIT_MAX {
+                return Err(format!(
+                    "shard {}: no metadata from shard 0 after {META_WAIT_MAX:?}",
+                    id.0
+                ));
+            }
+            rt::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    spawn_housekeeping(&node);
+    let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
+    node.mark_started();
+    if id.0 == 0 {
+        tracing::info!(addr = %addr, shards, "http listening");
+    }
+    let service = Rc::new(crate::service::ApiService::new(node.clone()));
+    let limits = crate::service::limits(&config, shards);
+    crate::http::serve(listener, service, limits, shutdown.clone()).await;
+    // Drain: the HTTP server returned after in-flight requests finished (or the grace ran out).
+    if let Err(e) = node.host.log().close().await {
+        tracing::error!(shard = id.0, error = %e, "closing the log failed");
+    }
+    node.shutdown_meta().await;
+    Ok(())
+}
+
+fn spawn_housekeeping(node: &Rc<Node>) {
+    let n = node.clone();
+    rt::spawn(async move {
+        while !n.shutting_down() {
+            rt::sleep(LEASE_SWEEP_INTERVAL).await;
+            n.host.sweep();
+        }
+    })
+    .detach();
+    let n = node.clone();
+    rt::spawn(async move {
+        while !n.shutting_down() {
+            rt::sleep(RETENTION_INTERVAL).await;
+            let meta = n.meta();
+            for t in meta.topics.values() {
+                if let Err(e) = n.host.enforce_retention(t.id, t.retention_ms).await {
+                    tracing::error!(topic = %t.name, error = %e, "retention failed");
+                }
+            }
+        }
+    })
+    .detach();
+}

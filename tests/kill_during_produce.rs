@@ -1,0 +1,188 @@
+//! Durability across `kill -9` (issue 3): producers send 10,000+ messages (single and batch) while
+//! consumers ack part of them; the broker is killed with SIGKILL mid-traffic and restarted on the
+//! same data directory. Every message answered `202` must be consumed after the restart unless it
+//! was acked before the crash, and no message whose ack was answered is delivered again (acks are
+//! durable before they are answered).
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Client, Server, TempDir};
+
+const PRODUCERS: usize = 4;
+const TARGET_ACCEPTED: usize = 10_000;
+const RUN_MAX: Duration = Duration::from_secs(60);
+
+fn consume_batch(c: &mut Client, wait: &str) -> Option<Vec<(String, String)>> {
+    let r = c
+        .try_request(
+            "GET",
+            &format!("/v1/topics/d/consume?max=100&wait={wait}"),
+            &[("X-Narad-Client", "t")],
+            b"",
+        )
+        .ok()?;
+    match r.status {
+        204 => Some(Vec::new()),
+        200 => Some(
+            r.json()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["payload"].as_str().unwrap().to_string(),
+                        m["receipt_handle"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect(),
+        ),
+        s => panic!("consume answered {s}: {}", r.text()),
+    }
+}
+
+fn ack_all(c: &mut Client, handles: &[String]) -> Option<Vec<u64>> {
+    let body = serde_json::json!({ "receipt_handles": handles }).to_string();
+    let r = c
+        .try_request(
+            "POST",
+            "/v1/topics/d/ack",
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+        .ok()?;
+    assert_eq!(r.status, 200, "{}", r.text());
+    Some(
+        r.json()["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["status"].as_u64().unwrap())
+            .collect(),
+    )
+}
+
+#[test]
+fn nothing_accepted_is_lost_and_nothing_acked_returns() {
+    let dir = TempDir::new("kill");
+    let mut s = Server::start(&dir);
+    s.client().create_topic("d", 3);
+    let accepted = Arc::new(Mutex::new(Vec::<String>::new()));
+    let acked = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = s.addr();
+    let mut threads = Vec::new();
+    for t in 0..PRODUCERS {
+        let (accepted, stop) = (accepted.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let Ok(mut c) = Client::connect(addr) else { return };
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                if i % 2 == 0 {
+                    let id = format!("m-{t}-{i}");
+                    match c.try_request("POST", &format!("/v1/topics/d/produce?key={id}"), &[("Content-Type", "application/octet-stream")], id.as_bytes()) {
+                        Ok(r) if r.status == 202 => accepted.lock().unwrap().push(id),
+                        Ok(r) => panic!("produce answered {}: {}", r.status, r.text()),
+                        Err(_) => return,
+                    }
+                    i += 1;
+                } else {
+                    let ids: Vec<String> = (0..50).map(|j| format!("m-{t}-{}", i + j)).collect();
+                    let body = serde_json::json!({"messages": ids.iter().map(|id| serde_json::json!({"payload": id})).collect::<Vec<_>>()}).to_string();
+                    match c.try_request("POST", "/v1/topics/d/produce/batch", &[("Content-Type", "application/json")], body.as_bytes()) {
+                        // Batch payloads are JSON strings: stored with their quotes, returned as a
+                        // JSON string value with the same text.
+                        Ok(r) if r.status == 202 => accepted.lock().unwrap().extend(ids),
+                        Ok(r) => panic!("batch answered {}: {}", r.status, r.text()),
+                        Err(_) => return,
+                    }
+                    i += 50;
+                }
+            }
+        }));
+    }
+    // A consumer acks while producers run.
+    {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let Ok(mut c) = Client::connect(addr) else {
+                return;
+            };
+            while !stop.load(Ordering::Relaxed) {
+                let Some(batch) = consume_batch(&mut c, "100ms") else {
+                    return;
+                };
+                if batch.is_empty() {
+                    continue;
+                }
+                let handles: Vec<String> = batch.iter().map(|(_, h)| h.clone()).collect();
+                let Some(statuses) = ack_all(&mut c, &handles) else {
+                    return;
+                };
+                let mut a = acked.lock().unwrap();
+                for ((id, _), st) in batch.into_iter().zip(statuses) {
+                    if st == 204 {
+                        a.insert(id);
+                    }
+                }
+            }
+        }));
+    }
+    let start = Instant::now();
+    while accepted.lock().unwrap().len() < TARGET_ACCEPTED {
+        assert!(
+            start.elapsed() < RUN_MAX,
+            "only {} accepted in {RUN_MAX:?}",
+            accepted.lock().unwrap().len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Kill in the middle of traffic.
+    s.kill9();
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let accepted: Vec<String> = accepted.lock().unwrap().clone();
+    let acked: HashSet<String> = acked.lock().unwrap().clone();
+    assert!(accepted.len() >= TARGET_ACCEPTED);
+
+    s.restart();
+    let mut c = s.client();
+    let mut seen = HashSet::new();
+    let mut empty_polls = 0;
+    let drain_start = Instant::now();
+    while empty_polls < 2 {
+        assert!(drain_start.elapsed() < RUN_MAX, "drain did not finish");
+        let batch = consume_batch(&mut c, "500ms").expect("consume after restart");
+        if batch.is_empty() {
+            empty_polls += 1;
+            continue;
+        }
+        empty_polls = 0;
+        let handles: Vec<String> = batch.iter().map(|(_, h)| h.clone()).collect();
+        let st = ack_all(&mut c, &handles).expect("ack after restart");
+        assert!(st.iter().all(|&s| s == 204), "{st:?}");
+        for (id, _) in batch {
+            assert!(
+                !acked.contains(&id),
+                "{id} was acked before the crash and delivered again"
+            );
+            seen.insert(id);
+        }
+    }
+    let missing: Vec<&String> = accepted
+        .iter()
+        .filter(|id| !seen.contains(*id) && !acked.contains(*id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} accepted messages lost, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
