@@ -9,7 +9,12 @@
 
 pub mod apply;
 pub mod model;
+pub mod network;
+pub mod node;
 pub mod rt;
+pub mod store;
+pub mod types;
 
 pub use apply::apply;
 pub use model::*;
+pub use node::{MetaConfig, MetaNode, MetaStartError, ProposeError};

@@ -1,0 +1,734 @@
+//! Durable Raft storage of the metadata group, under `<data_dir>/metastore/`.
+//!
+//! Owns three files and the in-memory copies openraft reads from:
+//!
+//! | File | Content | Written |
+//! |---|---|---|
+//! | `raft-log` | header + frames of log operations (below) | appended, `fdatasync` before an append is acknowledged |
+//! | `vote.json` | the last vote, JSON | atomically: temp file, `fdatasync`, rename, directory `fsync` |
+//! | `snapshot.json` | `{"format":1,"meta":<SnapshotMeta>,"state":<MetaState>}` | atomically, as above |
+//!
+//! `raft-log` layout, little endian:
+//!
+//! | Bytes | Field |
+//! |---|---|
+//! | 8 | file magic `NARADRL1` (format version 1) |
+//! | then per frame: 4 | frame magic `0x464C524E` (`NRLF` on disk) |
+//! | 4 | payload length *n* (≤ [`FRAME_PAYLOAD_BYTES_MAX`]) |
+//! | 4 | CRC32C (Castagnoli) of the payload |
+//! | *n* | payload: JSON of one [`LogOp`] (an entry, a truncation, a purge, the committed id) |
+//!
+//! Crash safety: an append writes all frames of the batch with one `write`, then `fdatasync`, and
+//! only then tells openraft the entries are durable; a vote is acknowledged only after its file
+//! was renamed into place and the directory synced. A crash can therefore only leave a torn
+//! *tail* of frames that were never acknowledged. On open, the log is scanned frame by frame; at
+//! the first bad frame (short, wrong magic, oversized, CRC mismatch, unparsable) the rest of the
+//! file is searched for any valid frame: none means a torn tail, which is cut off (truncate +
+//! `fdatasync`); a valid frame after a bad one means damage in the middle of acknowledged data,
+//! and opening fails loudly instead of dropping committed entries. Truncations and purges are
+//! themselves frames, replayed in order, so a crash between a truncation and the next append
+//! replays to the same state. A compaction rewrites the live entries into `raft-log.tmp`, syncs
+//! it and renames it over `raft-log` (then syncs the directory), so either the old or the new file
+//! is found after a crash. The committed id is written without its own sync: a stale committed id
+//! only makes openraft re-apply less at start-up, which is safe.
+//!
+//! The state machine keeps [`MetaState`] in memory and persists it only as snapshots; at start-up
+//! openraft re-applies committed entries after the snapshot from the log.
+//!
+//! I/O here is blocking `std::fs` on the shard-0 thread: metadata writes are rare (topic and user
+//! changes), and each costs one `fdatasync` (~0.1–1 ms on these machines). Never touches partition
+//! data.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use openraft::storage::{
+    EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot,
+};
+use openraft::type_config::alias::SnapshotOf;
+use openraft::{EntryPayload, OptionalSend, RaftLogReader, RaftSnapshotBuilder};
+use serde::{Deserialize, Serialize};
+
+use crate::apply::apply;
+use crate::model::{MetaResponse, MetaState};
+use crate::types::{ApplyOutcome, Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig, Vote};
+
+/// First bytes of `raft-log`; the last byte is the format version.
+pub const LOG_FILE_MAGIC: &[u8; 8] = b"NARADRL1";
+/// Marks the start of each frame.
+pub const FRAME_MAGIC: u32 = 0x464C_524E;
+/// Bytes of a frame header (magic, length, CRC).
+pub const FRAME_HEADER_BYTES: usize = 12;
+/// Largest frame payload: a command carries at most one topic's schema history (4 MiB) plus
+/// small fields; anything above this is damage, not data.
+pub const FRAME_PAYLOAD_BYTES_MAX: usize = 64 << 20;
+/// A compaction runs when the file holds more than this many frames beyond twice the live
+/// entries.
+pub const LOG_COMPACT_SLACK_FRAMES: u64 = 4096;
+/// Version of `snapshot.json`.
+pub const SNAPSHOT_FORMAT: u32 = 1;
+
+const LOG_FILE: &str = "raft-log";
+const VOTE_FILE: &str = "vote.json";
+const SNAPSHOT_FILE: &str = "snapshot.json";
+
+// ---------------------------------------------------------------------------------------------
+// CRC32C
+
+const fn crc32c_table() -> [u32; 256] {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 {
+                0x82F6_3B78 ^ (c >> 1)
+            } else {
+                c >> 1
+            };
+            k += 1;
+        }
+        table[i] = c;
+        i += 1;
+    }
+    table
+}
+
+static CRC32C_TABLE: [u32; 256] = crc32c_table();
+
+/// CRC32C (Castagnoli), bytewise: metadata frames are few and small.
+pub fn crc32c(data: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &b in data {
+        c = CRC32C_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+/// Writes `bytes` to `dir/name` so that after a crash either the old or the new content is
+/// found: temp file, fdatasync, rename, directory fsync.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, dir.join(name))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// One operation in `raft-log`, replayed in order at open.
+// Ops live only while a frame is encoded or replayed, so the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Serialize, Deserialize)]
+pub enum LogOp {
+    /// An entry at `entry.log_id.index`; drops any entries at or after that index first.
+    Entry(Entry),
+    /// Drop every entry after `after` (all entries when `None`).
+    Truncate { after: Option<LogId> },
+    /// Drop every entry up to and including `upto`.
+    Purge { upto: LogId },
+    /// The last committed log id known when this was written.
+    Committed(Option<LogId>),
+}
+
+fn encode_frame(op: &LogOp, out: &mut Vec<u8>) -> io::Result<()> {
+    let payload = serde_json::to_vec(op).map_err(io::Error::other)?;
+    if payload.len() > FRAME_PAYLOAD_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "raft log frame of {} bytes exceeds {FRAME_PAYLOAD_BYTES_MAX}",
+                payload.len()
+            ),
+        ));
+    }
+    out.extend_from_slice(&FRAME_MAGIC.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(())
+}
+
+fn u32_at(buf: &[u8], pos: usize) -> Option<u32> {
+    let b = buf.get(pos..pos + 4)?;
+    Some(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Decodes the frame at `pos`: the op and the position after it, or `None` if it is not a
+/// whole, intact frame.
+fn decode_frame(buf: &[u8], pos: usize) -> Option<(LogOp, usize)> {
+    if u32_at(buf, pos)? != FRAME_MAGIC {
+        return None;
+    }
+    let len = u32_at(buf, pos + 4)? as usize;
+    let crc = u32_at(buf, pos + 8)?;
+    if len > FRAME_PAYLOAD_BYTES_MAX {
+        return None;
+    }
+    let start = pos + FRAME_HEADER_BYTES;
+    let payload = buf.get(start..start.checked_add(len)?)?;
+    if crc32c(payload) != crc {
+        return None;
+    }
+    let op = serde_json::from_slice(payload).ok()?;
+    Some((op, start + len))
+}
+
+/// The in-memory image of the log.
+#[derive(Default)]
+struct LogImage {
+    entries: std::collections::BTreeMap<u64, Entry>,
+    last_purged: Option<LogId>,
+    committed: Option<LogId>,
+}
+
+impl LogImage {
+    fn replay(&mut self, op: LogOp) {
+        match op {
+            LogOp::Entry(e) => {
+                let index = e.log_id.index;
+                drop(self.entries.split_off(&index));
+                self.entries.insert(index, e);
+            }
+            LogOp::Truncate { after } => {
+                let from = after.map_or(0, |l| l.index + 1);
+                drop(self.entries.split_off(&from));
+            }
+            LogOp::Purge { upto } => {
+                self.entries = self.entries.split_off(&(upto.index + 1));
+                self.last_purged = Some(upto);
+            }
+            LogOp::Committed(c) => self.committed = c,
+        }
+    }
+}
+
+/// What opening `raft-log` found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LogRecovery {
+    pub frames: u64,
+    /// Bytes of a torn tail cut off (0 when the file ended cleanly).
+    pub torn_tail_bytes: u64,
+}
+
+struct LogInner {
+    dir: PathBuf,
+    file: File,
+    image: LogImage,
+    vote: Option<Vote>,
+    /// Frames in the current file, for the compaction trigger.
+    frames_in_file: u64,
+    /// Set after a failed write or sync: the file's durable content is unknown, so every later
+    /// operation fails (an fsync failure is never retried).
+    failed: Option<String>,
+}
+
+impl LogInner {
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            Some(e) => Err(io::Error::other(format!(
+                "metadata log failed earlier: {e}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends frames for `ops`, syncing when `sync`. On failure the store stops.
+    fn write_ops(&mut self, ops: &[LogOp], sync: bool) -> io::Result<()> {
+        self.check()?;
+        let mut buf = Vec::new();
+        for op in ops {
+            encode_frame(op, &mut buf)?;
+        }
+        let r =
+            self.file
+                .write_all(&buf)
+                .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
+        if let Err(e) = r {
+            tracing::error!(error = %e, "metadata raft log write failed; the metastore stops");
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
+        self.frames_in_file += ops.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrites the file with only the live state when it has grown mostly dead.
+    fn maybe_compact(&mut self) -> io::Result<()> {
+        let live = self.image.entries.len() as u64;
+        if self.frames_in_file <= live * 2 + LOG_COMPACT_SLACK_FRAMES {
+            return Ok(());
+        }
+        self.check()?;
+        let mut buf = LOG_FILE_MAGIC.to_vec();
+        let mut frames = 0;
+        if let Some(p) = &self.image.last_purged {
+            encode_frame(&LogOp::Purge { upto: p.clone() }, &mut buf)?;
+            frames += 1;
+        }
+        for e in self.image.entries.values() {
+            encode_frame(&LogOp::Entry(e.clone()), &mut buf)?;
+            frames += 1;
+        }
+        encode_frame(&LogOp::Committed(self.image.committed.clone()), &mut buf)?;
+        frames += 1;
+        write_atomic(&self.dir, LOG_FILE, &buf)?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .open(self.dir.join(LOG_FILE))?;
+        self.frames_in_file = frames;
+        tracing::info!(frames, "metadata raft log compacted");
+        Ok(())
+    }
+}
+
+/// The Raft log and vote store. Cheap to clone: clones share one file and image (the log reader
+/// openraft asks for is such a clone).
+#[derive(Clone)]
+pub struct LogStore(Rc<RefCell<LogInner>>);
+
+impl LogStore {
+    /// Opens (creating if absent) the log in `dir`, recovering from a torn tail.
+    pub fn open(dir: &Path) -> io::Result<(LogStore, LogRecovery)> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(LOG_FILE);
+        let mut buf = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            write_atomic(dir, LOG_FILE, LOG_FILE_MAGIC)?;
+            buf = LOG_FILE_MAGIC.to_vec();
+        }
+        if buf.len() < LOG_FILE_MAGIC.len() || &buf[..LOG_FILE_MAGIC.len()] != LOG_FILE_MAGIC {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} is not a Narad metadata log (bad magic)", path.display()),
+            ));
+        }
+        let mut image = LogImage::default();
+        let mut rec = LogRecovery::default();
+        let mut pos = LOG_FILE_MAGIC.len();
+        while pos < buf.len() {
+            match decode_frame(&buf, pos) {
+                Some((op, next)) => {
+                    image.replay(op);
+                    rec.frames += 1;
+                    pos = next;
+                }
+                None => {
+                    if let Some(q) = (pos + 1..buf.len()).find(|&q| decode_frame(&buf, q).is_some())
+                    {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!(
+                                "{}: damaged frame at byte {pos} followed by intact data at byte {q}; \
+                                 refusing to drop acknowledged metadata (restore the metastore from a \
+                                 healthy copy)",
+                                path.display()
+                            ),
+                        ));
+                    }
+                    rec.torn_tail_bytes = (buf.len() - pos) as u64;
+                    tracing::warn!(
+                        bytes = rec.torn_tail_bytes,
+                        offset = pos,
+                        "metadata raft log: cutting off a torn tail"
+                    );
+                    let f = OpenOptions::new().write(true).open(&path)?;
+                    f.set_len(pos as u64)?;
+                    f.sync_data()?;
+                    break;
+                }
+            }
+        }
+        let vote = match std::fs::read(dir.join(VOTE_FILE)) {
+            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("{VOTE_FILE}: {e}"))
+            })?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let file = OpenOptions::new().append(true).open(&path)?;
+        let inner = LogInner {
+            dir: dir.to_path_buf(),
+            file,
+            image,
+            vote,
+            frames_in_file: rec.frames,
+            failed: None,
+        };
+        Ok((LogStore(Rc::new(RefCell::new(inner))), rec))
+    }
+
+    /// Indexes of the entries held (for tests and diagnostics).
+    pub fn entry_indexes(&self) -> Vec<u64> {
+        self.0.borrow().image.entries.keys().copied().collect()
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<
+        RB: std::ops::RangeBounds<u64> + Clone + std::fmt::Debug + OptionalSend,
+    >(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let inner = self.0.borrow();
+        Ok(inner
+            .image
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(self.0.borrow().vote.clone())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let inner = self.0.borrow();
+        inner.check()?;
+        let last_purged_log_id = inner.image.last_purged.clone();
+        let last_log_id = inner
+            .image
+            .entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id.clone())
+            .or_else(|| last_purged_log_id.clone());
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let mut inner = self.0.borrow_mut();
+        inner.check()?;
+        let bytes = serde_json::to_vec(vote).map_err(io::Error::other)?;
+        if let Err(e) = write_atomic(&inner.dir, VOTE_FILE, &bytes) {
+            inner.failed = Some(e.to_string());
+            return Err(e);
+        }
+        inner.vote = Some(vote.clone());
+        Ok(())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        let mut inner = self.0.borrow_mut();
+        inner.write_ops(&[LogOp::Committed(committed.clone())], false)?;
+        inner.image.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.0.borrow().image.committed.clone())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let ops: Vec<LogOp> = entries.into_iter().map(LogOp::Entry).collect();
+        let r = {
+            let mut inner = self.0.borrow_mut();
+            inner.write_ops(&ops, true).map(|()| {
+                for op in ops {
+                    inner.image.replay(op);
+                }
+            })
+        };
+        match r {
+            Ok(()) => {
+                callback.io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.io_completed(Err(io::Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let mut inner = self.0.borrow_mut();
+        let op = LogOp::Truncate { after: last_log_id };
+        inner.write_ops(std::slice::from_ref(&op), true)?;
+        inner.image.replay(op);
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let mut inner = self.0.borrow_mut();
+        let op = LogOp::Purge { upto: log_id };
+        inner.write_ops(std::slice::from_ref(&op), true)?;
+        inner.image.replay(op);
+        inner.maybe_compact()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State machine
+
+/// Subscriber callback: called with every newly applied state.
+pub type Subscriber = Rc<dyn Fn(Arc<MetaState>)>;
+
+/// The applied state as the rest of shard 0 sees it, and who to tell about changes.
+#[derive(Default)]
+pub struct Published {
+    current: RefCell<Arc<MetaState>>,
+    subscribers: RefCell<Vec<Subscriber>>,
+}
+
+/// Subscribers per node: a bound on the callbacks run after each apply.
+pub const SUBSCRIBERS_MAX: usize = 64;
+
+impl Published {
+    pub fn current(&self) -> Arc<MetaState> {
+        self.current.borrow().clone()
+    }
+
+    /// Adds a subscriber; refuses more than [`SUBSCRIBERS_MAX`].
+    pub fn subscribe(&self, f: Subscriber) -> Result<(), Subscriber> {
+        let mut subs = self.subscribers.borrow_mut();
+        if subs.len() >= SUBSCRIBERS_MAX {
+            return Err(f);
+        }
+        subs.push(f);
+        Ok(())
+    }
+
+    fn publish(&self, state: Arc<MetaState>) {
+        *self.current.borrow_mut() = state.clone();
+        // Callbacks run on a copy of the list, so one may subscribe or read the state.
+        let subs: Vec<Subscriber> = self.subscribers.borrow().clone();
+        for s in subs {
+            s(state.clone());
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    format: u32,
+    meta: SnapshotMeta,
+    state: MetaState,
+}
+
+/// The metadata state machine: [`MetaState`] in memory, persisted as `snapshot.json`.
+pub struct StateMachine {
+    dir: PathBuf,
+    state: MetaState,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+    published: Rc<Published>,
+}
+
+impl StateMachine {
+    /// Loads the last snapshot from `dir` (an empty state when there is none) and publishes it.
+    pub fn open(dir: &Path, published: Rc<Published>) -> io::Result<StateMachine> {
+        std::fs::create_dir_all(dir)?;
+        let mut sm = StateMachine {
+            dir: dir.to_path_buf(),
+            state: MetaState::default(),
+            last_applied: None,
+            last_membership: StoredMembership::default(),
+            published,
+        };
+        if let Some((file, _)) = read_snapshot(dir)? {
+            sm.state = file.state;
+            sm.last_applied = file.meta.last_log_id;
+            sm.last_membership = file.meta.last_membership;
+        }
+        sm.published.publish(Arc::new(sm.state.clone()));
+        Ok(sm)
+    }
+}
+
+fn read_snapshot(dir: &Path) -> io::Result<Option<(SnapshotFile, Vec<u8>)>> {
+    let bytes = match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let file = parse_snapshot(&bytes)?;
+    Ok(Some((file, bytes)))
+}
+
+fn parse_snapshot(bytes: &[u8]) -> io::Result<SnapshotFile> {
+    let file: SnapshotFile = serde_json::from_slice(bytes)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{SNAPSHOT_FILE}: {e}")))?;
+    if file.format != SNAPSHOT_FORMAT {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{SNAPSHOT_FILE}: unknown format {}", file.format),
+        ));
+    }
+    let want = file.meta.last_log_id.as_ref().map_or(0, |l| l.index);
+    if file.state.applied_index != want {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "{SNAPSHOT_FILE}: state applied_index {} differs from snapshot index {want}",
+                file.state.applied_index
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Builds `snapshot.json` from a copy of the state taken when the build was requested.
+pub struct SnapshotBuilder {
+    dir: PathBuf,
+    meta: SnapshotMeta,
+    state: MetaState,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+        let file = SnapshotFile {
+            format: SNAPSHOT_FORMAT,
+            meta: self.meta.clone(),
+            state: std::mem::take(&mut self.state),
+        };
+        let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
+        write_atomic(&self.dir, SNAPSHOT_FILE, &bytes)?;
+        tracing::info!(
+            index = file.state.applied_index,
+            bytes = bytes.len(),
+            "metadata snapshot written"
+        );
+        Ok(Snapshot {
+            meta: file.meta,
+            snapshot: bytes,
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = Vec<u8>;
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        Ok((self.last_applied.clone(), self.last_membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
+            + Unpin
+            + OptionalSend,
+    {
+        // Answers go out only after the new state is published, so a proposer never sees its
+        // answer before the rest of the shard can see the change.
+        let mut answers = Vec::new();
+        let mut changed = false;
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let index = entry.log_id.index;
+            let outcome = match entry.payload {
+                EntryPayload::Normal(cmd) => {
+                    changed = true;
+                    ApplyOutcome(apply(&mut self.state, index, cmd))
+                }
+                EntryPayload::Blank => {
+                    self.state.applied_index = index;
+                    ApplyOutcome(Ok(MetaResponse::Done))
+                }
+                EntryPayload::Membership(m) => {
+                    self.state.applied_index = index;
+                    self.last_membership = StoredMembership::new(Some(entry.log_id.clone()), m);
+                    ApplyOutcome(Ok(MetaResponse::Done))
+                }
+            };
+            self.last_applied = Some(entry.log_id);
+            if let Some(r) = responder {
+                answers.push((r, outcome));
+            }
+        }
+        if changed || self.published.current().applied_index != self.state.applied_index {
+            self.published.publish(Arc::new(self.state.clone()));
+        }
+        for (r, outcome) in answers {
+            r.send(outcome);
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            dir: self.dir.clone(),
+            meta: SnapshotMeta {
+                last_log_id: self.last_applied.clone(),
+                last_membership: self.last_membership.clone(),
+            },
+            state: self.state.clone(),
+        }
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Vec<u8>,
+    ) -> Result<(), io::Error> {
+        let file = parse_snapshot(&snapshot)?;
+        if &file.meta != meta {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "snapshot data does not match its meta",
+            ));
+        }
+        // Only rewrite the file when it is not the one already on disk.
+        let on_disk = read_snapshot(&self.dir)?.map(|(f, _)| f.meta);
+        if on_disk.as_ref() != Some(meta) {
+            write_atomic(&self.dir, SNAPSHOT_FILE, &snapshot)?;
+        }
+        self.state = file.state;
+        self.last_applied = meta.last_log_id.clone();
+        self.last_membership = meta.last_membership.clone();
+        self.published.publish(Arc::new(self.state.clone()));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<SnapshotOf<TypeConfig, Vec<u8>>>, io::Error> {
+        Ok(read_snapshot(&self.dir)?.map(|(file, bytes)| Snapshot {
+            meta: file.meta,
+            snapshot: bytes,
+        }))
+    }
+}
