@@ -420,6 +420,13 @@ mod tests {
             node.shutdown().await;
         });
         let before = before.borrow_mut().take().expect("state recorded");
+        let (log, _) = LogStore::open(&cfg.metastore_dir()).expect("open the log alone");
+        let first = log.entry_indexes().first().copied().unwrap_or(0);
+        assert!(
+            first > 1,
+            "entries behind the snapshot were purged (first index {first})"
+        );
+        drop(log);
         run(async move {
             let node = MetaNode::start(cfg).await.expect("restart");
             assert_eq!(node.state().topics, before.topics);
