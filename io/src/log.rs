@@ -899,17 +899,55 @@ fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
     }
 }
 
-async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
+fn is_disk_full(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
+}
+
+/// Before the WAL write: creates missing partitions and reserves segment space for every run,
+/// so that writing the frames after the WAL commit cannot run out of disk. ENOSPC here fails the
+/// batch as `DiskFull` with nothing written anywhere.
+fn prepare_partitions(
+    inner: &Inner,
+    st: &mut State,
+    runs: &HashMap<PartitionKey, EncodedBatch>,
+) -> Result<(), LogError> {
+    for (key, run) in runs {
+        let p = match st.partitions.entry(*key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(v) => v.insert(PartitionLog::create(
+                &inner.cfg.data_dir,
+                *key,
+                inner.cfg.partition_segment_bytes_max,
+            )?),
+        };
+        p.reserve(run.byte_len() as u64)?;
+    }
+    Ok(())
+}
+
+async fn commit_batch(inner: &Rc<Inner>, batch: Vec<Request>) {
     // Assign offsets and times, encode the segment frames. No WAL append is in flight, so every
     // partition's next offset is its end in the segment files.
     let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
+    let mut replies = Vec::with_capacity(batch.len());
+    let mut records = Vec::new();
     let mut wal_bytes = 0u64;
-    {
+    let prepared = {
         let mut st = inner.state.borrow_mut();
         let now = UnixMillis::now().max(st.last_stamp);
         st.last_stamp = now;
-        for req in &mut batch {
+        for mut req in batch {
+            let deleted = req.records.iter().any(|r| {
+                matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
+            });
+            if deleted {
+                let _ = req.reply.send(Err(LogError::Io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "topic deleted",
+                ))));
+                continue;
+            }
             wal_bytes += req.wal_bytes as u64;
             let mut offs = Vec::new();
             if matches!(req.kind, Kind::Append) {
@@ -937,22 +975,27 @@ async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
                 }
             }
             offsets.push(offs);
+            records.extend(req.records);
+            replies.push((req.kind, req.reply));
         }
-        st.inflight = true;
+        let prepared = prepare_partitions(inner, &mut st, &runs);
+        st.inflight = prepared.is_ok() && !replies.is_empty();
+        prepared
+    };
+    if replies.is_empty() {
+        return;
     }
-    let mut records = Vec::new();
-    let mut replies = Vec::with_capacity(batch.len());
-    for req in batch {
-        records.extend(req.records);
-        replies.push((req.kind, req.reply));
-    }
-    let result = inner.wal.append(records).await;
+    let result = match prepared {
+        Ok(()) => inner.wal.append(records).await.map_err(LogError::from),
+        Err(LogError::Io(e)) if is_disk_full(&e) => Err(LogError::DiskFull),
+        Err(e) => Err(e),
+    };
     let mut moved: Vec<PartitionKey> = Vec::new();
     let outcome: Result<(), LogError> = {
         let mut st = inner.state.borrow_mut();
         st.inflight = false;
         match result {
-            Err(e) => Err(LogError::from(e)),
+            Err(e) => Err(e),
             Ok(pos) => {
                 st.last_pos = Some(pos);
                 st.wal_bytes_since_checkpoint += wal_bytes;
@@ -961,22 +1004,9 @@ async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
                     if st.deleted_topics.contains(&key.topic) {
                         continue;
                     }
-                    if !st.partitions.contains_key(key) {
-                        match PartitionLog::create(
-                            &inner.cfg.data_dir,
-                            *key,
-                            inner.cfg.partition_segment_bytes_max,
-                        ) {
-                            Ok(p) => {
-                                st.partitions.insert(*key, p);
-                            }
-                            Err(e) => {
-                                failed = Some(format!("creating partition {key:?} failed: {e}"));
-                                break;
-                            }
-                        }
-                    }
-                    let p = st.partitions.get_mut(key).expect("partition present");
+                    let Some(p) = st.partitions.get_mut(key) else {
+                        continue;
+                    };
                     if let Err(e) = p.append(run) {
                         failed = Some(format!("writing partition {key:?} segment failed: {e}"));
                         break;
@@ -1006,8 +1036,11 @@ async fn commit_batch(inner: &Rc<Inner>, mut batch: Vec<Request>) {
     if let Err(e) = &outcome {
         if matches!(e, LogError::Poisoned(_)) {
             // Nothing queued can succeed any more.
-            let queued: Vec<Request> = inner.state.borrow_mut().queue.drain(..).collect();
-            inner.state.borrow_mut().queue_bytes = 0;
+            let queued: Vec<Request> = {
+                let mut st = inner.state.borrow_mut();
+                st.queue_bytes = 0;
+                st.queue.drain(..).collect()
+            };
             for r in queued {
                 let _ = r.reply.send(Err(e.copy()));
             }

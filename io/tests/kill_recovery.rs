@@ -107,7 +107,7 @@ fn kill_9_loses_no_acknowledged_record() {
             seed.wrapping_add(u64::from(round)),
             &acked_path,
         );
-        let during_recovery = rng.next_u64() % 5 == 0;
+        let during_recovery = rng.next_u64().is_multiple_of(5);
         let mut lines = Vec::new();
         if during_recovery {
             std::thread::sleep(Duration::from_millis(rng.next_u64() % 120));

@@ -41,7 +41,7 @@ fn concurrent_appends_get_dense_offsets_and_read_back() {
         for t in tasks {
             t.await;
         }
-        let acked = acked.borrow();
+        let acked = acked.borrow().clone();
         assert_eq!(acked.len(), 64 * 20);
         for p in 0..4 {
             let k = key(1, p);

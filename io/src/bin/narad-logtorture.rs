@@ -168,8 +168,10 @@ async fn appender(log: ShardLog, shard: ShardId, mut rng: Rng) {
             let payload: Vec<u8> = (0..len)
                 .map(|i| (fill >> (i % 8 * 8)) as u8 ^ i as u8)
                 .collect();
-            let msg_key =
-                (rng.next_u64() % 2 == 0).then(|| format!("k{}", rng.next_u64() % 1000).into_bytes());
+            let msg_key = rng
+                .next_u64()
+                .is_multiple_of(2)
+                .then(|| format!("k{}", rng.next_u64() % 1000).into_bytes());
             hashes.push((p, fnv64(msg_key.as_deref(), &payload)));
             recs.push(AppendRecord {
                 key: key(p),
@@ -184,7 +186,7 @@ async fn appender(log: ShardLog, shard: ShardId, mut rng: Rng) {
                     lines.push_str(&format!("A {p} {} {h:016x}\n", o.0));
                 }
                 say(&lines);
-                if rng.next_u64() % 8 == 0 {
+                if rng.next_u64().is_multiple_of(8) {
                     let (p, _) = hashes[0];
                     if log.settle(key(p), vec![offs[0]]).await.is_ok() {
                         say(&format!("S {p} {}\n", offs[0].0));

@@ -34,6 +34,9 @@ pub use state::{Settled, SettledSet};
 
 /// Positions are `u32`, so a segment must stay below 4 GiB; configs are clamped to this.
 pub const SEGMENT_BYTES_MAX_LIMIT: u64 = 1 << 30;
+/// Segment space is reserved (fallocate, size kept) ahead of writes in chunks of this size, so
+/// that a full disk shows up before the WAL write, not after it.
+pub const RESERVE_CHUNK_BYTES: u64 = 1 << 20;
 /// Bound on the records one read returns, whatever the caller asks.
 pub const READ_RECORDS_MAX: usize = 65_536;
 /// Bound on the directory entries one partition directory may list at recovery.
@@ -309,6 +312,8 @@ pub struct PartitionLog {
     /// Read/write handle of the newest segment.
     active: File,
     active_dirty: bool,
+    /// Bytes of the active segment file backed by allocated blocks.
+    reserved_end: u64,
     /// Handles of sealed segments written since the last checkpoint.
     unsynced: Vec<File>,
     dirs_to_sync: Vec<PathBuf>,
@@ -467,6 +472,7 @@ impl PartitionLog {
             segments: VecDeque::from([seg]),
             active,
             active_dirty: true,
+            reserved_end: frame::SEGMENT_HEADER_BYTES as u64,
             unsynced: Vec::new(),
             dirs_to_sync: vec![
                 dir.clone(),
@@ -555,6 +561,7 @@ impl PartitionLog {
             segments,
             active,
             active_dirty: report.torn_tail_bytes > 0,
+            reserved_end: 0,
             unsynced: Vec::new(),
             dirs_to_sync,
             settled: SettledSet::default(),
@@ -562,6 +569,7 @@ impl PartitionLog {
         };
         settled.raise_frontier(p.oldest_offset());
         p.settled = settled;
+        p.reserved_end = p.segments.back().map_or(0, |s| s.size_bytes);
         Ok((p, report))
     }
 
@@ -605,11 +613,7 @@ impl PartitionLog {
         if batch.is_empty() {
             return Ok(());
         }
-        let seg = self.segments.back().expect("active segment");
-        let would_be = seg.size_bytes + batch.bytes.len() as u64;
-        if !seg.positions.is_empty()
-            && (would_be > self.segment_bytes_max || would_be > u64::from(u32::MAX))
-        {
+        if self.needs_roll(batch.bytes.len() as u64) {
             self.roll()?;
         }
         let at = self.active_segment().size_bytes;
@@ -641,7 +645,52 @@ impl PartitionLog {
         self.active_segment().positions.shrink_to_fit();
         self.segments.push_back(seg);
         self.active_dirty = true;
+        self.reserved_end = frame::SEGMENT_HEADER_BYTES as u64;
         self.dirs_to_sync.push(self.dir.clone());
+        Ok(())
+    }
+
+    fn needs_roll(&self, bytes: u64) -> bool {
+        let seg = self.segments.back().expect("active segment");
+        let would_be = seg.size_bytes + bytes;
+        !seg.positions.is_empty()
+            && (would_be > self.segment_bytes_max || would_be > u64::from(u32::MAX))
+    }
+
+    /// Makes room for `bytes` more frames before they are committed: rolls to a new segment if
+    /// needed and reserves disk blocks for them (in chunks of `RESERVE_CHUNK_BYTES`). An
+    /// ENOSPC error here means nothing was written; after it succeeds, [`Self::append`] of that
+    /// many bytes does not need new blocks.
+    pub fn reserve(&mut self, bytes: u64) -> std::io::Result<()> {
+        if self.needs_roll(bytes) {
+            self.roll()?;
+        }
+        let size = self.segments.back().expect("active segment").size_bytes;
+        let need = size + bytes;
+        if need <= self.reserved_end {
+            return Ok(());
+        }
+        let end = need.max((size + RESERVE_CHUNK_BYTES).min(self.segment_bytes_max));
+        let from = self.reserved_end.max(size);
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on a file descriptor we own; KEEP_SIZE leaves the file length (and so
+        // what recovery scans) unchanged.
+        let rc = unsafe {
+            libc::fallocate(
+                self.active.as_raw_fd(),
+                libc::FALLOC_FL_KEEP_SIZE,
+                from as libc::off_t,
+                (end - from) as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            // File systems without fallocate: nothing to reserve, writes allocate as they go.
+            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                return Err(e);
+            }
+        }
+        self.reserved_end = end;
         Ok(())
     }
 

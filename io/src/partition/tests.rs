@@ -271,3 +271,31 @@ fn gap_frames_read_as_corrupt() {
         check_all(&p, 4, 6);
     }
 }
+
+#[test]
+fn reserve_allocates_without_changing_length_and_rolls_early() {
+    // Proves reserve() allocates blocks ahead of writes while the file length (what recovery
+    // scans) stays at the written data, and rolls to a new segment before a batch that would
+    // overflow the active one, so the following append needs no roll.
+    use std::os::unix::fs::MetadataExt;
+    let t = TempDir::new("reserve");
+    let mut p = PartitionLog::create(&t.0, KEY, 8192).unwrap();
+    p.reserve(100).unwrap();
+    let seg0 = segment_path(&partition_dir(&t.0, KEY), Offset(0));
+    let m = std::fs::metadata(&seg0).unwrap();
+    assert_eq!(m.len(), frame::SEGMENT_HEADER_BYTES as u64);
+    assert!(m.blocks() * 512 >= 4096, "blocks reserved: {}", m.blocks());
+    fill(&mut p, 40, 40);
+    let segs = p.stats().segments;
+    p.reserve(8000).unwrap();
+    assert_eq!(p.stats().segments, segs + 1, "rolled before the write");
+    let next = p.next_offset().0;
+    let mut b = EncodedBatch::new(Offset(next));
+    b.push_message(UnixMillis(1000 + next), None, &payload(next));
+    p.append(&b).unwrap();
+    assert_eq!(p.stats().segments, segs + 1);
+    drop(p);
+    let (p, rep) = PartitionLog::open(&partition_dir(&t.0, KEY), KEY, 8192).unwrap();
+    assert_eq!(rep.torn_tail_bytes, 0);
+    assert_eq!(p.next_offset(), Offset(41));
+}
