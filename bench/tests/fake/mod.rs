@@ -1,0 +1,305 @@
+//! An in-memory stand-in for the broker's message routes (API.md §10: topic create, produce,
+//! batch produce, batch consume, batch ack), with injectable faults, so the generator's
+//! bookkeeping can be tested without the real binary. Blocking, one thread per connection,
+//! loopback only; every connection thread ends when its client closes.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// Connections served at once at most.
+const CONNECTIONS_MAX: usize = 512;
+/// Request size the fake accepts at most.
+const REQUEST_BYTES_MAX: usize = 4 << 20;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Answer 202 but do not store every n-th produced message (1-based count).
+    pub drop_every: Option<u64>,
+    /// Deliver every n-th delivered message a second time (a new lease, as after an expiry).
+    pub redeliver_every: Option<u64>,
+}
+
+#[derive(Default)]
+struct Topic {
+    log: Vec<Vec<u8>>,
+    next: usize,
+    again: VecDeque<usize>,
+    leases: HashSet<(usize, u64)>,
+}
+
+#[derive(Default)]
+struct State {
+    topics: HashMap<String, Topic>,
+    nonce: u64,
+    produced: u64,
+    delivered: u64,
+    pub dropped: u64,
+}
+
+pub struct Fake {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Fake {
+    pub fn start(faults: Faults) -> Fake {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        let addr = l.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, sp) = (state.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            for s in l.incoming() {
+                if sp.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(s) = s else { continue };
+                if live.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                    continue;
+                }
+                live.fetch_add(1, Ordering::Relaxed);
+                let (st, live) = (st.clone(), live.clone());
+                std::thread::spawn(move || {
+                    serve(s, &st, faults);
+                    live.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        });
+        Fake { addr, state, stop }
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.state.lock().unwrap().dropped
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn serve(mut s: TcpStream, st: &Mutex<State>, faults: Faults) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let _ = s.set_nodelay(true);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        // Parse one request from buf, reading more as needed.
+        let (method, path, body_start, len) = loop {
+            let mut h = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut h);
+            match req.parse(&buf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let cl = req
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                        .unwrap_or(0usize);
+                    if buf.len() >= n + cl {
+                        break (
+                            req.method.unwrap_or("").to_string(),
+                            req.path.unwrap_or("").to_string(),
+                            n,
+                            cl,
+                        );
+                    }
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => return,
+            }
+            if buf.len() > REQUEST_BYTES_MAX {
+                return;
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let body = buf[body_start..body_start + len].to_vec();
+        buf.drain(..body_start + len);
+        let (status, resp) = handle(st, faults, &method, &path, &body);
+        let reason = match status {
+            200 => "OK",
+            201 => "Created",
+            202 => "Accepted",
+            204 => "No Content",
+            _ => "Error",
+        };
+        let mut out = format!("HTTP/1.1 {status} {reason}\r\n");
+        if status != 204 {
+            out.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                resp.len()
+            ));
+        }
+        out.push_str("\r\n");
+        let mut bytes = out.into_bytes();
+        if status != 204 {
+            bytes.extend_from_slice(resp.as_bytes());
+        }
+        if s.write_all(&bytes).is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Batch<'a> {
+    #[serde(borrow)]
+    messages: Vec<Elem<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Elem<'a> {
+    #[serde(borrow)]
+    payload: &'a RawValue,
+    payload_encoding: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Acks {
+    receipt_handles: Vec<String>,
+}
+
+fn handle(
+    st: &Mutex<State>,
+    faults: Faults,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, String) {
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    let parts: Vec<&str> = route.trim_matches('/').split('/').collect();
+    let mut g = st.lock().unwrap();
+    match (method, parts.as_slice()) {
+        ("POST", ["v1", "topics"]) => {
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+            let name = v["name"].as_str().unwrap_or("").to_string();
+            if g.topics.contains_key(&name) {
+                return (409, "{\"error\":\"topic already exists\"}".into());
+            }
+            g.topics.insert(name, Topic::default());
+            (201, "{}".into())
+        }
+        ("POST", ["v1", "topics", t, "produce"]) => {
+            if !g.topics.contains_key(*t) {
+                return (404, "{\"error\":\"topic not found\"}".into());
+            }
+            store(&mut g, faults, t, body.to_vec());
+            (202, String::new())
+        }
+        ("POST", ["v1", "topics", t, "produce", "batch"]) => {
+            if !g.topics.contains_key(*t) {
+                return (404, "{\"error\":\"topic not found\"}".into());
+            }
+            let Ok(b) = serde_json::from_slice::<Batch>(body) else {
+                return (400, "{\"error\":\"invalid json\"}".into());
+            };
+            let n = b.messages.len();
+            for m in b.messages {
+                let bytes = match m.payload_encoding.as_deref() {
+                    Some("base64") => {
+                        let s: String = serde_json::from_str(m.payload.get()).unwrap_or_default();
+                        narad_bench::workload::base64_decode(s.as_bytes()).unwrap_or_default()
+                    }
+                    _ => m.payload.get().as_bytes().to_vec(),
+                };
+                store(&mut g, faults, t, bytes);
+            }
+            (202, format!("{{\"accepted\":{n}}}"))
+        }
+        ("GET", ["v1", "topics", t, "consume"]) => {
+            let max: usize = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("max="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1);
+            let State {
+                topics,
+                nonce,
+                delivered,
+                ..
+            } = &mut *g;
+            let Some(topic) = topics.get_mut(*t) else {
+                return (404, "{\"error\":\"topic not found\"}".into());
+            };
+            let mut msgs = Vec::new();
+            while msgs.len() < max {
+                let off = if let Some(o) = topic.again.pop_front() {
+                    o
+                } else if topic.next < topic.log.len() {
+                    topic.next += 1;
+                    topic.next - 1
+                } else {
+                    break;
+                };
+                *nonce += 1;
+                *delivered += 1;
+                if faults.redeliver_every.is_some_and(|n| *delivered % n == 0) {
+                    // As if this lease expired at once: its ack is refused (410), the message
+                    // comes back under a new handle.
+                    topic.again.push_back(off);
+                } else {
+                    topic.leases.insert((off, *nonce));
+                }
+                msgs.push(format!(
+                    "{{\"topic\":\"{t}\",\"partition\":0,\"offset\":{off},\"payload\":{},\"timestamp\":0,\"receipt_handle\":\"0:{off}:{}\"}}",
+                    String::from_utf8_lossy(&topic.log[off]),
+                    *nonce
+                ));
+            }
+            if msgs.is_empty() {
+                drop(g);
+                std::thread::sleep(Duration::from_millis(10));
+                return (204, String::new());
+            }
+            (200, format!("{{\"messages\":[{}]}}\n", msgs.join(",")))
+        }
+        ("POST", ["v1", "topics", t, "ack"]) => {
+            let Some(topic) = g.topics.get_mut(*t) else {
+                return (404, "{\"error\":\"topic not found\"}".into());
+            };
+            let Ok(a) = serde_json::from_slice::<Acks>(body) else {
+                return (400, "{\"error\":\"invalid json\"}".into());
+            };
+            let results: Vec<String> = a
+                .receipt_handles
+                .iter()
+                .map(|h| {
+                    let p: Vec<u64> = h.split(':').filter_map(|x| x.parse().ok()).collect();
+                    let ok = p.len() == 3 && topic.leases.remove(&(p[1] as usize, p[2]));
+                    if ok {
+                        "{\"status\":204}".to_string()
+                    } else {
+                        "{\"status\":410,\"error\":\"receipt handle no longer matches an active reservation\"}".to_string()
+                    }
+                })
+                .collect();
+            (200, format!("{{\"results\":[{}]}}\n", results.join(",")))
+        }
+        _ => (404, "{\"error\":\"no route\"}".into()),
+    }
+}
+
+fn store(g: &mut State, faults: Faults, topic: &str, bytes: Vec<u8>) {
+    g.produced += 1;
+    if faults.drop_every.is_some_and(|n| g.produced % n == 0) {
+        g.dropped += 1;
+        return;
+    }
+    if let Some(t) = g.topics.get_mut(topic) {
+        t.log.push(bytes);
+    }
+}
