@@ -204,3 +204,29 @@ pub async fn sync_dir(path: &Path) -> io::Result<()> {
 pub async fn remove_file(path: &Path) -> io::Result<()> {
     glommio::io::remove(path).await.map_err(io_err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn enospc_survives_glommio_error_wrapping() {
+        // Proves that an ENOSPC from glommio (wrapped with operation and path) is still
+        // recognised as disk full after conversion, and that EIO is not.
+        let wrap = |code| {
+            io_err::<()>(glommio::GlommioError::EnhancedIoError {
+                source: io::Error::from_raw_os_error(code),
+                op: "Pre-allocate space",
+                path: Some(PathBuf::from("/x/00000000000000000001.wal")),
+                fd: Some(3),
+            })
+        };
+        let e = wrap(libc::ENOSPC);
+        assert!(is_disk_full(&e), "{e:?}");
+        assert_eq!(os_error_code(&e), Some(libc::ENOSPC));
+        assert!(e.to_string().contains("00000000000000000001.wal"), "{e}");
+        assert!(!is_disk_full(&wrap(libc::EIO)));
+        assert!(is_disk_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
+    }
+}

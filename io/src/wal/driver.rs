@@ -1,7 +1,7 @@
 //! [`Wal`]: the write-ahead log on the real disk. Runs `wal::core` with glommio DMA files: one
 //! batch in flight, carried out as (create + fallocate + fdatasync + directory fsync of a new
-//! segment when needed) → one O_DIRECT write → one fdatasync → read back and verify → complete
-//! every waiter of the batch. Recovery runs `wal::recovery` over the segment files.
+//! segment when needed) → one O_DIRECT write → one fdatasync → read back the written blocks →
+//! verify → complete every waiter of the batch. Recovery runs `wal::recovery` over the segment files.
 //!
 //! Owns: the segment files of one WAL directory and the committer task. Never retries a failed
 //! write or fsync (the core poisons the log), never holds a `RefCell` borrow across an await.
@@ -299,7 +299,27 @@ async fn commit_loop(inner: Rc<Inner>) {
         };
         deliver(&inner, results);
         wake_room(&inner);
+        // Let the appenders just answered run before forming the next batch: most append again
+        // at once, and this way they join the next batch instead of waiting one more flush
+        // (without it a closed loop of N appenders settles into two halves of N/2 per batch).
+        yield_now().await;
     }
+}
+
+/// Returns Pending once after re-scheduling itself: puts the current task at the back of the
+/// run queue.
+async fn yield_now() {
+    let mut yielded = false;
+    poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 fn wake_room(inner: &Inner) {
@@ -345,6 +365,9 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
             plan.seq, plan.at.segment, plan.at.byte
         ));
     }
+    // Read-back strictly after the fdatasync: measured here, issuing the read concurrently with
+    // the flush made both slower (62% of the bare write+fdatasync limit at 64 appenders against
+    // 75-82% sequential), and reading before the flush was no faster.
     let t = Instant::now();
     let synced = f.fdatasync().await;
     {
@@ -357,7 +380,8 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
     if let Err(e) = synced {
         return Outcome::Failed(format!("fdatasync of segment {}: {e}", plan.at.segment));
     }
-    let img = match f.read_exact_at(plan.at.byte, plan.span).await {
+    let read = f.read_exact_at(plan.at.byte, plan.span).await;
+    let img = match read {
         Ok(img) => img,
         Err(e) => return Outcome::Failed(format!("read-back of batch {}: {e}", plan.seq)),
     };
