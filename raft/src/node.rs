@@ -177,6 +177,38 @@ impl MetaNode {
             .is_initialized()
             .await
             .map_err(|e| MetaStartError::Raft(e.to_string()))?;
+        if bootstrap && initialized {
+            // A single-member store started under another node id would never elect a leader:
+            // say so instead of answering 503 forever.
+            // The metrics carry the recovered membership once the core has run; wait briefly
+            // for it and skip the check if it never shows (nothing is refused on a guess).
+            let recovered = raft
+                .wait(Some(Duration::from_millis(2000)))
+                .metrics(
+                    |m| {
+                        m.membership_config
+                            .membership()
+                            .voter_ids()
+                            .next()
+                            .is_some()
+                    },
+                    "membership",
+                )
+                .await;
+            let voters: Vec<String> = match recovered {
+                Ok(m) => m.membership_config.membership().voter_ids().collect(),
+                Err(_) => vec![cfg.node_id.clone()],
+            };
+            if !voters.contains(&cfg.node_id) {
+                let _ = raft.shutdown().await;
+                return Err(MetaStartError::Raft(format!(
+                    "the metastore in {} belongs to node(s) {voters:?}, but this node's id is {:?}; \
+                     start with the original node id or use a fresh data directory",
+                    dir.display(),
+                    cfg.node_id
+                )));
+            }
+        }
         if bootstrap && !initialized {
             let members = BTreeMap::from([(cfg.node_id.clone(), BasicNode::new(&cfg.raft_addr))]);
             raft.initialize(members)
@@ -487,6 +519,26 @@ mod tests {
             );
             assert!(lat[lat.len() - 1] < Duration::from_secs(1));
             node.shutdown().await;
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn restart_under_another_node_id_is_refused_clearly() {
+        // Proves a metastore created by node "n1" refuses to start as "n2" with a message naming
+        // both ids, instead of waiting forever for an election it cannot win.
+        let dir = temp_dir("other-id");
+        run(async {
+            let node = MetaNode::start(MetaConfig::new(dir.clone(), "n1".into()))
+                .await
+                .expect("start");
+            node.shutdown().await;
+            let err = MetaNode::start(MetaConfig::new(dir.clone(), "n2".into()))
+                .await
+                .err()
+                .expect("refused");
+            let msg = err.to_string();
+            assert!(msg.contains("\"n1\"") && msg.contains("\"n2\""), "{msg}");
         });
         let _ = std::fs::remove_dir_all(&dir);
     }
