@@ -454,9 +454,9 @@ fn create_topic(state: &mut MetaState, mut t: TopicMeta) -> Result<MetaResponse,
             "invalid argument: partitions must be >= 3 (0 = use default)",
         ));
     }
-    if t.partitions > PARTITIONS_MAX {
+    if t.partitions > PARTITIONS_HARD_MAX {
         return Err(MetaError::invalid(format!(
-            "invalid argument: partitions ({}) exceeds topic.max_partitions ({PARTITIONS_MAX})",
+            "invalid argument: partitions ({}) exceeds the hard limit of {PARTITIONS_HARD_MAX}",
             t.partitions
         )));
     }
@@ -627,9 +627,9 @@ fn alter_topic(
                 t.partitions
             )));
         }
-        if n > PARTITIONS_MAX {
+        if n > PARTITIONS_HARD_MAX {
             return Err(MetaError::invalid(format!(
-                "invalid argument: partitions ({n}) exceeds topic.max_partitions ({PARTITIONS_MAX})"
+                "invalid argument: partitions ({n}) exceeds the hard limit of {PARTITIONS_HARD_MAX}"
             )));
         }
     }

@@ -136,7 +136,8 @@ fn create_refuses_duplicates_and_case_collisions() {
 
 #[test]
 fn create_validates_fields_with_spec_messages() {
-    // Proves the field checks of API.md §6.1 that apply repeats: partition bounds, retention
+    // Proves the field checks of API.md §6.1 that apply repeats: partition bounds (the configured
+    // topic.max_partitions is the proposer's; apply holds the hard ceiling), retention
     // minimum (0 = forever allowed), delay without parent, bad names.
     let mut log = Log::new();
     let mut t = topic("a", 1);
@@ -147,11 +148,11 @@ fn create_validates_fields_with_spec_messages() {
         "invalid argument: partitions must be >= 3 (0 = use default)"
     );
     let mut t = topic("a", 1);
-    t.partitions = 109;
+    t.partitions = PARTITIONS_HARD_MAX + 1;
     let e = log.err(MetaCommand::CreateTopic(t));
     assert_eq!(
         e.message,
-        "invalid argument: partitions (109) exceeds topic.max_partitions (108)"
+        "invalid argument: partitions (4097) exceeds the hard limit of 4096"
     );
     let mut t = topic("a", 1);
     t.retention_ms = 5;
@@ -248,10 +249,10 @@ fn alter_applies_fields_and_refuses_with_spec_messages() {
         e.message,
         "invalid argument: new partition count (3) must be greater than current (3); decrease is not supported"
     );
-    let e = log.err(mk(None, Some(200), None));
+    let e = log.err(mk(None, Some(5000), None));
     assert_eq!(
         e.message,
-        "invalid argument: partitions (200) exceeds topic.max_partitions (108)"
+        "invalid argument: partitions (5000) exceeds the hard limit of 4096"
     );
     // A bad later field refuses the whole command: retention stays.
     let e = log.err(mk(Some(0), Some(2), None));

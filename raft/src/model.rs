@@ -12,9 +12,12 @@ use std::collections::BTreeMap;
 use narad_io::types::TopicId;
 use serde::{Deserialize, Serialize};
 
-/// Partition count of a topic: 3 ≤ n ≤ this (SEMANTICS.md §14.2, `topic.max_partitions`).
-/// A constant, not a setting: apply must give the same answer on every replica.
-pub const PARTITIONS_MAX: u32 = 108;
+/// Default of the `topic.max_partitions` setting (SEMANTICS.md §14.2). The setting is enforced
+/// by the proposer, which knows the configuration; apply only enforces [`PARTITIONS_HARD_MAX`].
+pub const PARTITIONS_MAX_DEFAULT: u32 = 108;
+/// Ceiling on any topic's partition count, whatever the configuration: a constant, so apply gives
+/// the same answer on every replica.
+pub const PARTITIONS_HARD_MAX: u32 = 4096;
 /// Smallest partition count of a new topic.
 pub const PARTITIONS_MIN: u32 = 3;
 /// Shortest retention other than 0 (= keep forever): one hour.
