@@ -362,6 +362,7 @@ async fn run<S: Service>(
                     Ok(None) => {}
                     Err(e) => {
                         let resp = Response::for_parse_error(e);
+                        service.on_refused(resp.status);
                         c.close_with(Some(&resp)).await;
                         return CloseReason::Refused(resp.status);
                     }
@@ -447,6 +448,7 @@ async fn run<S: Service>(
         if let BodyFraming::Length(n) = head.framing {
             if n > limit as u64 {
                 let resp = service.body_too_large(&head);
+                service.on_refused(resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;
                 return CloseReason::Refused(resp.status);
@@ -470,12 +472,14 @@ async fn run<S: Service>(
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
                 let resp = service.body_too_large(&head);
+                service.on_refused(resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;
                 return CloseReason::Refused(resp.status);
             }
             Err(BodyError::Bad(e)) => {
                 let resp = Response::for_parse_error(e);
+                service.on_refused(resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;
                 return CloseReason::Refused(resp.status);
@@ -502,7 +506,10 @@ async fn run<S: Service>(
                 fut.await
             }
         };
-        let resp = result.unwrap_or_else(|_| Response::internal_panic());
+        let resp = result.unwrap_or_else(|_| {
+            service.on_refused(500);
+            Response::internal_panic()
+        });
         c.requests += 1;
         if write_failed {
             return CloseReason::WriteFailed;
@@ -639,9 +646,17 @@ mod tests {
 
     /// Test service: echoes method, path, query and body; `/deny` answers 401 before the body,
     /// `/panic` panics, `/slow` waits 30 ms, `/close` asks to close; bodies up to 1024 bytes.
-    struct Echo;
+    #[derive(Default)]
+    struct Echo {
+        /// Statuses reported through `on_refused`, in order.
+        refused: std::cell::RefCell<Vec<u16>>,
+    }
 
     impl Service for Echo {
+        fn on_refused(&self, status: u16) {
+            self.refused.borrow_mut().push(status);
+        }
+
         fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
             if head.path == "/deny" {
                 return Err(Response::json(
@@ -680,13 +695,15 @@ mod tests {
     }
 
     /// Runs the server on 127.0.0.1:0 inside an executor on this thread, runs `client` on a std
-    /// thread, then shuts the server down and checks that `serve` returns.
-    fn with_server(limits: Limits, client: impl FnOnce(SocketAddr) + Send + 'static) {
+    /// thread, then shuts the server down and checks that `serve` returns. Returns the statuses
+    /// the service saw through `on_refused`.
+    fn with_server(limits: Limits, client: impl FnOnce(SocketAddr) + Send + 'static) -> Vec<u16> {
         rt::block_on(async move {
             let l = TcpListener::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
             let addr = l.local_addr().expect("addr");
             let sig = ShutdownSignal::new();
-            let server = rt::spawn(serve(l, Rc::new(Echo), limits, sig.clone()));
+            let echo = Rc::new(Echo::default());
+            let server = rt::spawn(serve(l, echo.clone(), limits, sig.clone()));
             let t = std::thread::spawn(move || client(addr));
             let t0 = Instant::now();
             while !t.is_finished() {
@@ -703,7 +720,9 @@ mod tests {
             if let Err(p) = t.join() {
                 std::panic::resume_unwind(p);
             }
-        });
+            let refused = echo.refused.borrow().clone();
+            refused
+        })
     }
 
     fn connect(addr: SocketAddr) -> BufReader<StdStream> {
@@ -859,8 +878,9 @@ mod tests {
         // Proves garbage is 400, an oversized header block 431 (plain text), a bad chunk size
         // 400, each followed by a clean close; a truncated body and a too-slow client are just
         // disconnected; a handler panic is a 500 JSON answer; and after all of it the server
-        // still answers on a fresh connection.
-        with_server(test_limits(), |addr| {
+        // still answers on a fresh connection. Every answer not made by the handler is reported
+        // to the service's on_refused hook.
+        let refused = with_server(test_limits(), |addr| {
             let mut c = connect(addr);
             c.get_mut()
                 .write_all(b"\x16\x03\x01garbage\r\n\r\n")
@@ -927,6 +947,7 @@ mod tests {
                 .expect("write");
             assert_eq!(read_response(&mut c, false).0, 200);
         });
+        assert_eq!(refused, vec![400, 431, 400, 500]);
     }
 
     #[test]
@@ -1035,7 +1056,12 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
             let addr = l.local_addr().expect("addr");
             let sig = ShutdownSignal::new();
-            let server = rt::spawn(serve(l, Rc::new(Echo), test_limits(), sig.clone()));
+            let server = rt::spawn(serve(
+                l,
+                Rc::new(Echo::default()),
+                test_limits(),
+                sig.clone(),
+            ));
             let t = std::thread::spawn(move || {
                 let mut c = connect(addr);
                 c.get_mut()

@@ -308,6 +308,11 @@ pub trait Service: 'static {
         Response::for_parse_error(ParseError::BodyTooLarge)
     }
 
+    /// Called for every answer the server gives without [`Service::call`] producing it: a
+    /// refused request (400, 413, 417, 431, 501) or a handler panic (500). For metrics, so that
+    /// every answer is counted; the default does nothing.
+    fn on_refused(&self, _status: u16) {}
+
     /// Handles a request. A panic inside is caught by the server and answered with
     /// [`Response::internal_panic`].
     fn call(&self, req: Request) -> impl Future<Output = Response>;
