@@ -31,7 +31,10 @@
 //!    then replays the WAL records from the last checkpoint's `P` on. Replay is idempotent: a
 //!    message whose offset is already present is skipped, a missing one is appended (offsets in
 //!    the WAL are authoritative), a hole (a WAL record lost to corruption) becomes a gap frame that
-//!    reads as `Corrupt`; settles are re-applied (settling twice is a no-op). Everything before `P`
+//!    reads as `Corrupt`; settles are re-applied (settling twice is a no-op). A partition whose
+//!    files are damaged at or after its first offset in the replayed WAL (pages or a segment
+//!    lost at a power failure) is first cut back to that offset, and the replay rewrites it.
+//!    Everything before `P`
 //!    was fsynced in step 2, everything after is in the WAL, so every acknowledged record and
 //!    every durable settle survives, whatever moment the crash hits.
 //! 4. Records written to segment files but whose WAL batch failed cannot exist: frames are written
@@ -138,6 +141,8 @@ pub struct RecoveryReport {
     /// Offsets missing from the WAL replay (holes), filled with gap frames that read as corrupt.
     pub gap_records: u64,
     pub replayed_settles: u64,
+    /// Partitions whose files were damaged after the last checkpoint and rewritten from the WAL.
+    pub repaired_partitions: u32,
     /// Transit records seen (held for another node; not handled by this log yet).
     pub transit_records: u64,
     pub duration_ms: u64,
@@ -287,6 +292,26 @@ fn replay(
     records: Vec<(WalPosition, WalRecord)>,
     report: &mut RecoveryReport,
 ) -> Result<(), LogError> {
+    // Everything at or after a partition's first offset in the WAL is in the WAL. A partition
+    // whose files are damaged in that range (pages lost at a power failure, a segment file
+    // created after the checkpoint whose directory entry was lost) is cut back to it, so the
+    // replay rewrites those records instead of leaving acknowledged data unreadable.
+    let mut first_in_wal: HashMap<PartitionKey, Offset> = HashMap::new();
+    for (_, rec) in &records {
+        if let WalRecord::Message { key, offset, .. } = rec {
+            let f = first_in_wal.entry(*key).or_insert(*offset);
+            *f = (*f).min(*offset);
+        }
+    }
+    for (key, from) in first_in_wal {
+        if let Some(p) = partitions.get_mut(&key) {
+            if p.damaged_from(from) {
+                tracing::warn!(?key, from = from.0, "partition files damaged after the last checkpoint; rewriting them from the write-ahead log");
+                p.truncate_to(from)?;
+                report.repaired_partitions += 1;
+            }
+        }
+    }
     let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
     for (_, rec) in records {
         match rec {

@@ -161,3 +161,33 @@ fn queue_bound_applies_backpressure_without_loss() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn offset_index_costs_about_four_bytes_per_record() {
+    // Proves the in-memory index stays small: 100k records over several segments cost at most
+    // 8 bytes each (4-byte positions; the active segment's vector may be up to half empty), so
+    // 10 million records per node need well under 100 MiB.
+    let dir = temp_dir("index");
+    let mut cfg = small_cfg(dir.clone());
+    cfg.partition_segment_bytes_max = 1 << 20;
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+        let k = key(4, 0);
+        for _ in 0..100 {
+            let batch: Vec<AppendRecord> = (0..1000)
+                .map(|_| AppendRecord {
+                    key: k,
+                    msg_key: None,
+                    payload: vec![7; 64],
+                })
+                .collect();
+            log.append(batch).await.unwrap();
+        }
+        assert_eq!(log.high_watermark(k), Offset(100_000));
+        assert!(log.stats(k).segments > 5);
+        let bytes = log.index_bytes();
+        assert!(bytes <= 8 * 100_000, "index {bytes} bytes for 100k records");
+        log.close().await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}

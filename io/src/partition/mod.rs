@@ -319,6 +319,8 @@ pub struct PartitionLog {
     dirs_to_sync: Vec<PathBuf>,
     settled: SettledSet,
     settled_dirty: bool,
+    /// Offset ranges `[from, to)` found damaged or missing by the recovery scan.
+    damaged: Vec<(Offset, Offset)>,
 }
 
 fn open_rw(path: &Path) -> std::io::Result<File> {
@@ -383,6 +385,7 @@ fn scan_segment(
     base: Offset,
     is_last: bool,
     report: &mut ScanReport,
+    damaged: &mut Vec<(Offset, Offset)>,
 ) -> std::io::Result<Segment> {
     let mut data = std::fs::read(path)?;
     let header = frame::SEGMENT_HEADER_BYTES;
@@ -422,13 +425,16 @@ fn scan_segment(
             }
             _ => match resync(&data, pos, expected) {
                 Some((q, o)) => {
-                    let damaged = o.0 - expected.0;
-                    tracing::error!(path = %path.display(), byte = pos, first_offset = expected.0, records = damaged,
+                    let damaged_records = o.0 - expected.0;
+                    tracing::error!(path = %path.display(), byte = pos, first_offset = expected.0, records = damaged_records,
                         "damaged records in the middle of a partition segment; they will read as corrupt");
-                    for _ in 0..damaged {
+                    for _ in 0..damaged_records {
                         seg.positions.push(pos as u32);
                     }
-                    report.corrupt_records += damaged;
+                    report.corrupt_records += damaged_records;
+                    if damaged_records > 0 {
+                        damaged.push((expected, o));
+                    }
                     expected = o;
                     pos = q;
                 }
@@ -483,6 +489,7 @@ impl PartitionLog {
             dir,
             settled: SettledSet::default(),
             settled_dirty: false,
+            damaged: Vec::new(),
         })
     }
 
@@ -515,6 +522,7 @@ impl PartitionLog {
         bases.sort();
         let mut report = ScanReport::default();
         let mut segments: VecDeque<Segment> = VecDeque::new();
+        let mut damaged = Vec::new();
         for (i, &base) in bases.iter().enumerate() {
             let seg = scan_segment(
                 key,
@@ -522,6 +530,7 @@ impl PartitionLog {
                 base,
                 i + 1 == bases.len(),
                 &mut report,
+                &mut damaged,
             )?;
             if let Some(prev) = segments.back_mut() {
                 let end = prev.end();
@@ -533,6 +542,7 @@ impl PartitionLog {
                     prev.positions
                         .extend(std::iter::repeat_n(at, missing as usize));
                     report.corrupt_records += missing;
+                    damaged.push((end, base));
                 } else if base < end {
                     tracing::error!(dir = %dir.display(), base = base.0, "overlapping partition segments; the newer one wins");
                     let keep = (base.0 - prev.base.0) as usize;
@@ -566,6 +576,7 @@ impl PartitionLog {
             dirs_to_sync,
             settled: SettledSet::default(),
             settled_dirty: false,
+            damaged,
         };
         settled.raise_frontier(p.oldest_offset());
         p.settled = settled;
@@ -588,6 +599,42 @@ impl PartitionLog {
 
     pub fn oldest_offset(&self) -> Offset {
         self.segments.front().map_or(Offset(0), |s| s.base)
+    }
+
+    /// Whether the recovery scan found damaged or missing records at or after `from`.
+    pub fn damaged_from(&self, from: Offset) -> bool {
+        self.damaged.iter().any(|&(_, to)| to > from)
+    }
+
+    /// Cuts the log back to end just before `to` (recovery only: the WAL holds every record from
+    /// `to` on and replays them). Removes whole segments starting at or after `to` and truncates
+    /// the one holding it, which becomes the active segment.
+    pub fn truncate_to(&mut self, to: Offset) -> std::io::Result<()> {
+        let to = to.max(self.oldest_offset());
+        if to >= self.next_offset() {
+            return Ok(());
+        }
+        while self.segments.len() > 1 && self.segments.back().is_some_and(|s| s.base >= to) {
+            let s = self.segments.pop_back().expect("segment");
+            std::fs::remove_file(&s.path)?;
+        }
+        let seg = self.active_segment();
+        let keep = (to.0.saturating_sub(seg.base.0) as usize).min(seg.positions.len());
+        if keep < seg.positions.len() {
+            seg.size_bytes = u64::from(seg.positions[keep]);
+            seg.positions.truncate(keep);
+        }
+        let (path, size) = (seg.path.clone(), seg.size_bytes);
+        self.active = open_rw(&path)?;
+        self.active.set_len(size)?;
+        self.reserved_end = size;
+        self.active_dirty = true;
+        self.dirs_to_sync.push(self.dir.clone());
+        self.damaged.retain(|&(from, _)| from < to);
+        for r in &mut self.damaged {
+            r.1 = r.1.min(to);
+        }
+        Ok(())
     }
 
     /// Commit time of the newest message record, if any.
