@@ -403,7 +403,24 @@ fn produce_validation() {
         (r.status, r.error().as_str()),
         (413, "request body too large")
     );
+    // The refusal closes the connection (the body was not read).
+    c.reconnect();
     assert_eq!(p(&mut c, "", &big[..1 << 20]).status, 202);
+    // With Expect: 100-continue (curl over 1 KiB), an oversized body is refused from the head.
+    {
+        use std::io::Write;
+        c.reconnect();
+        let head = format!(
+            "POST /v1/topics/v/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            (1 << 20) + 1
+        );
+        c.raw().write_all(head.as_bytes()).unwrap();
+        let r = c.read_response(false).unwrap();
+        assert_eq!(
+            (r.status, r.error().as_str()),
+            (413, "request body too large")
+        );
+    }
 }
 
 #[test]

@@ -198,6 +198,7 @@ impl Resp {
 /// A keep-alive HTTP/1.1 client on a blocking socket.
 pub struct Client {
     stream: BufReader<TcpStream>,
+    addr: SocketAddr,
 }
 
 impl Client {
@@ -207,6 +208,7 @@ impl Client {
         s.set_read_timeout(Some(Duration::from_secs(30)))?;
         Ok(Client {
             stream: BufReader::new(s),
+            addr,
         })
     }
 
@@ -231,8 +233,13 @@ impl Client {
         req.push_str("\r\n");
         let s = self.stream.get_mut();
         s.write_all(req.as_bytes())?;
-        s.write_all(body)?;
-        self.read_response(method == "HEAD")
+        // A server may answer (413) and close before reading a large body: like real clients,
+        // read the answer even when the body write fails.
+        let wrote = s.write_all(body);
+        match self.read_response(method == "HEAD") {
+            Ok(r) => Ok(r),
+            Err(e) => Err(wrote.err().unwrap_or(e)),
+        }
     }
 
     pub fn read_response(&mut self, head: bool) -> std::io::Result<Resp> {
@@ -311,6 +318,11 @@ impl Client {
 
     pub fn post_client(&mut self, path: &str, body: &[u8]) -> Resp {
         self.request("POST", path, &[("X-Narad-Client", "narad-tests/0")], body)
+    }
+
+    /// Reconnects (after the server closed this connection).
+    pub fn reconnect(&mut self) {
+        *self = Client::connect(self.addr).expect("reconnect");
     }
 
     pub fn create_topic(&mut self, name: &str, partitions: u32) -> serde_json::Value {
