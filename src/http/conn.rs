@@ -650,6 +650,8 @@ mod tests {
     struct Echo {
         /// Statuses reported through `on_refused`, in order.
         refused: std::cell::RefCell<Vec<u16>>,
+        /// Set by `/wait` when it saw the client go away.
+        saw_disconnect: Cell<bool>,
     }
 
     impl Service for Echo {
@@ -675,6 +677,15 @@ mod tests {
                 }
                 "/close" => return Response::text(200, "bye").with_header("Connection", "close"),
                 "/nocontent" => return Response::empty(204),
+                "/wait" => {
+                    for _ in 0..400 {
+                        if req.client_disconnected() {
+                            self.saw_disconnect.set(true);
+                            break;
+                        }
+                        rt::sleep(Duration::from_millis(5)).await;
+                    }
+                }
                 _ => {}
             }
             let mut body =
@@ -698,6 +709,13 @@ mod tests {
     /// thread, then shuts the server down and checks that `serve` returns. Returns the statuses
     /// the service saw through `on_refused`.
     fn with_server(limits: Limits, client: impl FnOnce(SocketAddr) + Send + 'static) -> Vec<u16> {
+        with_server_echo(limits, client).refused.borrow().clone()
+    }
+
+    fn with_server_echo(
+        limits: Limits,
+        client: impl FnOnce(SocketAddr) + Send + 'static,
+    ) -> Rc<Echo> {
         rt::block_on(async move {
             let l = TcpListener::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
             let addr = l.local_addr().expect("addr");
@@ -720,8 +738,7 @@ mod tests {
             if let Err(p) = t.join() {
                 std::panic::resume_unwind(p);
             }
-            let refused = echo.refused.borrow().clone();
-            refused
+            echo
         })
     }
 
@@ -948,6 +965,23 @@ mod tests {
             assert_eq!(read_response(&mut c, false).0, 200);
         });
         assert_eq!(refused, vec![400, 431, 400, 500]);
+    }
+
+    #[test]
+    fn handler_sees_client_disconnect() {
+        // Proves Request::client_disconnected turns true while the handler runs once the client
+        // has closed its connection (what metrics record as 499).
+        let echo = with_server_echo(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /wait HTTP/1.1\r\n\r\n")
+                .expect("write");
+            std::thread::sleep(Duration::from_millis(30));
+            drop(c);
+            // Give the handler time to notice before the server is shut down.
+            std::thread::sleep(Duration::from_millis(100));
+        });
+        assert!(echo.saw_disconnect.get());
     }
 
     #[test]
