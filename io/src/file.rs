@@ -5,8 +5,11 @@
 //! the WAL reads back what it wrote), aligned buffers, positioned reads and writes, fdatasync,
 //! pre-allocation, zeroing, directory fsync. Never buffers or caches, never retries.
 
+use std::future::Future;
 use std::io;
 use std::path::Path;
+use std::pin::Pin;
+use std::task::Poll;
 
 use glommio::io::{DmaBuffer, OpenOptions};
 
@@ -14,6 +17,8 @@ use glommio::io::{DmaBuffer, OpenOptions};
 pub const DIRECT_IO_ALIGN: usize = 4096;
 /// Largest single read issued by [`DirectFile::read_exact_at`]; bigger reads are split.
 pub const READ_CHUNK_BYTES_MAX: usize = 1 << 20;
+/// Chunk reads in flight at once in [`DirectFile::read_exact_into`].
+pub const READS_IN_FLIGHT_MAX: usize = 4;
 
 /// Converts a glommio error into an io error, keeping the OS error code when there is one.
 pub(crate) fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
@@ -150,6 +155,67 @@ impl DirectFile {
             out.extend_from_slice(&r[..r.len().min(want)]);
         }
         Ok(out)
+    }
+
+    /// Fills `out` (length aligned) from `pos` (aligned), with up to [`READS_IN_FLIGHT_MAX`] chunk
+    /// reads of [`READ_CHUNK_BYTES_MAX`] in flight at once. Fewer bytes than asked is an error.
+    pub async fn read_exact_into(&self, pos: u64, out: &mut [u8]) -> io::Result<()> {
+        let group_bytes = READ_CHUNK_BYTES_MAX * READS_IN_FLIGHT_MAX;
+        for (g, group) in out.chunks_mut(group_bytes).enumerate() {
+            let base = pos + (g * group_bytes) as u64;
+            type ReadFut<'a> = Pin<Box<dyn Future<Output = io::Result<()>> + 'a>>;
+            let mut reads: Vec<ReadFut<'_>> = group
+                .chunks_mut(READ_CHUNK_BYTES_MAX)
+                .enumerate()
+                .map(|(c, chunk)| {
+                    let at = base + (c * READ_CHUNK_BYTES_MAX) as u64;
+                    Box::pin(self.read_chunk_into(at, chunk)) as ReadFut<'_>
+                })
+                .collect();
+            let mut done: Vec<Option<io::Result<()>>> = reads.iter().map(|_| None).collect();
+            std::future::poll_fn(|cx| {
+                for (r, slot) in reads.iter_mut().zip(done.iter_mut()) {
+                    if slot.is_none() {
+                        if let Poll::Ready(v) = r.as_mut().poll(cx) {
+                            *slot = Some(v);
+                        }
+                    }
+                }
+                if done.iter().all(Option::is_some) {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            for r in done {
+                r.expect("all reads completed")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One read of `out.len()` bytes at `pos`, copied straight into `out` (no intermediate vector).
+    async fn read_chunk_into(&self, pos: u64, out: &mut [u8]) -> io::Result<()> {
+        let mut filled = 0;
+        while filled < out.len() {
+            let at = pos + filled as u64;
+            let r = self
+                .0
+                .read_at_aligned(at, out.len() - filled)
+                .await
+                .map_err(io_err)?;
+            if r.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("read at {at}: end of file"),
+                ));
+            }
+            let n = r.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&r[..n]);
+            filled += n;
+        }
+        Ok(())
     }
 
     /// Reads `len` bytes at any `pos` (unaligned allowed); may return fewer at end of file.

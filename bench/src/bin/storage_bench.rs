@@ -10,7 +10,8 @@
 //! ≥ 80 % of the limit's records/s.
 //!
 //! Usage: `cargo run --release -p narad-bench --bin storage_bench [-- --seconds 2 --dir /tmp/x
-//! --shards N --appenders 1,8,64,512]`. Never touches anything outside its directory, which it
+//! --shards N --appenders 1,8,64,512 --recovery-mib 256]`. At the end it writes a log of
+//! `--recovery-mib` per shard and times its recovery (reopen). Never touches anything outside its directory, which it
 //! removes at the end.
 
 use std::cell::RefCell;
@@ -86,6 +87,7 @@ struct Args {
     dir: PathBuf,
     shards: Option<u32>,
     appenders: Vec<usize>,
+    recovery_mib: u64,
 }
 
 fn parse_args() -> Args {
@@ -94,6 +96,7 @@ fn parse_args() -> Args {
         dir: std::env::temp_dir().join(format!("narad-storage-bench-{}", std::process::id())),
         shards: None,
         appenders: vec![1, 8, 64, 512],
+        recovery_mib: 256,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -103,6 +106,7 @@ fn parse_args() -> Args {
             "--seconds" => a.seconds = v.parse().unwrap_or(a.seconds),
             "--dir" => a.dir = PathBuf::from(v),
             "--shards" => a.shards = v.parse().ok(),
+            "--recovery-mib" => a.recovery_mib = v.parse().unwrap_or(a.recovery_mib),
             "--appenders" => {
                 a.appenders = v.split(',').filter_map(|s| s.trim().parse().ok()).collect()
             }
@@ -226,6 +230,50 @@ async fn point(base: PathBuf, shard: u32, appenders: usize, dur: Duration) -> Po
     p
 }
 
+struct Recovery {
+    bytes: u64,
+    records: u64,
+    seconds: f64,
+}
+
+/// Writes about `bytes` of 256-byte records (16 appenders, 512 records per append), closes the
+/// log and times `Wal::open` (scan, checks, replay of every record).
+async fn recovery(dir: PathBuf, shard: u32, bytes: u64) -> Recovery {
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = WalConfig::new(dir.clone());
+    let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open the WAL");
+    let per_append = 512usize;
+    let appends = bytes / (per_append as u64 * (PAYLOAD_BYTES as u64 + 50));
+    let mut tasks = Vec::new();
+    for a in 0..16u64 {
+        let wal = wal.clone();
+        tasks.push(rt::spawn(async move {
+            let mut k = a;
+            while k < appends {
+                let recs = (0..per_append as u64)
+                    .map(|j| record(shard, k * 1000 + j))
+                    .collect();
+                wal.append(recs).await.expect("append");
+                k += 16;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await;
+    }
+    let written = wal.stats().bytes_written;
+    drop(wal);
+    let t = Instant::now();
+    let (_, records, _) = Wal::open(cfg).await.expect("recover the WAL");
+    let seconds = t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_dir_all(&dir);
+    Recovery {
+        bytes: written,
+        records: records.len() as u64,
+        seconds,
+    }
+}
+
 fn main() {
     let args = parse_args();
     std::fs::create_dir_all(&args.dir).expect("create the bench directory");
@@ -241,6 +289,7 @@ fn main() {
         args.seconds,
         args.dir.display()
     );
+    let recovery_bytes = args.recovery_mib << 20;
     let barrier = Arc::new(Barrier::new(shards as usize));
     let points = args.appenders.clone();
     let base = args.dir.clone();
@@ -256,8 +305,10 @@ fn main() {
                 let p = point(base.clone(), shard.0, n, dur).await;
                 res.push(p);
             }
+            barrier.wait();
+            let rec = recovery(base.join("recovery"), shard.0, recovery_bytes).await;
             let _ = std::fs::remove_dir_all(&base);
-            res
+            (res, rec)
         }
     })
     .unwrap_or_else(|e| {
@@ -265,6 +316,7 @@ fn main() {
         std::process::exit(1);
     });
     let _ = std::fs::remove_dir_all(&args.dir);
+    let (out, recoveries): (Vec<Vec<Point>>, Vec<Recovery>) = out.into_iter().unzip();
     println!(
         "{:>9} | {:>11} {:>10} {:>8} {:>8} {:>8} | {:>8} {:>11} {:>10} {:>8} {:>8} | {:>6}",
         "appenders",
@@ -338,6 +390,15 @@ fn main() {
             f.quantile(0.99),
             c.quantile(0.5),
             c.quantile(0.99)
+        );
+    }
+    for (i, r) in recoveries.iter().enumerate() {
+        println!(
+            "recovery, shard {i}: {:.0} MiB of log, {} records, opened in {:.2} s ({:.0} MiB/s)",
+            r.bytes as f64 / (1 << 20) as f64,
+            r.records,
+            r.seconds,
+            r.bytes as f64 / (1 << 20) as f64 / r.seconds.max(1e-9)
         );
     }
     println!(

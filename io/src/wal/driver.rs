@@ -76,14 +76,18 @@ impl Wal {
         }
         ids.sort_unstable();
         let mut scanner = Scanner::new();
+        // One buffer for every segment image: recovery holds one segment in memory at a time.
+        let mut img = Vec::new();
         for &id in &ids {
             let f = DirectFile::open_read(&segment_path(&cfg.dir, id)).await?;
             let size = f.file_size().await?;
             let whole = (size / BATCH_ALIGN as u64) * BATCH_ALIGN as u64;
-            let img = f.read_exact_at(0, whole as usize).await?;
+            img.resize(whole as usize, 0);
+            f.read_exact_into(0, &mut img).await?;
             f.close().await?;
             scanner.feed(id, &img);
         }
+        drop(img);
         let rec = scanner.finish();
         let mut segments: BTreeSet<u64> = ids.iter().copied().collect();
         for &s in &rec.remove_segments {
