@@ -542,4 +542,101 @@ mod tests {
         });
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// Child half of `kill_9_loses_no_acknowledged_change`: does nothing unless the parent set
+    /// NARAD_RAFT_CRASH_DIR; then creates topics until killed, printing `ACK <name>` after each
+    /// answer.
+    #[test]
+    fn crash_child_proposes_until_killed() {
+        let Some(dir) = std::env::var_os("NARAD_RAFT_CRASH_DIR") else {
+            return;
+        };
+        run(async move {
+            let node = MetaNode::start(MetaConfig::new(PathBuf::from(dir), "n1".into()))
+                .await
+                .expect("start");
+            for i in 0..10_000u64 {
+                let name = format!("crash-{i}");
+                node.propose(MetaCommand::CreateTopic(topic(&name, 50_000 + i)))
+                    .await
+                    .expect("create");
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "ACK {name}");
+                let _ = out.flush();
+            }
+        });
+    }
+
+    #[test]
+    fn kill_9_loses_no_acknowledged_change() {
+        // Proves durability of acknowledged metadata: a child process creates topics and reports
+        // each answered create; it is killed with SIGKILL mid-stream, and a restart from its
+        // directory holds every acknowledged topic (and at most the one in flight beyond them).
+        use std::io::BufRead;
+        let dir = temp_dir("kill9");
+        let exe = std::env::current_exe().expect("test binary");
+        let mut child = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "node::tests::crash_child_proposes_until_killed",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("NARAD_RAFT_CRASH_DIR", &dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        // The child ends itself within 60 s (its `run` bound), so reading cannot hang forever.
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let mut acked = Vec::new();
+        let record = |line: std::io::Result<String>, acked: &mut Vec<String>| {
+            // libtest prints the test's name without a newline first, so the first ACK may
+            // share a line with it.
+            if let Ok(l) = line {
+                if let Some(i) = l.find("ACK ") {
+                    acked.push(l[i + 4..].to_string());
+                }
+            }
+        };
+        while acked.len() < 60 {
+            match lines.next() {
+                Some(line) => record(line, &mut acked),
+                None => break,
+            }
+        }
+        child.kill().expect("SIGKILL the child");
+        let _ = child.wait();
+        // Acks the child printed before it died count as acknowledged too.
+        for line in lines {
+            record(line, &mut acked);
+        }
+        assert!(
+            acked.len() >= 60,
+            "child acknowledged only {} creates",
+            acked.len()
+        );
+        run(async {
+            let node = MetaNode::start(MetaConfig::new(dir.clone(), "n1".into()))
+                .await
+                .expect("restart");
+            let st = node.state();
+            for name in &acked {
+                assert!(st.topic(name).is_some(), "acknowledged topic {name} lost");
+            }
+            // Beyond the acknowledged ones, at most the create in flight at the kill survives.
+            assert!(
+                st.topics.len() <= acked.len() + 1,
+                "{} topics for {} acks: {:?} / {:?}",
+                st.topics.len(),
+                acked.len(),
+                st.topics.keys().collect::<Vec<_>>(),
+                acked
+            );
+            node.shutdown().await;
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
