@@ -54,6 +54,14 @@ fn parse_stat_ppid(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Resident set size of process `pid` in bytes (VmRSS of /proc/<pid>/status).
+pub fn process_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf has no memory effects.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
@@ -89,5 +97,6 @@ mod tests {
         assert_eq!(parse_stat_ppid(line), Some(1));
         assert!(process_cpu_s(std::process::id()).is_some());
         assert!(self_cpu_s() >= 0.0);
+        assert!(process_rss_bytes(std::process::id()).is_some_and(|b| b > 0));
     }
 }

@@ -134,6 +134,9 @@ pub struct BenchArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub json_out: Option<std::path::PathBuf>,
     /// `Authorization` header value sent with every request (not a flag; set by the caller).
     #[arg(skip)]
     pub authorization: Option<String>,
@@ -344,6 +347,10 @@ pub fn run_cli(args: BenchArgs) -> Result<Report, String> {
     } else {
         print!("{}", report.table());
     }
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, report.to_json() + "\n")
+            .map_err(|e| format!("write {}: {e}", path.display()))?;
+    }
     let lost = report.lost();
     if lost > 0 {
         return Err(format!(
@@ -551,6 +558,10 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
         ack_latency: (p.consumers > 0).then(|| Latency::of(&stats.latency[Kind::Ack as usize])),
         server_cpu_s: srv0.zip(srv1).map(|(a, b)| b - a),
         generator_cpu_s: gen1 - gen0,
+        server_rss_mib: p
+            .server_pid
+            .and_then(cpu::process_rss_bytes)
+            .map(|b| b as f64 / f64::from(1 << 20)),
         ..RunReport::default()
     };
     for k in 0..KINDS {

@@ -192,6 +192,8 @@ pub struct RunReport {
     /// CPU seconds inside the window: the server's (with --server-pid) and the generator's.
     pub server_cpu_s: Option<f64>,
     pub generator_cpu_s: f64,
+    /// Server resident memory at the end of the run, MiB (with --server-pid).
+    pub server_rss_mib: Option<f64>,
     /// Headline rate divided by the ceiling's requests per second (same run).
     pub ratio_to_ceiling: Option<f64>,
     pub check: Option<Check>,
@@ -241,9 +243,9 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}",
+            "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
             "workload", "conns", "batch", "offered/s", "msg/s", "MB/s", "req/s", "p50", "p99",
-            "p99.9", "max", "errors", "srv cpu", "gen cpu", "ratio"
+            "p99.9", "max", "errors", "srv cpu", "srv rss", "gen cpu", "ratio"
         );
         for r in self.ceiling.iter().chain(self.runs.iter()) {
             let conns = if r.consumers > 0 {
@@ -253,7 +255,7 @@ impl Report {
             };
             let _ = writeln!(
                 s,
-                "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>6}",
+                "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
                 r.workload,
                 conns,
                 r.batch,
@@ -267,6 +269,7 @@ impl Report {
                 dur(r.latency.max_us),
                 r.error_count,
                 r.server_cpu_s.map_or("-".into(), |c| format!("{c:.1}s")),
+                r.server_rss_mib.map_or("-".into(), |m| format!("{m:.0}MiB")),
                 format!("{:.1}s", r.generator_cpu_s),
                 r.ratio_to_ceiling.map_or("-".into(), |x| format!("{x:.2}")),
             );
@@ -300,7 +303,10 @@ impl Report {
                 let list: Vec<String> = r.errors.iter().map(|(k, v)| format!("{k} x{v}")).collect();
                 let _ = writeln!(s, "{} errors: {}", r.workload, list.join(", "));
             }
-            if let (Some(c), Some(a)) = (&r.consume_latency, &r.ack_latency) {
+            if let (Some(c), Some(a)) = (
+                r.consume_latency.as_ref().filter(|c| c.count > 0),
+                &r.ack_latency,
+            ) {
                 let _ = writeln!(
                     s,
                     "{} consume p50 {} p99 {} (long-poll included); ack p50 {} p99 {}",

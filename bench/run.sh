@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Benchmarks Narad against the HTTP ceiling of this machine, in one run (issue 4).
+#
+#  1. builds release binaries (narad, loadgen);
+#  2. installs nginx from the distribution's packages if it is missing, and starts it on a
+#     loopback port answering 202 to every request without doing anything (the ceiling);
+#  3. starts the broker (`narad server start --dev`) on a fresh temporary data directory;
+#  4. runs W1 against nginx (the ceiling), then W1, W2, W3 and W4 against the broker with the
+#     same generator, and prints every figure with its ratio to the ceiling;
+#  5. stops what it started and removes the temporary directories.
+#
+# Usage: bench/run.sh [loadgen flags...]     e.g. bench/run.sh --duration 5
+# Environment: DURATION (seconds per workload, default 10), BROKER_PORT (17942), NGINX_PORT
+# (18080), NARAD_SHARDS (broker shards, default one per CPU), OUT (JSON report path,
+# default bench-report.json in the current directory), WRK=0 to skip the wrk cross-check.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+DURATION=${DURATION:-10}
+OUT=${OUT:-$PWD/bench-report.json}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() {
+  local p=$1
+  while port_busy "$p"; do p=$((p + 1)); done
+  echo "$p"
+}
+wait_port() { # port seconds
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    port_busy "$1" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+echo "== building release binaries"
+cargo build --release --bin narad
+cargo build --release -p narad-bench --bin loadgen
+
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  echo "== installing nginx from the distribution's packages"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+WORK=$(mktemp -d -t narad-bench.XXXXXX)
+DATA=$(mktemp -d -t narad-data.XXXXXX)
+BROKER_PID=""
+cleanup() {
+  if [ -f "$WORK/nginx.pid" ]; then
+    "$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -s stop 2>/dev/null || true
+  fi
+  if [ -n "$BROKER_PID" ]; then
+    kill "$BROKER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$BROKER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$BROKER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK" "$DATA"
+}
+trap cleanup EXIT INT TERM
+
+NGINX_PORT=$(free_port "${NGINX_PORT:-18080}")
+mkdir -p "$WORK/logs"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes auto;
+pid $WORK/nginx.pid;
+error_log $WORK/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000000;
+  keepalive_timeout 300s;
+  client_body_buffer_size 64k;
+  client_max_body_size 16m;
+  client_body_temp_path $WORK/body;
+  proxy_temp_path $WORK/proxy;
+  fastcgi_temp_path $WORK/fastcgi;
+  uwsgi_temp_path $WORK/uwsgi;
+  scgi_temp_path $WORK/scgi;
+  server {
+    listen 127.0.0.1:$NGINX_PORT reuseport backlog=4096;
+    location / { return 202; }
+  }
+}
+EOF
+echo "== nginx (ceiling) on 127.0.0.1:$NGINX_PORT"
+"$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -e "$WORK/logs/error.log"
+wait_port "$NGINX_PORT" 10 || { echo "nginx did not start" >&2; cat "$WORK/logs/error.log" >&2; exit 1; }
+NGINX_PID=$(cat "$WORK/nginx.pid")
+
+BROKER_PORT=$(free_port "${BROKER_PORT:-17942}")
+echo "== narad on 127.0.0.1:$BROKER_PORT, data in $DATA"
+target/release/narad server start --dev --port "$BROKER_PORT" --data-dir "$DATA" \
+  >"$WORK/narad.log" 2>&1 &
+BROKER_PID=$!
+wait_port "$BROKER_PORT" 60 || { echo "narad did not start" >&2; tail -20 "$WORK/narad.log" >&2; exit 1; }
+
+if [ "${WRK:-1}" != 0 ] && command -v wrk >/dev/null 2>&1; then
+  # Cross-check that the generator is not the bottleneck: wrk against the same nginx.
+  printf 'wrk.method="POST"\nwrk.body=string.rep("x",256)\nwrk.headers["Content-Type"]="application/octet-stream"\n' \
+    >"$WORK/post.lua"
+  echo "== wrk -t2 -c64 against nginx (reference for the generator's own ceiling)"
+  wrk -t2 -c64 -d5s -s "$WORK/post.lua" "http://127.0.0.1:$NGINX_PORT/v1/topics/bench/produce" |
+    grep -E 'Requests/sec|Latency' || true
+fi
+
+echo "== generator: ceiling, then W1..W4 against the broker ($DURATION s each)"
+target/release/loadgen bench --url "http://127.0.0.1:$BROKER_PORT" --workload all \
+  --ceiling-url "http://127.0.0.1:$NGINX_PORT" --ceiling-pid "$NGINX_PID" \
+  --server-pid "$BROKER_PID" --duration "$DURATION" --json-out "$OUT" "$@"
+echo "== JSON report: $OUT"
