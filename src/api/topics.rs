@@ -519,17 +519,20 @@ mod tests {
     #[test]
     fn create_field_validation_messages() {
         // Proves the exact 400 texts the Go SDK's tests quote.
+        let msg = |r: Response| -> String {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            v["error"].as_str().unwrap().to_string()
+        };
         let r = partitions_for_create(Some(2), 3, 108).unwrap_err();
-        assert!(
-            String::from_utf8_lossy(&r.body).contains("partitions must be >= 3 (0 = use default)")
-        );
+        assert_eq!(msg(r), "invalid argument: partitions must be >= 3 (0 = use default)");
         let r = partitions_for_create(Some(109), 3, 108).unwrap_err();
-        assert!(String::from_utf8_lossy(&r.body)
-            .contains("partitions (109) exceeds topic.max_partitions (108)"));
+        assert_eq!(msg(r), "invalid argument: partitions (109) exceeds topic.max_partitions (108)");
         assert_eq!(partitions_for_create(Some(0), 3, 108).unwrap(), 3);
         let r = retention(Some(1000)).unwrap_err();
-        assert!(String::from_utf8_lossy(&r.body)
-            .contains("retention_ms (1000) is below the minimum of 3600000 (1 hour)"));
+        assert_eq!(
+            msg(r),
+            "invalid argument: retention_ms (1000) is below the minimum of 3600000 (1 hour)"
+        );
         assert_eq!(retention(Some(0)).unwrap(), Some(0));
         assert_eq!(retention(None).unwrap(), None);
     }
