@@ -413,10 +413,28 @@ async fn run<S: Service>(
         };
         let deadline = started.unwrap_or_else(Instant::now) + limits.read_timeout;
 
-        // ---- body limit, decided before any body byte is read -------------------------------
-        let limit = match service.body_limit(&head) {
-            Ok(l) => l.min(limits.body_bytes_max),
+        // ---- body limit and reservation, decided before any body byte is read ----------------
+        let decision = service
+            .body_limit(&head)
+            .map(|l| l.min(limits.body_bytes_max));
+        let decision = match decision {
+            Ok(limit) => match head.framing {
+                BodyFraming::Length(n) if n > limit as u64 => {
+                    let resp = service.body_too_large(&head);
+                    service.on_refused(resp.status);
+                    c.requests += 1;
+                    c.close_with(Some(&resp)).await;
+                    return CloseReason::Refused(resp.status);
+                }
+                _ => service.reserve_body(&head, limit).map(|r| (limit, r)),
+            },
+            Err(resp) => Err(resp),
+        };
+        let (limit, reservation) = match decision {
+            Ok(d) => d,
             Err(resp) => {
+                // Answered early: a small declared body is read and dropped to keep the
+                // connection; otherwise (large, chunked, or a client waiting for 100) close.
                 let drainable = match head.framing {
                     BodyFraming::None => Some(0),
                     BodyFraming::Length(n) if !head.expect_continue => usize::try_from(n)
@@ -445,15 +463,6 @@ async fn run<S: Service>(
                 };
             }
         };
-        if let BodyFraming::Length(n) = head.framing {
-            if n > limit as u64 {
-                let resp = service.body_too_large(&head);
-                service.on_refused(resp.status);
-                c.requests += 1;
-                c.close_with(Some(&resp)).await;
-                return CloseReason::Refused(resp.status);
-            }
-        }
 
         // ---- 100-continue and body ------------------------------------------------------------
         if head.expect_continue && c.rb.is_empty() {
@@ -493,6 +502,7 @@ async fn run<S: Service>(
         let http_minor = head.http_minor;
         let mut req = Request::new(head, body);
         req.client = Some(probe.clone());
+        req.reservation = reservation;
         let fut = AssertUnwindSafe(service.call(req)).catch_unwind();
         let mut fut = std::pin::pin!(fut);
         let mut write_failed = false;
@@ -646,15 +656,42 @@ mod tests {
 
     /// Test service: echoes method, path, query and body; `/deny` answers 401 before the body,
     /// `/panic` panics, `/slow` waits 30 ms, `/close` asks to close; bodies up to 1024 bytes.
-    #[derive(Default)]
     struct Echo {
         /// Statuses reported through `on_refused`, in order.
         refused: std::cell::RefCell<Vec<u16>>,
         /// Set by `/wait` when it saw the client go away.
         saw_disconnect: Cell<bool>,
+        /// Body bytes in flight for paths under `/budget` (1000).
+        budget: Semaphore,
+    }
+
+    impl Default for Echo {
+        fn default() -> Echo {
+            Echo {
+                refused: Default::default(),
+                saw_disconnect: Cell::new(false),
+                budget: Semaphore::new(1000),
+            }
+        }
     }
 
     impl Service for Echo {
+        fn reserve_body(
+            &self,
+            head: &RequestHead,
+            _limit: usize,
+        ) -> Result<Option<crate::http::Reservation>, Response> {
+            if !head.path.starts_with("/budget") {
+                return Ok(None);
+            }
+            let n = head.content_length().unwrap_or(0) as usize;
+            match self.budget.try_acquire_n(n) {
+                Some(p) => Ok(Some(Box::new(p))),
+                None => Err(Response::json(503, &b"{\"error\":\"busy\"}\n"[..])
+                    .with_header("Retry-After", "1")),
+            }
+        }
+
         fn on_refused(&self, status: u16) {
             self.refused.borrow_mut().push(status);
         }
@@ -677,6 +714,9 @@ mod tests {
                 }
                 "/close" => return Response::text(200, "bye").with_header("Connection", "close"),
                 "/nocontent" => return Response::empty(204),
+                "/budget/slow" => {
+                    rt::sleep(Duration::from_millis(150)).await;
+                }
                 "/wait" => {
                     for _ in 0..400 {
                         if req.client_disconnected() {
@@ -982,6 +1022,32 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
         });
         assert!(echo.saw_disconnect.get());
+    }
+
+    #[test]
+    fn body_reservation_refuses_when_the_budget_is_spent() {
+        // Proves reserve_body runs before the body is read and its reservation lives as long as
+        // the request: while one 600-byte body holds the 1000-byte budget another is refused
+        // with the service's 503 (connection kept, small body drained), and once the first
+        // request is done the budget is free again.
+        with_server(test_limits(), |addr| {
+            let body = vec![b'x'; 600];
+            let mut a = connect(addr);
+            a.get_mut()
+                .write_all(b"POST /budget/slow HTTP/1.1\r\nContent-Length: 600\r\n\r\n")
+                .expect("write");
+            a.get_mut().write_all(&body).expect("body");
+            std::thread::sleep(Duration::from_millis(50));
+            let mut b = connect(addr);
+            let mut req = b"POST /budget HTTP/1.1\r\nContent-Length: 600\r\n\r\n".to_vec();
+            req.extend_from_slice(&body);
+            b.get_mut().write_all(&req).expect("write");
+            let (s, h, _) = read_response(&mut b, false);
+            assert_eq!((s, hdr(&h, "retry-after")), (503, Some("1")));
+            assert_eq!(read_response(&mut a, false).0, 200);
+            b.get_mut().write_all(&req).expect("write again");
+            assert_eq!(read_response(&mut b, false).0, 200);
+        });
     }
 
     #[test]

@@ -166,6 +166,10 @@ impl RequestHead {
     }
 }
 
+/// Whatever [`Service::reserve_body`] holds for a request (typically a
+/// [`narad_io::rt::SemaphorePermit`] on body bytes in flight); released on drop.
+pub type Reservation = Box<dyn std::any::Any>;
+
 /// A whole request, body read.
 pub struct Request {
     pub method: Method,
@@ -175,6 +179,8 @@ pub struct Request {
     pub body: Vec<u8>,
     pub peer: SocketAddr,
     pub head: bool,
+    /// What [`Service::reserve_body`] reserved for this request, if anything.
+    pub reservation: Option<Reservation>,
     client: Option<narad_io::rt::PeerProbe>,
 }
 
@@ -202,6 +208,7 @@ impl Request {
             body,
             peer: head.peer,
             head: head.head,
+            reservation: None,
             client: None,
         }
     }
@@ -301,6 +308,19 @@ pub trait Service: 'static {
     /// route): an early answer is sent without reading the body. The server also applies its own
     /// hard cap ([`Limits::body_bytes_max`]).
     fn body_limit(&self, head: &RequestHead) -> Result<usize, Response>;
+
+    /// Called once the declared size fits `limit` and before any body byte is read (and before
+    /// `100 Continue`): may reserve a shared budget for the body about to be read (bytes in
+    /// flight, API.md §4) or refuse with an early answer (`503` + `Retry-After`). The reservation
+    /// is moved into [`Request::reservation`] and released when the request is dropped, or
+    /// earlier if the handler takes it. The default reserves nothing.
+    fn reserve_body(
+        &self,
+        _head: &RequestHead,
+        _limit: usize,
+    ) -> Result<Option<Reservation>, Response> {
+        Ok(None)
+    }
 
     /// The answer when the body exceeds the limit returned by [`Service::body_limit`]. The
     /// default is API.md's `413 {"error":"request body too large"}`.
