@@ -35,8 +35,10 @@ use crate::types::ShardId;
 /// Handlers running at once on one shard for calls from one peer; beyond it the call channel
 /// fills and the caller's `send` waits (backpressure).
 pub const MESH_CALLS_IN_FLIGHT_PER_PEER_MAX: usize = 1024;
-/// Default capacity of each mesh channel (messages).
-pub const MESH_CHANNEL_CAPACITY_DEFAULT: usize = 1024;
+/// Default capacity of each mesh channel (messages). Channel buffers are allocated up front:
+/// a mesh holds 2·n·(n−1)·capacity message slots for n shards, so keep messages small (box
+/// large payloads) and the capacity modest on machines with many cores.
+pub const MESH_CHANNEL_CAPACITY_DEFAULT: usize = 256;
 
 struct Call<Req> {
     id: u64,
