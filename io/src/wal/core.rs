@@ -91,6 +91,8 @@ pub struct Core {
 
 impl Core {
     /// `write_at` is the end of the recovered log; `next_seq` the sequence number of the next batch.
+    /// A `write_at` past `segment_bytes` (segments made under a larger setting) simply rolls over
+    /// at the first batch.
     pub fn new(cfg: CoreConfig, next_seq: u64, write_at: WalPosition) -> Core {
         assert!(
             cfg.segment_bytes.is_multiple_of(codec::BATCH_ALIGN as u64),
@@ -101,7 +103,6 @@ impl Core {
             "batch_bytes_max does not fit a segment"
         );
         assert!(cfg.batch_records_max > 0 && cfg.queue_bytes_max > 0);
-        assert!(write_at.byte <= cfg.segment_bytes);
         assert!(next_seq > 0);
         Core {
             cfg,
@@ -423,6 +424,30 @@ mod tests {
                     byte: 60 << 10
                 }
             )
+        );
+    }
+
+    #[test]
+    fn a_position_past_a_smaller_segment_size_rolls_over() {
+        // Proves a log recovered with a write position beyond the configured segment size (the
+        // setting was lowered) does not panic and puts the next batch at byte 0 of a new segment.
+        let mut c = Core::new(
+            cfg(),
+            9,
+            WalPosition {
+                segment: 2,
+                byte: 1 << 20,
+            },
+        );
+        c.submit(frames(1, 1), 1).expect("submit");
+        let (p, _) = c.start_batch(|n| vec![0u8; n]).expect("batch");
+        assert!(
+            p.new_segment
+                && p.at
+                    == WalPosition {
+                        segment: 3,
+                        byte: 0
+                    }
         );
     }
 
