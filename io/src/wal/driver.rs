@@ -6,6 +6,13 @@
 //! Owns: the segment files of one WAL directory and the committer task. Never retries a failed
 //! write or fsync (the core poisons the log), never holds a `RefCell` borrow across an await.
 //! The crash-safety argument is in the `wal` module doc.
+//!
+//! Cost, measured with `storage_bench` on this machine: with 64 closed-loop appenders a batch
+//! holds all 64 (the committer yields once before forming the next batch) and the log reaches
+//! 75–95 % of a bare O_DIRECT write + fdatasync loop of the same batch size; the read-back is the
+//! difference (without it, about 105 %), so it weighs most on large batches (≈ 50 % at 512
+//! appenders, 160 KiB batches). Opening does blocking directory listing and probe-file calls
+//! (std::fs), once.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, VecDeque};
