@@ -865,7 +865,8 @@ mod tests {
     fn expect_continue_chunked_and_early_answers() {
         // Proves 100 Continue is sent before the body is read when the limit accepts it, not
         // sent when the body is too large (413 at once) or the service answers early (401), and
-        // a chunked body with extensions and trailers reaches the handler decoded.
+        // a chunked body with extensions and trailers reaches the handler decoded; an early answer
+        // keeps the connection only when the unread body is small enough to drain.
         with_server(test_limits(), |addr| {
             let mut c = connect(addr);
             c.get_mut()
@@ -915,6 +916,15 @@ mod tests {
                 )
                 .expect("write");
             assert_eq!(read_response(&mut c, false).0, 401);
+            assert!(closed(&mut c));
+            // Early answer with a body above drain_body_bytes_max: answer, then close (the
+            // body is not read for nothing).
+            let mut c = connect(addr);
+            let mut req = b"POST /deny HTTP/1.1\r\nContent-Length: 70000\r\n\r\n".to_vec();
+            req.extend(std::iter::repeat_n(b'y', 70_000));
+            c.get_mut().write_all(&req).expect("write");
+            let (s, h, _) = read_response(&mut c, false);
+            assert_eq!((s, hdr(&h, "connection")), (401, Some("close")));
             assert!(closed(&mut c));
             // Chunked body over the limit while decoding: 413.
             let mut c = connect(addr);
