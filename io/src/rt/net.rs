@@ -238,6 +238,9 @@ impl TcpStream {
 
     /// Bounds every single read that has to wait: it fails with `ErrorKind::TimedOut` after
     /// `dur`. `None` waits forever. A zero duration is raised to one microsecond.
+    /// glommio arms the timer when a read first waits and disarms it when a read completes: a
+    /// read future dropped while waiting leaves the old deadline armed for the next read, so
+    /// after cancelling a read, close the stream rather than rely on a new timeout.
     pub fn set_read_timeout(&self, dur: Option<Duration>) -> io::Result<()> {
         self.0
             .set_read_timeout(dur.map(|d| d.max(Duration::from_micros(1))))
