@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{self, WalPosition, WalRecord};
 use crate::partition::{
-    self, frame, EncodedBatch, PartitionLog, PartitionStats, ScanReport, SyncWork,
+    self, frame, EncodedBatch, PartitionLog, PartitionStats, ScanReport, SyncError, SyncWork,
 };
 use crate::rt::{oneshot, Notify};
 use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
@@ -813,17 +813,32 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
     };
     if !works.is_empty() {
         let synced = glommio::executor()
-            .spawn_blocking(move || -> std::io::Result<()> {
+            .spawn_blocking(move || -> Result<(), SyncError> {
                 for w in works {
                     w.run()?;
                 }
                 Ok(())
             })
             .await;
-        if let Err(e) = synced {
-            let why = format!("checkpoint fsync of partition files failed: {e}");
-            poison(inner, why.clone());
-            return Err(LogError::Poisoned(why));
+        match synced {
+            Ok(()) => {}
+            // Nothing replaced, WAL not released: retry at the next checkpoint.
+            Err(SyncError::Write(e)) => {
+                for p in inner.state.borrow_mut().partitions.values_mut() {
+                    p.sync_failed();
+                }
+                tracing::warn!(shard = inner.cfg.shard.0, error = %e, "checkpoint could not write index/state files; will retry");
+                return Err(if is_disk_full(&e) {
+                    LogError::DiskFull
+                } else {
+                    LogError::Io(e)
+                });
+            }
+            Err(e @ SyncError::Fsync(_)) => {
+                let why = format!("checkpoint of partition files failed: {e}");
+                poison(inner, why.clone());
+                return Err(LogError::Poisoned(why));
+            }
         }
     }
     let Some(upto) = upto else { return Ok(()) };

@@ -305,9 +305,30 @@ pub struct SyncWork {
     seal: Vec<(PathBuf, Vec<u8>)>,
 }
 
-/// Writes `<segment>.idx` after fdatasyncing the segment, atomically (temp, fsync, rename).
+/// Why a checkpoint's sync work failed.
+#[derive(Debug)]
+pub enum SyncError {
+    /// An fdatasync of segment data or an fsync of a directory failed: what the page cache holds
+    /// is unknown now, so the caller must stop writing (never retry).
+    Fsync(std::io::Error),
+    /// Writing an index or consumer state file failed (disk full, for one): nothing was
+    /// replaced, the old files stay valid, and a later checkpoint can retry after
+    /// [`PartitionLog::sync_failed`].
+    Write(std::io::Error),
+}
+
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SyncError::Fsync(e) => write!(f, "fsync failed: {e}"),
+            SyncError::Write(e) => write!(f, "writing an index or state file failed: {e}"),
+        }
+    }
+}
+
+/// Writes `<segment>.idx` (the caller fdatasync'ed the segment), atomically (temp, fsync,
+/// rename).
 fn write_index_file(seg: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    File::open(seg)?.sync_data()?;
     let tmp = seg.with_extension("idx.tmp");
     std::fs::write(&tmp, bytes)?;
     File::open(&tmp)?.sync_data()?;
@@ -317,34 +338,41 @@ fn write_index_file(seg: &Path, bytes: &[u8]) -> std::io::Result<()> {
 impl SyncWork {
     /// fdatasyncs the segment files, fsyncs the directories whose entries changed, and replaces
     /// the consumer state file atomically.
-    pub fn run(self) -> std::io::Result<()> {
+    pub fn run(self) -> Result<(), SyncError> {
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
         for f in &self.files {
-            f.sync_data()?;
+            f.sync_data().map_err(SyncError::Fsync)?;
+        }
+        for (seg, _) in &self.seal {
+            match File::open(seg).and_then(|f| f.sync_data()) {
+                // Deleted since (retention, delete_topic).
+                Err(e) if gone(&e) => {}
+                r => r.map_err(SyncError::Fsync)?,
+            }
         }
         for d in &self.dirs {
             match state::sync_dir(d) {
                 // The partition was deleted since (delete_topic): nothing left to make durable.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                r => r?,
+                Err(e) if gone(&e) => {}
+                r => r.map_err(SyncError::Fsync)?,
             }
         }
         for (seg, bytes) in &self.seal {
             match write_index_file(seg, bytes) {
-                // Deleted since (retention, delete_topic).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                r => r?,
+                Err(e) if gone(&e) => {}
+                r => r.map_err(SyncError::Write)?,
             }
         }
         for d in self.seal.iter().filter_map(|(p, _)| p.parent()) {
             match state::sync_dir(d) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                r => r?,
+                Err(e) if gone(&e) => {}
+                r => r.map_err(SyncError::Fsync)?,
             }
         }
         if let Some((dir, s)) = &self.state {
             match state::write_state_file(dir, s) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                r => r?,
+                Err(e) if gone(&e) => {}
+                r => r.map_err(SyncError::Write)?,
             }
         }
         Ok(())
@@ -960,6 +988,16 @@ impl PartitionLog {
 
     pub fn settled(&self) -> Settled {
         self.settled.to_settled()
+    }
+
+    /// After sync work failed with [`SyncError::Write`]: marks the state file and the missing
+    /// index files to be written again by the next checkpoint (the data files were synced).
+    pub fn sync_failed(&mut self) {
+        self.settled_dirty = true;
+        let sealed = self.segments.len().saturating_sub(1);
+        for s in self.segments.iter_mut().take(sealed) {
+            s.indexed = s.index_path().exists();
+        }
     }
 
     /// Takes what the next checkpoint must make durable and resets the dirty marks.

@@ -234,7 +234,11 @@ fn settled_state_is_written_by_sync_work() {
     let mut p = PartitionLog::create(&t.0, KEY, 4096).unwrap();
     fill(&mut p, 10, 10);
     p.settle(&[Offset(0), Offset(1), Offset(5)]);
-    p.take_sync_work().unwrap().run().unwrap();
+    p.take_sync_work()
+        .unwrap()
+        .run()
+        .map_err(|e| e.to_string())
+        .unwrap();
     assert!(p.take_sync_work().unwrap().is_empty());
     drop(p);
     let (p, _) = PartitionLog::open(&partition_dir(&t.0, KEY), KEY, 4096).unwrap();
@@ -309,7 +313,11 @@ fn sealed_segments_recover_from_index_files() {
     let mut p = PartitionLog::create(&t.0, KEY, 4096).unwrap();
     fill(&mut p, 300, 7);
     let segs = p.stats().segments;
-    p.take_sync_work().unwrap().run().unwrap();
+    p.take_sync_work()
+        .unwrap()
+        .run()
+        .map_err(|e| e.to_string())
+        .unwrap();
     let stats = p.stats();
     drop(p);
     let dir = partition_dir(&t.0, KEY);
