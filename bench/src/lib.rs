@@ -39,6 +39,8 @@ use workload::{
 pub const THREADS_MAX: usize = 64;
 /// Connections per role at most.
 pub const CONNECTIONS_MAX: usize = 4096;
+/// Where the generator sends requests when no URL is given.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7942";
 /// Longest `--duration` and `--drain-timeout` accepted.
 pub const RUN_SECONDS_MAX: u64 = 3600;
 
@@ -63,9 +65,9 @@ pub struct BenchArgs {
     /// Topic to use, created if missing (with `--workload all`: `<topic>-w1`, `-w2`, ...).
     #[arg(default_value = "bench")]
     pub topic: String,
-    /// Broker URL, `http://host:port`.
-    #[arg(long, default_value = "http://127.0.0.1:7942")]
-    pub url: String,
+    /// Broker URL, `http://host:port` (default: the caller's server, else DEFAULT_URL).
+    #[arg(long)]
+    pub url: Option<String>,
     #[arg(long, value_enum, default_value = "w1")]
     pub workload: Workload,
     /// Stop producing after this many messages (in addition to `--duration`).
@@ -152,7 +154,7 @@ impl BenchArgs {
             a: BenchArgs,
         }
         let mut a = P::parse_from(["bench"]).a;
-        a.url = url.to_string();
+        a.url = Some(url.to_string());
         a
     }
 }
@@ -285,7 +287,7 @@ fn target_of(a: &BenchArgs, url: &str) -> Result<Arc<Target>, String> {
 /// Runs the workloads `args` selects and returns the figures without printing.
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     validate(args)?;
-    let target = target_of(args, &args.url)?;
+    let target = target_of(args, args.url.as_deref().unwrap_or(DEFAULT_URL))?;
     let mut report = Report::default();
     let mut ceiling_rps = args.ceiling_rps;
     if let Some(url) = &args.ceiling_url {

@@ -20,7 +20,9 @@ struct Cli {
 fn main() {
     let cli = Cli::parse();
     if cli.smoke {
-        let target = match narad_bench::http::Target::parse(&cli.args.url) {
+        let target = match narad_bench::http::Target::parse(
+            cli.args.url.as_deref().unwrap_or(narad_bench::DEFAULT_URL),
+        ) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("loadgen: {e}");
