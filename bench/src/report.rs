@@ -218,7 +218,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// Messages lost over every run with a check.
+    /// Messages lost, acked twice or unexpected, over every run with a check (must be 0).
     pub fn lost(&self) -> u64 {
         self.runs
             .iter()
