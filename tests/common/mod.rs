@@ -30,6 +30,11 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // Keep the data of a failed test for a post-mortem.
+        if std::thread::panicking() {
+            eprintln!("test data kept in {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
