@@ -1,0 +1,170 @@
+//! Bad input (issue 3): malformed HTTP and malformed API input get a precise 4xx, never a panic or
+//! a hang, the server keeps serving afterwards, and nothing accepted before is lost.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{Client, Server, TempDir};
+
+/// Sends raw bytes on a fresh connection and returns everything the server answers before it
+/// closes the connection (or the read times out).
+fn raw_exchange(s: &Server, bytes: &[u8]) -> String {
+    let mut t = TcpStream::connect(s.addr()).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = t.write_all(bytes);
+    let _ = t.shutdown(std::net::Shutdown::Write);
+    let mut out = Vec::new();
+    let _ = t.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(answer: &str) -> u16 {
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn malformed_http_and_api_input_get_4xx_and_lose_nothing() {
+    let dir = TempDir::new("badinput");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("bad", 3);
+    for i in 0..20 {
+        let r = c.post_client(
+            &format!("/v1/topics/bad/produce?partition={}", i % 3),
+            format!("msg-{i}").as_bytes(),
+        );
+        assert_eq!(r.status, 202);
+    }
+
+    // Malformed HTTP: each gets 400/431 and a clean close.
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("garbage request line", b"\x00\x01\x02 nonsense\r\n\r\n".to_vec(), 400),
+        ("bad version", b"GET /healthz HTTP/9.9\r\n\r\n".to_vec(), 400),
+        ("header without colon", b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n".to_vec(), 400),
+        (
+            "bad chunk size",
+            b"POST /v1/topics/bad/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n".to_vec(),
+            400,
+        ),
+        (
+            "two content lengths",
+            b"POST /v1/topics/bad/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc".to_vec(),
+            400,
+        ),
+        ("huge header", {
+            let mut v = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+            v.extend(std::iter::repeat_n(b'a', 70_000));
+            v.extend_from_slice(b"\r\n\r\n");
+            v
+        }, 431),
+    ];
+    for (name, bytes, want) in cases {
+        let answer = raw_exchange(&s, &bytes);
+        assert_eq!(status_of(&answer), want, "{name}: {answer:?}");
+    }
+    // A truncated body: the client goes away mid-body; nothing is stored.
+    let answer = raw_exchange(
+        &s,
+        b"POST /v1/topics/bad/produce?partition=0 HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 100\r\n\r\nonly-a-part",
+    );
+    assert_eq!(
+        answer, "",
+        "a truncated request must not be answered as if complete"
+    );
+
+    // Malformed API input over a healthy connection.
+    let r = c.post_client("/v1/topics/bad/produce?key=%zz", b"x");
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "invalid key: invalid URL escape \"%zz\"")
+    );
+    let r = c.post_json(
+        "/v1/topics/bad/produce/batch",
+        r#"{"messages":[{"payload":1,"key":"\xff"}]"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = c.post_json(
+        "/v1/topics/bad/produce/batch",
+        r#"{"messages":[{"payload":1,"key_encoding":"base64","key":"!!"}]}"#,
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.error().starts_with("message 0: "), "{}", r.error());
+    let r = c.post_json(
+        "/v1/topics/bad/produce/batch",
+        r#"{"messages":[{"payload":1,"partition":"1"}]}"#,
+    );
+    assert_eq!(r.status, 400);
+    let r = c.post_json(
+        "/v1/topics/bad/produce/batch",
+        r#"{"messages":[{"payload":1,"extra":true}]}"#,
+    );
+    assert_eq!(r.status, 400);
+    let r = c.post_json(
+        "/v1/topics/bad/produce/batch",
+        r#"{"messages":[{"payload":1}]} trailing"#,
+    );
+    assert_eq!(r.status, 400);
+    let r = c.post_json("/v1/topics", r#"{"name":7}"#);
+    assert_eq!(r.status, 400);
+    assert!(r.error().starts_with("invalid json: "), "{}", r.error());
+    let r = c.post_json("/v1/topics", r#"{"name":"x","partitions":"3"}"#);
+    assert_eq!(r.status, 400);
+    for h in [
+        "",
+        "1:2",
+        "1:2:3:4",
+        "a:b:c",
+        "-1:0:5",
+        "0:0:0",
+        "0:99999999999999999999:1",
+        "0:%201:2",
+        "0:1:%2B2",
+    ] {
+        let r = c.post_client(&format!("/v1/topics/bad/ack?receipt_handle={h}"), b"");
+        if h.is_empty() {
+            assert_eq!(
+                (r.status, r.error().as_str()),
+                (400, "receipt_handle required")
+            );
+        } else {
+            assert_eq!(
+                (r.status, r.error().as_str()),
+                (400, "receipt handle is malformed"),
+                "{h}"
+            );
+        }
+    }
+    let r = c.post_json("/v1/topics/bad/ack", r#"{"receipt_handles":"nope"}"#);
+    assert_eq!(r.status, 400);
+    assert_eq!(c.get("/v1/topics/bad/consume?max=abc").status, 400);
+    assert_eq!(c.get("/v1/topics/bad/consume?partition=zz").status, 400);
+
+    // Still serving, and everything accepted before is there.
+    let mut c2 = Client::connect(s.addr()).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let r = c2.request(
+            "GET",
+            "/v1/topics/bad/consume?max=100",
+            &[("X-Narad-Client", "t")],
+            b"",
+        );
+        if r.status == 204 {
+            break;
+        }
+        for m in r.json()["messages"].as_array().unwrap() {
+            got.push(m["payload"].as_str().unwrap().to_string());
+        }
+    }
+    got.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("msg-{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+}
