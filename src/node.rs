@@ -103,6 +103,9 @@ fn store_error(e: LogError) -> StoreError {
 
 pub type NodeMesh = Mesh<ShardReq, ShardResp>;
 
+/// One lease: partition, offset and the nonce of its receipt handle.
+pub type Lease = (PartitionId, Offset, Nonce);
+
 pub struct Node {
     pub shard: ShardId,
     pub shards: u32,
@@ -402,8 +405,7 @@ impl Node {
         items: &[(PartitionId, Offset, Nonce)],
     ) -> Vec<Result<(), SettleFailure>> {
         let mut results: Vec<Option<Result<(), SettleFailure>>> = vec![None; items.len()];
-        let mut by_shard: HashMap<ShardId, (Vec<usize>, Vec<(PartitionId, Offset, Nonce)>)> =
-            HashMap::new();
+        let mut by_shard: HashMap<ShardId, (Vec<usize>, Vec<Lease>)> = HashMap::new();
         for (i, it) in items.iter().enumerate() {
             let e = by_shard
                 .entry(self.owner(PartitionKey {

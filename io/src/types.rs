@@ -73,7 +73,10 @@ mod tests {
         // many partitions.
         let mut seen = [0u32; 4];
         for p in 0..64 {
-            let k = PartitionKey { topic: TopicId(0x681a_429c_0b68_3b2d), partition: PartitionId(p) };
+            let k = PartitionKey {
+                topic: TopicId(0x681a_429c_0b68_3b2d),
+                partition: PartitionId(p),
+            };
             let s = owner_shard(k, 4);
             assert_eq!(s, owner_shard(k, 4));
             seen[s.0 as usize] += 1;

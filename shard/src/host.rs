@@ -32,6 +32,9 @@ pub fn now_ms() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
+/// Called with a topic whose long-polls should re-check (see [`Host::set_wake_hook`]).
+pub type WakeHook = Box<dyn Fn(TopicId)>;
+
 /// The per-topic settings a partition's queue needs; copied from the metadata on each request so
 /// PATCHed caps apply at once.
 #[derive(Clone, Copy, Debug)]
@@ -73,7 +76,7 @@ pub struct Host {
     wakers: RefCell<HashMap<TopicId, Rc<Notify>>>,
     /// Called on every wake-up after local waiters were notified (the node forwards it to other
     /// shards with parked long-polls on the topic).
-    wake_hook: RefCell<Option<Box<dyn Fn(TopicId)>>>,
+    wake_hook: RefCell<Option<WakeHook>>,
     seed: std::cell::Cell<u64>,
 }
 
@@ -119,7 +122,7 @@ impl Host {
             .clone()
     }
 
-    pub fn set_wake_hook(&self, f: Box<dyn Fn(TopicId)>) {
+    pub fn set_wake_hook(&self, f: WakeHook) {
         *self.wake_hook.borrow_mut() = Some(f);
     }
 
@@ -151,7 +154,7 @@ impl Host {
 
     fn with_queue<R>(&self, key: PartitionKey, f: impl FnOnce(&mut LeaseTable) -> R) -> R {
         let mut queues = self.queues.borrow_mut();
-        if !queues.contains_key(&key) {
+        let q = queues.entry(key).or_insert_with(|| {
             let (frontier, ahead) = self
                 .recovered
                 .borrow_mut()
@@ -162,9 +165,9 @@ impl Host {
             if oldest > t.frontier() {
                 t.jump_to(oldest);
             }
-            queues.insert(key, t);
-        }
-        f(queues.get_mut(&key).expect("queue just inserted"))
+            t
+        });
+        f(q)
     }
 
     pub async fn append(&self, records: Vec<AppendRecord>) -> Result<Vec<Offset>, LogError> {

@@ -17,6 +17,9 @@ use crate::wire;
 use crate::wire::duration::GoDuration;
 use crate::wire::receipt::{MalformedHandle, ReceiptHandle};
 
+/// One lease named by a receipt handle.
+type Lease = (PartitionId, Offset, Nonce);
+
 /// Most records one batch consume hands out.
 pub const CONSUME_BATCH_MAX: usize = 100;
 /// Encoded messages in one batch consume answer; the first is always included.
@@ -112,10 +115,10 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Some(r) = produce_refusal(&t) {
+    if let Some(r) = produce_refusal(t) {
         return r;
     }
-    let p = pick_partition(node, &t, key.as_deref(), pinned);
+    let p = pick_partition(node, t, key.as_deref(), pinned);
     let rec = AppendRecord {
         key: PartitionKey {
             topic: t.id,
@@ -149,7 +152,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
-    if let Some(r) = produce_refusal(&t) {
+    if let Some(r) = produce_refusal(t) {
         return r;
     }
     // Pass two: partition range; then every record goes to the log in one append per shard.
@@ -235,10 +238,10 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
         },
     };
     if max.is_some()
-        && !req
+        && req
             .headers
             .get("x-narad-client")
-            .is_some_and(|v| !v.is_empty())
+            .is_none_or(<[u8]>::is_empty)
     {
         return error(
             400,
@@ -286,11 +289,11 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
         let Some(p) = partition else {
             return error(400, "partition required for replay-mode consume");
         };
-        replay(node, &t, p, off).await
+        replay(node, t, p, off).await
     } else {
         queue_consume(
             node,
-            &t,
+            t,
             partition,
             max,
             wait,
@@ -435,10 +438,9 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
-    let conf = queue_conf(&t);
+    let conf = queue_conf(t);
     // Parse every handle; malformed ones answer 400, foreign partitions 410, without a lease lookup.
-    let mut parsed: Vec<Result<(PartitionId, Offset, Nonce), (u16, &'static str)>> =
-        Vec::with_capacity(handles.len());
+    let mut parsed: Vec<Result<Lease, (u16, &'static str)>> = Vec::with_capacity(handles.len());
     for h in handles {
         parsed.push(match h {
             Err(_) => Err((400, "receipt handle is malformed")),

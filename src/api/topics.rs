@@ -321,7 +321,7 @@ pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         .collect();
     let stats = node.stats(&keys).await;
     let node_id = node.config.node_id.clone();
-    let mut v = view(&t);
+    let mut v = view(t);
     v.schema_version = Some(t.schema_version());
     v.schema = t.current_schema();
     v.partition_stats = Some(
@@ -524,9 +524,15 @@ mod tests {
             v["error"].as_str().unwrap().to_string()
         };
         let r = partitions_for_create(Some(2), 3, 108).unwrap_err();
-        assert_eq!(msg(r), "invalid argument: partitions must be >= 3 (0 = use default)");
+        assert_eq!(
+            msg(r),
+            "invalid argument: partitions must be >= 3 (0 = use default)"
+        );
         let r = partitions_for_create(Some(109), 3, 108).unwrap_err();
-        assert_eq!(msg(r), "invalid argument: partitions (109) exceeds topic.max_partitions (108)");
+        assert_eq!(
+            msg(r),
+            "invalid argument: partitions (109) exceeds topic.max_partitions (108)"
+        );
         assert_eq!(partitions_for_create(Some(0), 3, 108).unwrap(), 3);
         let r = retention(Some(1000)).unwrap_err();
         assert_eq!(
