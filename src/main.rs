@@ -15,6 +15,8 @@ use narad::config::{Config, FlagOverrides};
     version
 )]
 struct Cli {
+    #[command(flatten)]
+    conn: narad::cli::ConnArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,6 +32,8 @@ enum Command {
     Serve(ServeArgs),
     /// Print the release.
     Version,
+    #[command(flatten)]
+    Client(narad::cli::ClientCommand),
 }
 
 #[derive(Subcommand)]
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Serve(args) => serve(args),
+        Command::Client(command) => narad::cli::run(cli.conn, command),
     }
 }
 

@@ -1,0 +1,593 @@
+//! `narad pub`, `narad sub` and `narad replay` (OPERATIONS.md §1.3, API.md §10): the producer,
+//! the queue-mode consumer that acks, and the read-only reader of one partition by offset.
+//!
+//! Owns: how input lines become (batch) produces, how consumed messages are printed and acked,
+//! and the bounds on every loop. Never does: hold more than one batch in memory, ack a message
+//! before its line was written to stdout (a failed write leaves its lease to lapse, so the
+//! message is redelivered: at-least-once), or retry a produce the server may have stored (only
+//! `429` and `503` with `Retry-After`, which mean nothing was stored, are retried).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde::Deserialize;
+
+use super::client::{escape, Client, Response};
+use super::format::{parse_duration_ms, Message};
+use super::topic::ok;
+use super::CliError;
+use crate::wire::{is_valid_json, push_json_string};
+
+/// Messages per batch produce sent by `pub` (the v3.1 limit, accepted by every server).
+pub const PUB_BATCH_MESSAGES_MAX: usize = 100;
+/// Body bytes per batch produce at most (the server takes 16 MiB).
+pub const PUB_BATCH_BODY_BYTES_MAX: usize = 8 << 20;
+/// Longest input line (one message; the server's payload limit).
+pub const LINE_BYTES_MAX: usize = 1 << 20;
+/// Records per batch consume (the server's maximum).
+pub const SUB_BATCH_MAX: u64 = 100;
+/// Long-poll budget of one consume request.
+pub const SUB_POLL_WAIT: Duration = Duration::from_secs(10);
+/// Consecutive transient consume failures (`421`, `429`, `502`, `503`, transport) tolerated.
+pub const SUB_TRANSIENT_ERRORS_MAX: u32 = 50;
+/// Pause after a transient failure.
+const TRANSIENT_BACKOFF: Duration = Duration::from_millis(200);
+/// Attempts at settling one batch of acks (failed handles with a transient status are resent).
+pub const ACK_ATTEMPTS_MAX: u32 = 4;
+/// Attempts at one produce refused with `429` or `503` + `Retry-After`.
+pub const PRODUCE_ATTEMPTS_MAX: u32 = 5;
+/// Longest pause honoured from a `Retry-After`.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
+
+#[derive(Args, Debug)]
+pub struct PubArgs {
+    pub topic: String,
+    /// The message; without it, one message per line of --file or stdin.
+    pub message: Option<String>,
+    /// Partition key.
+    #[arg(short = 'k', long)]
+    pub key: Option<String>,
+    /// Pin the partition (wins over the key).
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Read messages from this file, one per line.
+    #[arg(short = 'f', long)]
+    pub file: Option<PathBuf>,
+    /// With a message: send it this many times; with lines: stop after this many.
+    #[arg(long)]
+    pub count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct SubArgs {
+    pub topic: String,
+    /// Consume from this partition only.
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Do not ack: leases lapse and the messages are redelivered.
+    #[arg(long = "no-ack")]
+    pub no_ack: bool,
+    /// Print payloads only.
+    #[arg(long)]
+    pub raw: bool,
+    /// Stop after this many messages.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Stop after this long without a message (default: run until interrupted).
+    #[arg(long)]
+    pub wait: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    pub topic: String,
+    #[arg(long)]
+    pub partition: u32,
+    /// First offset (default: the oldest retained).
+    #[arg(long)]
+    pub from: Option<i64>,
+    /// Stop before this offset (default: the end of the partition).
+    #[arg(long)]
+    pub to: Option<i64>,
+    /// Print payloads only.
+    #[arg(long)]
+    pub raw: bool,
+}
+
+fn topic_path(topic: &str, rest: &str) -> String {
+    format!("/v1/topics/{}{rest}", escape(topic))
+}
+
+fn output_error(e: std::io::Error) -> CliError {
+    CliError::Failed(format!("writing output: {e}"))
+}
+
+/// Sends a produce, retrying only answers that guarantee nothing was stored.
+fn produce_request(
+    client: &mut Client,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Response, CliError> {
+    let mut attempt = 1;
+    loop {
+        let r = client.request("POST", path, Some(content_type), body, Duration::ZERO)?;
+        let nothing_stored =
+            r.status == 429 || (r.status == 503 && r.header("retry-after").is_some());
+        if !nothing_stored || attempt >= PRODUCE_ATTEMPTS_MAX {
+            return ok(r);
+        }
+        let pause = r
+            .header("retry-after")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(1))
+            .min(RETRY_AFTER_MAX);
+        std::thread::sleep(pause);
+        attempt += 1;
+    }
+}
+
+pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
+    if a.message.is_some() && a.file.is_some() {
+        return Err(CliError::Usage(
+            "pub: give the message as an argument or --file, not both".into(),
+        ));
+    }
+    if let Some(message) = &a.message {
+        let mut path = topic_path(&a.topic, "/produce");
+        let mut sep = '?';
+        if let Some(k) = &a.key {
+            path.push_str(&format!("{sep}key={}", escape(k)));
+            sep = '&';
+        }
+        if let Some(p) = a.partition {
+            path.push_str(&format!("{sep}partition={p}"));
+        }
+        let count = a.count.unwrap_or(1);
+        for _ in 0..count {
+            produce_request(
+                client,
+                &path,
+                "application/octet-stream",
+                message.as_bytes(),
+            )?;
+        }
+        if count == 1 {
+            eprintln!("accepted ({} bytes)", message.len());
+        } else {
+            eprintln!(
+                "accepted {count} message(s) ({} bytes)",
+                count.saturating_mul(message.len() as u64)
+            );
+        }
+        return Ok(());
+    }
+    let input: Box<dyn Read> = match &a.file {
+        Some(f) if f.as_os_str() != "-" => Box::new(
+            std::fs::File::open(f).map_err(|e| CliError::Usage(format!("{}: {e}", f.display())))?,
+        ),
+        _ => Box::new(std::io::stdin().lock()),
+    };
+    let mut batcher = Batcher::new(&a);
+    let result = batcher.run(client, BufReader::with_capacity(256 << 10, input));
+    eprintln!(
+        "accepted {} message(s) in {} batch(es) ({} bytes)",
+        batcher.accepted, batcher.batches, batcher.bytes
+    );
+    result
+}
+
+/// Turns lines into batch produces.
+struct Batcher {
+    path: String,
+    /// JSON prefix of every element: `{"key":...,"partition":N,` (may be just `{`).
+    element_head: Vec<u8>,
+    limit: u64,
+    body: Vec<u8>,
+    in_body: usize,
+    body_payload_bytes: u64,
+    accepted: u64,
+    batches: u64,
+    bytes: u64,
+}
+
+impl Batcher {
+    fn new(a: &PubArgs) -> Batcher {
+        let mut head = b"{".to_vec();
+        if let Some(k) = &a.key {
+            head.extend_from_slice(b"\"key\":");
+            push_json_string(&mut head, k.as_bytes());
+            head.push(b',');
+        }
+        if let Some(p) = a.partition {
+            head.extend_from_slice(format!("\"partition\":{p},").as_bytes());
+        }
+        Batcher {
+            path: topic_path(&a.topic, "/produce/batch"),
+            element_head: head,
+            limit: a.count.unwrap_or(u64::MAX),
+            body: Vec::new(),
+            in_body: 0,
+            body_payload_bytes: 0,
+            accepted: 0,
+            batches: 0,
+            bytes: 0,
+        }
+    }
+
+    fn run(&mut self, client: &mut Client, mut input: impl BufRead) -> Result<(), CliError> {
+        let mut line = Vec::new();
+        let mut line_no: u64 = 0;
+        let mut taken: u64 = 0;
+        while taken < self.limit {
+            line.clear();
+            let n = (&mut input)
+                .take(LINE_BYTES_MAX as u64 + 2)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| CliError::Usage(format!("reading input: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            line_no += 1;
+            if line.last() == Some(&b'\n') {
+                line.pop();
+                if line.last() == Some(&b'\r') {
+                    line.pop();
+                }
+            }
+            if line.len() > LINE_BYTES_MAX {
+                self.flush(client)?;
+                return Err(CliError::Usage(format!(
+                    "line {line_no}: longer than {LINE_BYTES_MAX} bytes (the message size limit)"
+                )));
+            }
+            if line.is_empty() {
+                continue;
+            }
+            let element_max = self.element_head.len() + 64 + line.len() * 2;
+            if self.in_body == PUB_BATCH_MESSAGES_MAX
+                || (self.in_body > 0 && self.body.len() + element_max > PUB_BATCH_BODY_BYTES_MAX)
+            {
+                self.flush(client)?;
+            }
+            self.push(&line);
+            taken += 1;
+        }
+        self.flush(client)
+    }
+
+    fn push(&mut self, line: &[u8]) {
+        self.body.extend_from_slice(if self.in_body == 0 {
+            b"{\"messages\":["
+        } else {
+            b","
+        });
+        self.body.extend_from_slice(&self.element_head);
+        self.body.extend_from_slice(b"\"payload\":");
+        if is_valid_json(line) {
+            self.body.extend_from_slice(line);
+            self.body.push(b'}');
+        } else {
+            self.body.push(b'"');
+            crate::wire::base64::encode_into(&mut self.body, line);
+            self.body
+                .extend_from_slice(b"\",\"payload_encoding\":\"base64\"}");
+        }
+        self.in_body += 1;
+        self.body_payload_bytes += line.len() as u64;
+    }
+
+    fn flush(&mut self, client: &mut Client) -> Result<(), CliError> {
+        if self.in_body == 0 {
+            return Ok(());
+        }
+        self.body.extend_from_slice(b"]}");
+        let r = produce_request(client, &self.path, "application/json", &self.body)?;
+        #[derive(Deserialize)]
+        struct Accepted {
+            accepted: u64,
+        }
+        let n = serde_json::from_slice::<Accepted>(&r.body)
+            .map(|a| a.accepted)
+            .map_err(|e| {
+                CliError::Failed(format!("the server answered an invalid batch result: {e}"))
+            })?;
+        if n != self.in_body as u64 {
+            return Err(CliError::Failed(format!(
+                "the server accepted {n} of {} messages in a batch",
+                self.in_body
+            )));
+        }
+        self.accepted += n;
+        self.batches += 1;
+        self.bytes += self.body_payload_bytes;
+        self.body.clear();
+        self.in_body = 0;
+        self.body_payload_bytes = 0;
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+struct Batch<'a> {
+    #[serde(borrow)]
+    messages: Vec<Message<'a>>,
+}
+
+fn is_transient(status: u16) -> bool {
+    matches!(status, 421 | 429 | 502 | 503)
+}
+
+pub fn subscribe(client: &mut Client, a: SubArgs) -> Result<(), CliError> {
+    let idle_max = match &a.wait {
+        Some(w) => Some(Duration::from_millis(
+            parse_duration_ms(w, false).map_err(|e| CliError::Usage(format!("--wait: {e}")))?,
+        )),
+        None => None,
+    };
+    let limit = a.count.unwrap_or(u64::MAX);
+    let mut received: u64 = 0;
+    let mut acked: u64 = 0;
+    let mut last_message = Instant::now();
+    let mut polled_since_message = false;
+    let mut transient_errors = 0;
+    let mut stdout = std::io::stdout().lock();
+    let mut out = Vec::new();
+    let result = loop {
+        if received >= limit {
+            break Ok(());
+        }
+        let mut poll = SUB_POLL_WAIT;
+        if let Some(idle) = idle_max {
+            let left = idle.saturating_sub(last_message.elapsed());
+            if left.is_zero() && polled_since_message {
+                break Ok(());
+            }
+            poll = poll.min(left);
+        }
+        let want = (limit - received).min(SUB_BATCH_MAX);
+        let mut path = topic_path(
+            &a.topic,
+            &format!("/consume?max={want}&wait={}ms", poll.as_millis()),
+        );
+        if let Some(p) = a.partition {
+            path.push_str(&format!("&partition={p}"));
+        }
+        polled_since_message = true;
+        let r = match client.request("GET", &path, None, b"", poll) {
+            Ok(r) => r,
+            Err(e) => {
+                transient_errors += 1;
+                if transient_errors > SUB_TRANSIENT_ERRORS_MAX || received == 0 {
+                    break Err(e.into());
+                }
+                std::thread::sleep(TRANSIENT_BACKOFF);
+                continue;
+            }
+        };
+        match r.status {
+            200 => {}
+            204 => {
+                transient_errors = 0;
+                continue;
+            }
+            s if is_transient(s) && transient_errors < SUB_TRANSIENT_ERRORS_MAX => {
+                transient_errors += 1;
+                std::thread::sleep(TRANSIENT_BACKOFF);
+                continue;
+            }
+            _ => break Err(CliError::refused(&r)),
+        }
+        transient_errors = 0;
+        let batch: Batch = match serde_json::from_slice(&r.body) {
+            Ok(b) => b,
+            Err(e) => {
+                break Err(CliError::Failed(format!(
+                    "the server answered an invalid batch: {e}"
+                )))
+            }
+        };
+        out.clear();
+        let mut handles = Vec::with_capacity(batch.messages.len());
+        let mut bad = None;
+        for m in &batch.messages {
+            if let Err(e) = m.write_line(a.raw, &mut out) {
+                bad = Some(format!(
+                    "p{} @{}: undecodable payload: {e}",
+                    m.partition, m.offset
+                ));
+            }
+            if let Some(h) = &m.receipt_handle {
+                handles.push(h.clone());
+            }
+        }
+        if let Err(e) = stdout.write_all(&out).and_then(|_| stdout.flush()) {
+            // Not acked: the leases lapse and the messages are redelivered.
+            break Err(output_error(e));
+        }
+        if let Some(b) = bad {
+            break Err(CliError::Failed(b));
+        }
+        received += batch.messages.len() as u64;
+        last_message = Instant::now();
+        polled_since_message = false;
+        if !a.no_ack {
+            acked += ack(client, &a.topic, handles);
+        }
+    };
+    if a.no_ack {
+        eprintln!("{received} message(s) received (not acked)");
+    } else {
+        eprintln!("{received} message(s) received, {acked} acked");
+    }
+    result
+}
+
+/// Acks `handles` (at most SUB_BATCH_MAX) with one batch ack, resending the ones that failed
+/// with a transient status. Returns how many were settled; warns about the rest on stderr.
+fn ack(client: &mut Client, topic: &str, mut handles: Vec<String>) -> u64 {
+    #[derive(Deserialize)]
+    struct AckResult {
+        status: u16,
+        #[serde(default)]
+        error: String,
+    }
+    #[derive(Deserialize)]
+    struct AckResults {
+        results: Vec<AckResult>,
+    }
+    let path = topic_path(topic, "/ack");
+    let mut settled = 0;
+    for attempt in 1..=ACK_ATTEMPTS_MAX {
+        if handles.is_empty() {
+            break;
+        }
+        if attempt > 1 {
+            std::thread::sleep(TRANSIENT_BACKOFF);
+        }
+        let body = serde_json::json!({ "receipt_handles": handles }).to_string();
+        let r = match client.request(
+            "POST",
+            &path,
+            Some("application/json"),
+            body.as_bytes(),
+            Duration::ZERO,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("narad: ack: {e} (will retry)");
+                continue;
+            }
+        };
+        if r.status != 200 {
+            if !is_transient(r.status) {
+                eprintln!(
+                    "narad: ack of {} message(s) refused: {} (HTTP {}); they will be redelivered",
+                    handles.len(),
+                    r.error_text(),
+                    r.status
+                );
+                return settled;
+            }
+            continue;
+        }
+        let results = match serde_json::from_slice::<AckResults>(&r.body) {
+            Ok(x) if x.results.len() == handles.len() => x.results,
+            _ => {
+                eprintln!("narad: ack: invalid answer from the server");
+                return settled;
+            }
+        };
+        let mut retry = Vec::new();
+        for (h, res) in handles.into_iter().zip(results) {
+            match res.status {
+                204 => settled += 1,
+                s if is_transient(s) => retry.push(h),
+                s => eprintln!(
+                    "narad: ack {h}: {} (HTTP {s}); it will be redelivered",
+                    res.error
+                ),
+            }
+        }
+        handles = retry;
+    }
+    if !handles.is_empty() {
+        eprintln!(
+            "narad: {} ack(s) not settled after {ACK_ATTEMPTS_MAX} attempts; they will be redelivered",
+            handles.len()
+        );
+    }
+    settled
+}
+
+/// The oldest retained offset of one partition (`GET /v1/topics/{t}?partition=N`).
+fn oldest_offset(client: &mut Client, topic: &str, partition: u32) -> Result<i64, CliError> {
+    let r = ok(client.request(
+        "GET",
+        &topic_path(topic, &format!("?partition={partition}")),
+        None,
+        b"",
+        Duration::ZERO,
+    )?)?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body)
+        .map_err(|e| CliError::Failed(format!("the server answered invalid JSON: {e}")))?;
+    Ok(v["partition_stats"][0]["oldest_offset"]
+        .as_i64()
+        .unwrap_or(0))
+}
+
+pub fn replay(client: &mut Client, a: ReplayArgs) -> Result<(), CliError> {
+    if a.from.is_some_and(|f| f < 0) || a.to.is_some_and(|t| t < 0) {
+        return Err(CliError::Usage("replay: offsets must be >= 0".into()));
+    }
+    let from = match a.from {
+        Some(f) => f,
+        None => oldest_offset(client, &a.topic, a.partition)?,
+    };
+    let to = a.to.unwrap_or(i64::MAX);
+    let mut offset = from;
+    let mut replayed: u64 = 0;
+    let mut stdout = std::io::stdout().lock();
+    let mut out = Vec::new();
+    let result = loop {
+        if offset >= to {
+            break Ok(());
+        }
+        let path = topic_path(
+            &a.topic,
+            &format!("/consume?partition={}&offset={offset}", a.partition),
+        );
+        let r = match client.request("GET", &path, None, b"", Duration::ZERO) {
+            Ok(r) => r,
+            Err(e) => break Err(e.into()),
+        };
+        match r.status {
+            200 => {}
+            204 => break Ok(()),
+            _ => break Err(CliError::refused(&r)),
+        }
+        let m: Message = match serde_json::from_slice(&r.body) {
+            Ok(m) => m,
+            Err(e) => {
+                break Err(CliError::Failed(format!(
+                    "the server answered an invalid message: {e}"
+                )))
+            }
+        };
+        if m.offset < offset {
+            break Err(CliError::Failed(format!(
+                "asked for offset {offset}, the server answered {}",
+                m.offset
+            )));
+        }
+        if m.offset >= to {
+            offset = to;
+            break Ok(());
+        }
+        if let Err(e) = m.write_line(a.raw, &mut out) {
+            break Err(CliError::Failed(format!(
+                "@{}: undecodable payload: {e}",
+                m.offset
+            )));
+        }
+        replayed += 1;
+        offset = m.offset + 1;
+        if out.len() >= 64 << 10 {
+            if let Err(e) = stdout.write_all(&out) {
+                break Err(output_error(e));
+            }
+            out.clear();
+        }
+    };
+    let flushed = stdout.write_all(&out).and_then(|_| stdout.flush());
+    let end = offset;
+    eprintln!(
+        "{replayed} message(s) replayed from p{} [{from}, {end})",
+        a.partition
+    );
+    result?;
+    flushed.map_err(output_error)
+}
