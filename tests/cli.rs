@@ -384,46 +384,61 @@ fn exit_codes() {
     assert_eq!(o.code, 2);
 }
 
+/// A one-shot fake broker: answers `bodies` in order (200, JSON), on as many connections as the
+/// client opens, and returns the request heads it saw.
+fn fake_server(bodies: Vec<String>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let h = std::thread::spawn(move || {
+        let mut heads = Vec::new();
+        let mut bodies: std::collections::VecDeque<String> = bodies.into();
+        'conns: while !bodies.is_empty() {
+            let (mut c, _) = l.accept().unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            loop {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(1) => head.push(b[0]),
+                        _ => continue 'conns,
+                    }
+                }
+                heads.push(String::from_utf8(head).unwrap());
+                let Some(body) = bodies.pop_front() else {
+                    break 'conns;
+                };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                c.write_all(resp.as_bytes()).unwrap();
+                if bodies.is_empty() {
+                    break 'conns;
+                }
+            }
+        }
+        heads
+    });
+    (url, h)
+}
+
 #[test]
 fn sends_client_header_and_basic_auth_from_flags_and_env() {
     // Proves every request carries `X-Narad-Client: narad-cli/<version>`, `-u/-p` and
     // NARAD_USER/NARAD_PASS become HTTP Basic auth, and NARAD_ADDR is used when -s is absent.
-    let fake = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = fake.local_addr().unwrap();
-    let server = std::thread::spawn(move || {
-        let mut heads = Vec::new();
-        for _ in 0..2 {
-            let (mut c, _) = fake.accept().unwrap();
-            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                if c.read(&mut b).unwrap() == 0 {
-                    break;
-                }
-                head.push(b[0]);
-            }
-            let body = br#"{"topics":[],"next_page_token":""}"#;
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-                body.len()
-            );
-            c.write_all(resp.as_bytes()).unwrap();
-            c.write_all(body).unwrap();
-            heads.push(String::from_utf8(head).unwrap());
-        }
-        heads
-    });
-    let url = format!("http://{addr}");
+    let empty = r#"{"topics":[],"next_page_token":""}"#.to_string();
+    let (url, server) = fake_server(vec![empty.clone()]);
     ok(narad_env(
         &url,
         &["-u", "alice", "-p", "secret", "topic", "ls"],
         b"",
         &[],
     ));
+    let mut heads = server.join().unwrap();
     // Without -s: NARAD_ADDR; credentials from the environment.
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-    let st = cmd
+    let (url, server) = fake_server(vec![empty]);
+    let st = Command::new(env!("CARGO_BIN_EXE_narad"))
         .args(["topic", "ls"])
         .env("NARAD_ADDR", &url)
         .env("NARAD_USER", "bob")
@@ -432,7 +447,7 @@ fn sends_client_header_and_basic_auth_from_flags_and_env() {
         .status()
         .unwrap();
     assert!(st.success());
-    let heads = server.join().unwrap();
+    heads.extend(server.join().unwrap());
     let version = env!("CARGO_PKG_VERSION");
     for h in &heads {
         assert!(
@@ -455,4 +470,120 @@ fn sends_client_header_and_basic_auth_from_flags_and_env() {
         "{}",
         heads[1]
     );
+}
+
+#[test]
+fn topic_ls_follows_page_tokens_on_one_connection() {
+    // Proves `topic ls` follows next_page_token until it is empty, reusing the kept-alive
+    // connection, and prints `forever` for retention 0 and the role as given.
+    let (url, server) = fake_server(vec![
+        r#"{"topics":[{"name":"a","partitions":3,"retention_ms":0,"role":"parent"}],"next_page_token":"a"}"#.into(),
+        r#"{"topics":[{"name":"b","partitions":12,"retention_ms":43200000}],"next_page_token":""}"#.into(),
+    ]);
+    let o = ok(narad_env(&url, &["topic", "ls"], b"", &[]));
+    assert_eq!(
+        o.stdout,
+        "NAME  PARTITIONS  RETENTION  ROLE\na     3           forever    parent\nb     12          12h        standalone\n"
+    );
+    let heads = server.join().unwrap();
+    assert_eq!(heads.len(), 2);
+    assert!(
+        heads[1].starts_with("GET /v1/topics?limit=1000&page_token=a HTTP/1.1\r\n"),
+        "{}",
+        heads[1]
+    );
+}
+
+#[test]
+fn no_ack_leases_lapse_and_peek_takes_no_leases() {
+    // Proves sub --no-ack leaves messages to be redelivered after the visibility timeout, and
+    // sub --peek tails new messages (and --from with --partition reads old ones) without leases:
+    // a queue consumer still gets everything afterwards.
+    let (_d, s) = server("cli-peek");
+    let url = format!("http://127.0.0.1:{}", s.port);
+    ok(narad(
+        &s,
+        &["topic", "add", "feed", "--visibility", "1s"],
+        b"",
+    ));
+    ok(narad(
+        &s,
+        &["pub", "feed", "first", "--partition", "0"],
+        b"",
+    ));
+    let lapsed = ok(narad(
+        &s,
+        &["sub", "feed", "--no-ack", "--count", "1", "--raw"],
+        b"",
+    ));
+    assert_eq!(lapsed.stdout, "first\n");
+    assert!(lapsed.stderr.contains("(not acked)"), "{}", lapsed.stderr);
+
+    let tail_url = url.clone();
+    let tail = std::thread::spawn(move || {
+        narad_env(
+            &tail_url,
+            &[
+                "sub", "feed", "--peek", "--count", "2", "--raw", "--wait", "20s",
+            ],
+            b"",
+            &[],
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    ok(narad(
+        &s,
+        &["pub", "feed", "--partition", "0"],
+        b"second\nthird\n",
+    ));
+    let tail = ok(tail.join().unwrap());
+    assert_eq!(tail.stdout, "second\nthird\n");
+    let old = ok(narad(
+        &s,
+        &[
+            "sub",
+            "feed",
+            "--peek",
+            "--partition",
+            "0",
+            "--from",
+            "0",
+            "--count",
+            "3",
+            "--raw",
+        ],
+        b"",
+    ));
+    assert_eq!(old.stdout, "first\nsecond\nthird\n");
+
+    // `first` comes back once its 1 s lease lapsed; nothing was leased by the peeks.
+    let all = ok(narad(
+        &s,
+        &["sub", "feed", "--count", "3", "--raw", "--wait", "10s"],
+        b"",
+    ));
+    let mut lines: Vec<&str> = all.stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["first", "second", "third"]);
+    let bad = narad(&s, &["sub", "feed", "--from", "0"], b"");
+    assert_eq!(bad.code, 2);
+}
+
+#[test]
+fn pub_count_repeats_a_message_and_limits_lines() {
+    // Proves pub --count N sends the argument N times, and with lines stops after N lines.
+    let (_d, s) = server("cli-count");
+    s.client().create_topic("c", 3);
+    let o = ok(narad(&s, &["pub", "c", "x", "--count", "5"], b""));
+    assert_eq!(o.stderr.trim(), "accepted 5 message(s) (5 bytes)");
+    let o = ok(narad(&s, &["pub", "c", "--count", "3"], b"a\nb\nc\nd\n"));
+    assert!(
+        o.stderr.contains("accepted 3 message(s) in 1 batch(es)"),
+        "{}",
+        o.stderr
+    );
+    let all = ok(narad(&s, &["sub", "c", "--raw", "--wait", "1s"], b""));
+    let mut lines: Vec<&str> = all.stdout.lines().collect();
+    lines.sort_unstable();
+    assert_eq!(lines, ["a", "b", "c", "x", "x", "x", "x", "x"]);
 }

@@ -78,6 +78,13 @@ pub struct SubArgs {
     /// Stop after this long without a message (default: run until interrupted).
     #[arg(long)]
     pub wait: Option<String>,
+    /// Read-only tail: replay reads from the current end of every partition (or from --from
+    /// with --partition); takes no leases, acks nothing.
+    #[arg(long)]
+    pub peek: bool,
+    /// With --peek and --partition: the first offset to read.
+    #[arg(long, requires = "peek", requires = "partition")]
+    pub from: Option<i64>,
 }
 
 #[derive(Args, Debug)]
@@ -328,6 +335,9 @@ pub fn subscribe(client: &mut Client, a: SubArgs) -> Result<(), CliError> {
         )),
         None => None,
     };
+    if a.peek {
+        return peek(client, &a, idle_max);
+    }
     let limit = a.count.unwrap_or(u64::MAX);
     let mut received: u64 = 0;
     let mut acked: u64 = 0;
@@ -501,6 +511,96 @@ fn ack(client: &mut Client, topic: &str, mut handles: Vec<String>) -> u64 {
         );
     }
     settled
+}
+
+/// Replay reads per partition per round of `sub --peek`, so that one busy partition does not
+/// starve the others.
+const PEEK_READS_PER_ROUND: u32 = 100;
+/// Pause of `sub --peek` after a round that found nothing new.
+const PEEK_IDLE_PAUSE: Duration = Duration::from_millis(200);
+/// Partitions `sub --peek` follows at most (the server's maximum partition count is 108).
+const PEEK_PARTITIONS_MAX: usize = 4096;
+
+/// `sub --peek`: follows the end of every partition (or one from `--from`) with replay reads.
+fn peek(client: &mut Client, a: &SubArgs, idle_max: Option<Duration>) -> Result<(), CliError> {
+    let r = ok(client.request("GET", &topic_path(&a.topic, ""), None, b"", Duration::ZERO)?)?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body)
+        .map_err(|e| CliError::Failed(format!("the server answered invalid JSON: {e}")))?;
+    let stats = v["partition_stats"].as_array().cloned().unwrap_or_default();
+    let mut positions: Vec<(u64, i64)> = Vec::new();
+    for st in stats.iter().take(PEEK_PARTITIONS_MAX) {
+        let index = st["index"].as_u64().unwrap_or(0);
+        if a.partition.is_some_and(|p| u64::from(p) != index) {
+            continue;
+        }
+        let end = st["high_watermark"].as_i64().unwrap_or(0);
+        positions.push((index, a.from.unwrap_or(end)));
+    }
+    if positions.is_empty() {
+        return Err(CliError::Usage(format!(
+            "topic {:?} has no partition {}",
+            a.topic,
+            a.partition.map(|p| p.to_string()).unwrap_or_default()
+        )));
+    }
+    let limit = a.count.unwrap_or(u64::MAX);
+    let mut received: u64 = 0;
+    let mut last_message = Instant::now();
+    let mut stdout = std::io::stdout().lock();
+    let mut out = Vec::new();
+    let result = 'rounds: loop {
+        let mut progress = false;
+        for (partition, offset) in positions.iter_mut() {
+            for _ in 0..PEEK_READS_PER_ROUND {
+                if received >= limit {
+                    break 'rounds Ok(());
+                }
+                let path = topic_path(
+                    &a.topic,
+                    &format!("/consume?partition={partition}&offset={offset}"),
+                );
+                let r = client.request("GET", &path, None, b"", Duration::ZERO)?;
+                match r.status {
+                    200 => {}
+                    204 => break,
+                    s if is_transient(s) => break,
+                    _ => break 'rounds Err(CliError::refused(&r)),
+                }
+                let m: Message = match serde_json::from_slice(&r.body) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        break 'rounds Err(CliError::Failed(format!(
+                            "the server answered an invalid message: {e}"
+                        )))
+                    }
+                };
+                if let Err(e) = m.write_line(a.raw, &mut out) {
+                    break 'rounds Err(CliError::Failed(format!(
+                        "p{partition} @{}: undecodable payload: {e}",
+                        m.offset
+                    )));
+                }
+                *offset = m.offset.max(*offset) + 1;
+                received += 1;
+                progress = true;
+            }
+        }
+        if let Err(e) = stdout.write_all(&out).and_then(|_| stdout.flush()) {
+            break Err(output_error(e));
+        }
+        out.clear();
+        if progress {
+            last_message = Instant::now();
+            continue;
+        }
+        if idle_max.is_some_and(|idle| last_message.elapsed() >= idle) {
+            break Ok(());
+        }
+        std::thread::sleep(PEEK_IDLE_PAUSE);
+    };
+    let _ = stdout.write_all(&out).and_then(|_| stdout.flush());
+    eprintln!("{received} message(s) read (peek, nothing acked)");
+    result
 }
 
 /// The oldest retained offset of one partition (`GET /v1/topics/{t}?partition=N`).
