@@ -587,3 +587,40 @@ fn pub_count_repeats_a_message_and_limits_lines() {
     lines.sort_unstable();
     assert_eq!(lines, ["a", "b", "c", "x", "x", "x", "x", "x"]);
 }
+
+#[test]
+fn binary_lines_print_as_hex_and_oversized_lines_are_refused() {
+    // Proves a non-UTF-8 input line travels as base64 and sub prints it as hex with its byte
+    // count, and a line over the 1 MiB message limit stops pub with exit 2 after sending the
+    // lines before it.
+    let (_d, s) = server("cli-binary");
+    s.client().create_topic("bin", 3);
+    ok(narad(
+        &s,
+        &["pub", "bin", "--partition", "2"],
+        b"\xff\x00\x01\r\n",
+    ));
+    let o = ok(narad(&s, &["sub", "bin", "--count", "1"], b""));
+    assert!(
+        o.stdout.starts_with("[p2 @0] key=- ") && o.stdout.ends_with("Z ff0001 (3 bytes)\n"),
+        "{}",
+        o.stdout
+    );
+    let mut big = b"ok\n".to_vec();
+    big.extend(std::iter::repeat_n(b'x', (1 << 20) + 1));
+    big.push(b'\n');
+    let o = narad(&s, &["pub", "bin", "--partition", "1"], &big);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("line 2: longer than 1048576 bytes"),
+        "{}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("accepted 1 message(s)"), "{}", o.stderr);
+    let o = ok(narad(
+        &s,
+        &["replay", "bin", "--partition", "1", "--raw"],
+        b"",
+    ));
+    assert_eq!(o.stdout, "ok\n");
+}

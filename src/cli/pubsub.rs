@@ -103,6 +103,45 @@ pub struct ReplayArgs {
     pub raw: bool,
 }
 
+/// How often the progress line on a terminal is redrawn.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A one-line progress counter on stderr, only when stderr is a terminal (and, for `sub`,
+/// stdout is not, so that it never interleaves with the printed messages).
+struct Progress {
+    enabled: bool,
+    last: Instant,
+    drawn: bool,
+}
+
+impl Progress {
+    fn new(stdout_free: bool) -> Progress {
+        use std::io::IsTerminal;
+        let enabled =
+            std::io::stderr().is_terminal() && (stdout_free || !std::io::stdout().is_terminal());
+        Progress {
+            enabled,
+            last: Instant::now(),
+            drawn: false,
+        }
+    }
+
+    fn show(&mut self, what: impl FnOnce() -> String) {
+        if self.enabled && self.last.elapsed() >= PROGRESS_INTERVAL {
+            eprint!("\r\x1b[K{}", what());
+            self.last = Instant::now();
+            self.drawn = true;
+        }
+    }
+
+    fn clear(&mut self) {
+        if self.drawn {
+            eprint!("\r\x1b[K");
+            self.drawn = false;
+        }
+    }
+}
+
 fn topic_path(topic: &str, rest: &str) -> String {
     format!("/v1/topics/{}{rest}", escape(topic))
 }
@@ -180,6 +219,7 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
     };
     let mut batcher = Batcher::new(&a);
     let result = batcher.run(client, BufReader::with_capacity(256 << 10, input));
+    batcher.progress.clear();
     eprintln!(
         "accepted {} message(s) in {} batch(es) ({} bytes)",
         batcher.accepted, batcher.batches, batcher.bytes
@@ -199,6 +239,7 @@ struct Batcher {
     accepted: u64,
     batches: u64,
     bytes: u64,
+    progress: Progress,
 }
 
 impl Batcher {
@@ -222,6 +263,7 @@ impl Batcher {
             accepted: 0,
             batches: 0,
             bytes: 0,
+            progress: Progress::new(true),
         }
     }
 
@@ -309,6 +351,9 @@ impl Batcher {
             )));
         }
         self.accepted += n;
+        let accepted = self.accepted;
+        self.progress
+            .show(|| format!("{accepted} message(s) accepted"));
         self.batches += 1;
         self.bytes += self.body_payload_bytes;
         self.body.clear();
@@ -344,6 +389,7 @@ pub fn subscribe(client: &mut Client, a: SubArgs) -> Result<(), CliError> {
     let mut last_message = Instant::now();
     let mut polled_since_message = false;
     let mut transient_errors = 0;
+    let mut progress = Progress::new(false);
     let mut stdout = std::io::stdout().lock();
     let mut out = Vec::new();
     let result = loop {
@@ -422,12 +468,14 @@ pub fn subscribe(client: &mut Client, a: SubArgs) -> Result<(), CliError> {
             break Err(CliError::Failed(b));
         }
         received += batch.messages.len() as u64;
+        progress.show(|| format!("{received} message(s) received"));
         last_message = Instant::now();
         polled_since_message = false;
         if !a.no_ack {
             acked += ack(client, &a.topic, handles);
         }
     };
+    progress.clear();
     if a.no_ack {
         eprintln!("{received} message(s) received (not acked)");
     } else {
