@@ -527,7 +527,9 @@ impl Node {
             }
         }
         let notify = self.host.notifier(topic);
-        let _ = rt::timeout(Duration::from_millis(deadline_ms - now), notify.notified()).await;
+        // A shutdown ends every long-poll at once (answered 204), so draining is not held up.
+        let woken = futures_lite::future::or(notify.notified(), self.shutdown.wait());
+        let _ = rt::timeout(Duration::from_millis(deadline_ms - now), woken).await;
     }
 
     fn note_interest(&self, topic: TopicId, from: ShardId, until_ms: u64) {

@@ -91,9 +91,19 @@ pub fn run(config: Config) -> Result<(), String> {
     });
     let mut rcfg = RuntimeConfig::new(data_dir.clone());
     rcfg.shards = shards;
+    // Shards still serving HTTP; a shard leaves the mesh only when this reaches 0.
+    let serving = Arc::new(std::sync::atomic::AtomicU32::new(shards));
     let results = rt::run(rcfg, move |id| {
         let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
-        async move { shard_main(id, shards, config, mesh, shutdown, addr).await }
+        let serving = serving.clone();
+        async move {
+            let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, serving).await;
+            if r.is_err() {
+                // One shard failing takes the node down instead of leaving it half served.
+                shutdown.trigger();
+            }
+            r
+        }
     })
     .map_err(|e| e.to_string())?;
     for r in results {
@@ -113,7 +123,10 @@ async fn shard_main(
     mesh: MeshSetup<ShardReq, ShardResp>,
     shutdown: ShutdownSignal,
     addr: std::net::SocketAddr,
+    serving: Arc<std::sync::atomic::AtomicU32>,
 ) -> Result<(), String> {
+    // Counts this shard out of `serving` however this function returns.
+    let serving_guard = ServingGuard(serving.clone());
     let mesh = mesh.join(id).await.map_err(|e| e.to_string())?;
     let (log, recovered, report) = ShardLog::open(log_config(&config.data_dir, id, shards))
         .await
@@ -175,13 +188,46 @@ async fn shard_main(
     }
     let service = Rc::new(crate::service::ApiService::new(node.clone()));
     let limits = crate::service::limits(&config, shards);
-    crate::http::serve(listener, service, limits, shutdown.clone()).await;
-    // Drain: the HTTP server returned after in-flight requests finished (or the grace ran out).
+    let grace = config.http.shutdown_grace;
+    let served = crate::http::serve(listener, service, limits, shutdown.clone());
+    let drained = futures_lite::future::or(
+        async {
+            served.await;
+            true
+        },
+        async {
+            shutdown.wait().await;
+            rt::sleep(grace).await;
+            false
+        },
+    )
+    .await;
+    if !drained {
+        tracing::warn!(
+            shard = id.0,
+            "shutdown grace ran out with requests in flight"
+        );
+    }
+    // Other shards may still forward requests here until they too stopped serving: leave the
+    // mesh only when every shard is done (a bounded wait: each one stops within the grace).
+    drop(serving_guard);
+    let start = std::time::Instant::now();
+    while serving.load(std::sync::atomic::Ordering::Acquire) > 0 && start.elapsed() < grace * 2 {
+        rt::sleep(Duration::from_millis(5)).await;
+    }
     if let Err(e) = node.host.log().close().await {
         tracing::error!(shard = id.0, error = %e, "closing the log failed");
     }
     node.shutdown_meta().await;
     Ok(())
+}
+
+struct ServingGuard(Arc<std::sync::atomic::AtomicU32>);
+
+impl Drop for ServingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 fn spawn_housekeeping(node: &Rc<Node>) {
