@@ -82,7 +82,7 @@ fn nothing_accepted_is_lost_and_nothing_acked_returns() {
             let Ok(mut c) = Client::connect(addr) else { return };
             let mut i = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                if i % 2 == 0 {
+                if i.is_multiple_of(2) {
                     let id = format!("m-{t}-{i}");
                     match c.try_request("POST", &format!("/v1/topics/d/produce?key={id}"), &[("Content-Type", "application/octet-stream")], id.as_bytes()) {
                         Ok(r) if r.status == 202 => accepted.lock().unwrap().push(id),

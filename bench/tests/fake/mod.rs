@@ -247,7 +247,10 @@ fn handle(
                 };
                 *nonce += 1;
                 *delivered += 1;
-                if faults.redeliver_every.is_some_and(|n| delivered.is_multiple_of(n)) {
+                if faults
+                    .redeliver_every
+                    .is_some_and(|n| delivered.is_multiple_of(n))
+                {
                     // As if this lease expired at once: its ack is refused (410), the message
                     // comes back under a new handle.
                     topic.again.push_back(off);
@@ -295,7 +298,10 @@ fn handle(
 
 fn store(g: &mut State, faults: Faults, topic: &str, bytes: Vec<u8>) {
     g.produced += 1;
-    if faults.drop_every.is_some_and(|n| g.produced.is_multiple_of(n)) {
+    if faults
+        .drop_every
+        .is_some_and(|n| g.produced.is_multiple_of(n))
+    {
         g.dropped += 1;
         return;
     }
