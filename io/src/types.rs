@@ -50,6 +50,21 @@ impl UnixMillis {
     }
 }
 
+/// splitmix64: a fast, seedable generator; every seed (0 included) gives a full-period stream.
+/// Used for lease nonces, per-partition seeds and seeded tests; not for secrets.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
 /// The shard that owns a partition on a node: a pure function of (topic id, partition, shard
 /// count), so every shard computes the same answer without asking anyone.
 pub fn owner_shard(key: PartitionKey, shard_count: u32) -> ShardId {

@@ -19,7 +19,7 @@ use std::time::Instant;
 use narad_io::log::{AppendRecord, LogError, ReadError, RecoveredPartition, ShardLog};
 use narad_io::partition::{PartitionStats, StoredRecord};
 use narad_io::rt::Notify;
-use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, TopicId};
+use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, SplitMix64, TopicId};
 
 use crate::lease::LeaseTable;
 
@@ -143,13 +143,11 @@ impl Host {
     }
 
     fn next_seed(&self) -> u64 {
-        // splitmix64 step: distinct seeds per partition queue.
-        let s = self.seed.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
-        self.seed.set(s);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        // Distinct seeds per partition queue.
+        let mut rng = SplitMix64(self.seed.get());
+        let seed = rng.next_u64();
+        self.seed.set(rng.0);
+        seed
     }
 
     fn with_queue<R>(&self, key: PartitionKey, f: impl FnOnce(&mut LeaseTable) -> R) -> R {

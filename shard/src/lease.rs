@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use narad_io::types::{Nonce, Offset};
+use narad_io::types::{Nonce, Offset, SplitMix64};
 
 /// Most offsets one [`LeaseTable::take`] hands out, whatever `n` asks for. A batch consume asks
 /// for at most 100.
@@ -50,20 +50,6 @@ impl std::error::Error for LeaseGone {}
 struct Lease {
     nonce: Nonce,
     expires_at_ms: u64,
-}
-
-/// splitmix64: fast, seedable, and every seed (0 included) gives a full-period stream.
-#[derive(Clone, Debug)]
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 /// Queue state of one partition. See the module documentation for the invariants.
@@ -817,14 +803,10 @@ mod tests {
         }
     }
 
-    struct Rng(u64);
+    struct Rng(SplitMix64);
     impl Rng {
         fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
+            self.0.next_u64()
         }
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n.max(1)
@@ -835,7 +817,7 @@ mod tests {
     const SIM_STEPS: usize = 3000;
 
     fn simulate(seed: u64) {
-        let mut r = Rng(seed);
+        let mut r = Rng(SplitMix64(seed));
         let start = r.below(4) as usize;
         let mut t = LeaseTable::new(Offset(start as u64), [], seed);
         let mut m = Model {
