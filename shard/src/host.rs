@@ -11,7 +11,7 @@
 //! never redelivered after a crash.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -204,6 +204,8 @@ impl Host {
                     want,
                 )
             });
+            // Records of a run of consecutive leased offsets, read with one call.
+            let mut ahead: VecDeque<StoredRecord> = VecDeque::new();
             for (i, &(offset, nonce)) in leased.iter().enumerate() {
                 if bytes >= TAKE_BYTES_MAX {
                     // Over the scan budget: give the rest back at once.
@@ -214,7 +216,25 @@ impl Host {
                     });
                     break;
                 }
-                match self.log.read(key, offset, 1, usize::MAX).await {
+                if ahead.front().is_none_or(|r| r.offset != offset) {
+                    ahead.clear();
+                    let run = 1 + leased[i..]
+                        .windows(2)
+                        .take_while(|w| w[1].0 .0 == w[0].0 .0 + 1)
+                        .count();
+                    if run > 1 {
+                        // A failed range read falls back to one read per offset below, which
+                        // tells a damaged record from the others.
+                        if let Ok(recs) = self.log.read(key, offset, run, TAKE_BYTES_MAX).await {
+                            ahead.extend(recs);
+                        }
+                    }
+                }
+                let got = match ahead.front() {
+                    Some(r) if r.offset == offset => Ok(ahead.pop_front().into_iter().collect()),
+                    _ => self.log.read(key, offset, 1, usize::MAX).await,
+                };
+                match got {
                     Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
                         let record = recs.swap_remove(0);
                         bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
