@@ -1,6 +1,6 @@
 //! Per-shard counters rendered in the Prometheus text format (OPERATIONS.md §9). Each shard keeps
-//! its own counters (no sharing between threads); `/metrics` renders the shard that answered.
-//! Node-wide aggregation across shards is not done yet.
+//! its own counters (no sharing between threads); `/metrics` renders the shard that answered the
+//! scrape. Node-wide aggregation across shards and the labelled series of §9 are not done yet.
 
 use std::cell::Cell;
 

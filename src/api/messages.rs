@@ -128,7 +128,11 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         payload: req.body,
     };
     match node.append(vec![rec]).await {
-        Ok(()) => Response::empty(202),
+        Ok(()) => {
+            let m = &node.metrics.messages_produced;
+            m.set(m.get() + 1);
+            Response::empty(202)
+        }
         Err(e) => store_failure(e),
     }
 }
@@ -178,7 +182,11 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     }
     let n = records.len();
     match node.append(records).await {
-        Ok(()) => Response::json(202, format!("{{\"accepted\":{n}}}\n").into_bytes()),
+        Ok(()) => {
+            let m = &node.metrics.messages_produced;
+            m.set(m.get() + n as u64);
+            Response::json(202, format!("{{\"accepted\":{n}}}\n").into_bytes())
+        }
         Err(e) => store_failure(e),
     }
 }
@@ -379,6 +387,7 @@ async fn queue_consume(
 }
 
 async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: bool) -> Response {
+    let consumed = &node.metrics.messages_consumed;
     let mut body = Vec::with_capacity(
         leased
             .iter()
@@ -387,6 +396,7 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
             + 16,
     );
     if !batch {
+        consumed.set(consumed.get() + 1);
         let l = &leased[0];
         write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
         body.push(b'\n');
@@ -405,6 +415,7 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
         write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
     }
     body.extend_from_slice(b"]}\n");
+    consumed.set(consumed.get() + (leased.len() - unsent.len()) as u64);
     if !unsent.is_empty() {
         node.release(t.id, unsent).await;
     }

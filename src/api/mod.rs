@@ -197,6 +197,8 @@ pub fn too_large(head: &RequestHead) -> Response {
 
 /// Serves one request (the head already passed [`body_limit`]).
 pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
+    let m = &node.metrics.http_requests;
+    m.set(m.get() + 1);
     let path = std::mem::take(&mut req.path);
     let (r, args) = match route(req.method.as_str(), &path) {
         Match::Found(r, args) => (r, args.into_iter().map(String::from).collect::<Vec<_>>()),
