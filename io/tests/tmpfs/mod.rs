@@ -1,0 +1,42 @@
+//! A small tmpfs mounted for a disk-full test, unmounted on drop. Shared by the WAL and the
+//! ShardLog disk-full tests.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub struct Mount(pub PathBuf);
+
+impl Mount {
+    /// Mounts a tmpfs of `bytes` at `path`. `None` (the test then says it is skipped) only when
+    /// not running as root; as root (CI) a failed mount fails the test, so it cannot pass silently.
+    pub fn tmpfs(path: &Path, bytes: u64) -> Option<Mount> {
+        let mounted = std::fs::create_dir_all(path).is_ok()
+            && Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+                .arg(path)
+                .status()
+                .is_ok_and(|s| s.success());
+        if mounted {
+            return Some(Mount(path.to_path_buf()));
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(
+            !root,
+            "running as root but could not mount a tmpfs at {}",
+            path.display()
+        );
+        eprintln!(
+            "skipped: cannot mount tmpfs at {} (needs root)",
+            path.display()
+        );
+        None
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
