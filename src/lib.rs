@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod server;

@@ -168,7 +168,7 @@ fn serve(args: ServeArgs) -> ExitCode {
 }
 
 fn run(config: Config) -> ExitCode {
-    narad::server::init_logging(&config);
+    narad::logging::init(&config.log_level, &config.log_format);
     match narad::server::run(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),

@@ -62,6 +62,8 @@ pub enum ShardReq {
     Meta(Arc<MetaState>),
     /// Propose a metadata change (to shard 0).
     Propose(MetaCommand),
+    /// This shard's counters and gauges for a scrape.
+    Metrics,
 }
 
 pub enum ShardResp {
@@ -71,6 +73,7 @@ pub enum ShardResp {
     Read(Result<Option<StoredRecord>, ReadFailure>),
     Stats(Vec<(PartitionStats, usize, usize, Offset)>),
     Proposed(Result<MetaResponse, ProposeError>),
+    Metrics(Box<crate::metrics::ShardMetrics>),
     Done,
 }
 
@@ -602,11 +605,27 @@ impl Node {
                 ShardResp::Done
             }
             ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),
+            ShardReq::Metrics => ShardResp::Metrics(Box::new(crate::metrics::shard_snapshot(
+                &self,
+                self.mesh.pending_calls(),
+            ))),
         }
     }
 
+    /// The node-wide `/metrics` document: every shard's snapshot, one mesh call each.
     pub async fn metrics_response(&self) -> Response {
-        Response::text(200, &self.metrics.render())
+        let mut shards = Vec::with_capacity(self.shards as usize);
+        for s in 0..self.shards {
+            if s == self.shard.0 {
+                let pending = self.mesh.pending_calls();
+                shards.push(crate::metrics::shard_snapshot(self, pending));
+            } else if let Ok(ShardResp::Metrics(m)) =
+                self.mesh.call(ShardId(s), ShardReq::Metrics).await
+            {
+                shards.push(*m);
+            }
+        }
+        crate::metrics::response(crate::metrics::render(self, shards))
     }
 }
 

@@ -182,6 +182,7 @@ async fn shard_main(
     }
     spawn_housekeeping(&node);
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
+    crate::metrics::listener::spawn(&node, &shutdown)?;
     node.mark_started();
     if id.0 == 0 {
         tracing::info!(addr = %addr, shards, "http listening");

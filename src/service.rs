@@ -21,7 +21,11 @@ impl ApiService {
 
 impl Service for ApiService {
     fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
-        crate::api::body_limit(head)
+        crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
+    }
+
+    fn on_refused(&self, status: u16) {
+        self.node.metrics.refused(status);
     }
 
     fn body_too_large(&self, head: &RequestHead) -> Response {
@@ -30,7 +34,7 @@ impl Service for ApiService {
 
     fn call(&self, req: Request) -> impl Future<Output = Response> {
         // The server catches a panic inside and answers 500 {"error":"internal server panic"}.
-        crate::api::handle(&self.node, req)
+        crate::metrics::observe(&self.node, req, |req| crate::api::handle(&self.node, req))
     }
 }
 

@@ -7,5 +7,6 @@ pub mod file;
 pub mod log;
 pub mod partition;
 pub mod rt;
+pub mod stats;
 pub mod types;
 pub mod wal;

@@ -127,10 +127,10 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         msg_key: key,
         payload: req.body,
     };
+    let tally = crate::metrics::Tally::of(std::slice::from_ref(&rec));
     match node.append(vec![rec]).await {
         Ok(()) => {
-            let m = &node.metrics.messages_produced;
-            m.set(m.get() + 1);
+            node.metrics.produced(tally);
             Response::empty(202)
         }
         Err(e) => store_failure(e),
@@ -181,10 +181,10 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
         });
     }
     let n = records.len();
+    let tally = crate::metrics::Tally::of(&records);
     match node.append(records).await {
         Ok(()) => {
-            let m = &node.metrics.messages_produced;
-            m.set(m.get() + n as u64);
+            node.metrics.produced(tally);
             Response::json(202, format!("{{\"accepted\":{n}}}\n").into_bytes())
         }
         Err(e) => store_failure(e),
@@ -380,6 +380,7 @@ async fn queue_consume(
             return deliver(node, t, leased, max.is_some()).await;
         }
         if now_ms() >= deadline || node.shutting_down() {
+            node.metrics.consume_empty(t.id);
             return Response::empty(204);
         }
         node.wait_for_work(t.id, deadline).await;
@@ -387,7 +388,6 @@ async fn queue_consume(
 }
 
 async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: bool) -> Response {
-    let consumed = &node.metrics.messages_consumed;
     let mut body = Vec::with_capacity(
         leased
             .iter()
@@ -396,7 +396,7 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
             + 16,
     );
     if !batch {
-        consumed.set(consumed.get() + 1);
+        node.metrics.consumed(t.id, &leased[..1]);
         let l = &leased[0];
         write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
         body.push(b'\n');
@@ -415,7 +415,8 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
         write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
     }
     body.extend_from_slice(b"]}\n");
-    consumed.set(consumed.get() + (leased.len() - unsent.len()) as u64);
+    node.metrics
+        .consumed(t.id, &leased[..leased.len() - unsent.len()]);
     if !unsent.is_empty() {
         node.release(t.id, unsent).await;
     }
@@ -463,7 +464,10 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
         .iter()
         .filter_map(|r| r.as_ref().ok().copied())
         .collect();
-    let mut results = node.settle(conf, kind, &items).await.into_iter();
+    let settled = node.settle(conf, kind, &items).await;
+    node.metrics
+        .settled(t.id, kind, settled.iter().filter(|r| r.is_ok()).count());
+    let mut results = settled.into_iter();
     let outcome: Vec<(u16, Option<String>)> = parsed
         .iter()
         .map(|r| match r {

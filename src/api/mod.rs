@@ -71,6 +71,38 @@ pub enum Route {
     Metrics,
 }
 
+impl Route {
+    /// The route's pattern, as the `route` label of metrics and the OpenAPI document
+    /// (docs/openapi.json) name it. Exhaustive on purpose: a new route gets its pattern here and
+    /// its entry in the document (the `openapi_lists_every_route` test checks both).
+    pub fn pattern(self) -> &'static str {
+        match self {
+            Route::TopicsCreate => "POST /v1/topics",
+            Route::TopicsList => "GET /v1/topics",
+            Route::TopicGet => "GET /v1/topics/{topic}",
+            Route::TopicPatch => "PATCH /v1/topics/{topic}",
+            Route::TopicDelete => "DELETE /v1/topics/{topic}",
+            Route::TopicSchema => "GET /v1/topics/{topic}/schema",
+            Route::Produce => "POST /v1/topics/{topic}/produce",
+            Route::ProduceBatch => "POST /v1/topics/{topic}/produce/batch",
+            Route::Consume => "GET /v1/topics/{topic}/consume",
+            Route::Ack => "POST /v1/topics/{topic}/ack",
+            Route::Healthz => "GET /healthz",
+            Route::Readyz => "GET /readyz",
+            Route::Metrics => "GET /metrics",
+        }
+    }
+}
+
+/// The `route` label of a request (API.md §9.1 metrics): its matched pattern, or `unmatched`
+/// (no route, or a known path with the wrong method).
+pub fn route_label(method: &str, path: &str) -> &'static str {
+    match route(method, path) {
+        Match::Found(r, _) => r.pattern(),
+        _ => "unmatched",
+    }
+}
+
 enum Match<'a> {
     Found(Route, Vec<&'a str>),
     WrongMethod(&'static str),
@@ -197,8 +229,6 @@ pub fn too_large(head: &RequestHead) -> Response {
 
 /// Serves one request (the head already passed [`body_limit`]).
 pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
-    let m = &node.metrics.http_requests;
-    m.set(m.get() + 1);
     let path = std::mem::take(&mut req.path);
     let (r, args) = match route(req.method.as_str(), &path) {
         Match::Found(r, args) => (r, args.into_iter().map(String::from).collect::<Vec<_>>()),
@@ -229,7 +259,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             Ok(()) => json(200, &serde_json::json!({"status":"ready"})),
             Err(reason) => error(503, &reason),
         },
-        Route::Metrics => node.metrics_response().await,
+        Route::Metrics => crate::metrics::api_port_response(node).await,
         Route::TopicsCreate => topics::create(node, &req).await,
         Route::TopicsList => topics::list(node, &req),
         Route::TopicGet => topics::describe(node, &req, t).await,

@@ -388,6 +388,7 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
             .fsync_latency_us
             .record(t.elapsed().as_micros() as u64);
     }
+    crate::stats::record_wal_fsync(t.elapsed());
     if let Err(e) = synced {
         return Outcome::Failed(format!("fdatasync of segment {}: {e}", plan.at.segment));
     }

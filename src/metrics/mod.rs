@@ -1,0 +1,871 @@
+//! `/metrics`: the `narad_*` series of OPERATIONS.md §9 that a single node has today, in the
+//! Prometheus text format.
+//!
+//! Owns: the per-shard counters ([`Metrics`], one per shard inside its `Node`), their snapshot
+//! ([`ShardMetrics`], the one value that crosses threads), and the node-wide answer: the shard
+//! that answers a scrape asks every shard for its snapshot over the mesh, merges them and renders
+//! one document ([`render`]). Counters are plain `Cell`/`RefCell` values of the shard that did the
+//! work: no atomics, no locks on the request path; recording is a hash-map update. Never touches
+//! another shard's state directly, never blocks a request on a scrape.
+//!
+//! What is counted where. HTTP series are recorded by [`observe`] around every handled request,
+//! and for answers the HTTP layer gives without the handler (404/405/415 from the head, 413,
+//! parse errors: [`Metrics::early_answer`], [`Metrics::refused`]). Message counters are recorded
+//! on the shard that accepted the request (a single node: the node-wide sum is the owner's count
+//! the spec asks for). Partition gauges (lag, in flight, acked ahead, sizes) are read from the
+//! owner shard at scrape time, so they are always current (the spec's 5 s refresh is an upper
+//! bound). Every bounded map has a named maximum: beyond it new series are dropped, never
+//! unbounded memory.
+//!
+//! Deviations, deliberate: the spec's `narad_storage_fsync_duration_seconds{topic,partition}`
+//! measures per-partition fsyncs of the original; here one WAL fsync per shard covers every
+//! partition of a batch, so it is exposed as `narad_wal_fsync_duration_seconds{shard}` with
+//! `narad_wal_batch_records{shard}` (records per group commit). Added series (no spec name
+//! covers them): `narad_messages_acked_total{topic}`, `narad_shard_*{shard}` queue depths.
+//! Not yet present (their features are not built): schema, fan-out, remote, Raft and cluster
+//! series (§9.3, §9.4, §9.6), `narad_consume_wait_seconds`, status `499`.
+
+pub mod expo;
+pub mod listener;
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use narad_io::log::AppendRecord;
+use narad_io::types::{PartitionId, PartitionKey, TopicId};
+use narad_shard::host::{Leased, SettleKind};
+
+use crate::http::{Request, RequestHead, Response};
+use crate::node::Node;
+use expo::{Expo, Histogram, Kind};
+
+/// Upper bounds (microseconds) of `narad_http_request_duration_seconds`: 250 µs to the 30 s
+/// long-poll ceiling.
+pub static HTTP_DURATION_BOUNDS_US: [u64; 15] = [
+    250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000,
+    2_500_000, 10_000_000, 30_000_000,
+];
+
+/// Upper bounds of `narad_wal_batch_records`: the WAL's power-of-two buckets (bucket `i` holds
+/// `[2^i, 2^(i+1))` records, so `2^(i+1) - 1` is its inclusive bound), up to 2^20 - 1.
+pub static WAL_BATCH_RECORDS_BOUNDS: [u64; 20] = {
+    let mut b = [0u64; 20];
+    let mut i = 0;
+    while i < 20 {
+        b[i] = (1u64 << (i + 1)) - 1;
+        i += 1;
+    }
+    b
+};
+
+/// Distinct (route, method, status) series per shard.
+pub const HTTP_SERIES_MAX: usize = 4096;
+/// Partitions with traffic counters per shard.
+pub const PARTITION_SERIES_MAX: usize = 1 << 16;
+/// Topics with counters per shard.
+pub const TOPIC_SERIES_MAX: usize = 1 << 14;
+/// Directory entries visited to size the data directory; beyond it the size is a lower bound.
+pub const DATA_DIR_WALK_ENTRIES_MAX: usize = 200_000;
+/// How long a data directory size stays cached (OPERATIONS.md §9: gauges refresh every 5 s).
+pub const DATA_DIR_SIZE_TTL: Duration = Duration::from_secs(5);
+
+/// The labels of one HTTP series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HttpKey {
+    /// Matched pattern (`POST /v1/topics/{topic}/ack`) or `unmatched`.
+    pub route: &'static str,
+    pub method: &'static str,
+    pub status: u16,
+}
+
+/// One HTTP series: durations (its count is the request count) and bytes.
+#[derive(Clone, Debug)]
+pub struct HttpSeries {
+    pub duration_us: Histogram,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// Message traffic of one partition, counted on one shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub produced: u64,
+    pub produced_bytes: u64,
+    pub consumed: u64,
+    pub consumed_bytes: u64,
+}
+
+/// Per-topic counters of one shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopicCounters {
+    pub acked: u64,
+    pub extended: u64,
+    pub nacked: u64,
+    /// Queue consumes answered `204` (nothing available within the wait).
+    pub consume_empty: u64,
+}
+
+/// Queue and storage gauges of one partition, read on its owner shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionGauges {
+    pub size_bytes: u64,
+    pub segments: u32,
+    pub high_watermark: u64,
+    pub frontier: u64,
+    pub in_flight: u64,
+    pub acked_ahead: u64,
+}
+
+/// The counters of one shard. Lives in the shard's `Node`; never leaves its thread.
+pub struct Metrics {
+    http: RefCell<HashMap<HttpKey, HttpSeries>>,
+    in_flight: Cell<u64>,
+    traffic: RefCell<HashMap<PartitionKey, Traffic>>,
+    topics: RefCell<HashMap<TopicId, TopicCounters>>,
+    next_request: Cell<u64>,
+    /// (when measured, data directory bytes) on the shard that answers scrapes.
+    data_dir_size: Cell<Option<(Instant, u64)>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            http: RefCell::new(HashMap::new()),
+            in_flight: Cell::new(0),
+            traffic: RefCell::new(HashMap::new()),
+            topics: RefCell::new(HashMap::new()),
+            next_request: Cell::new(0),
+            data_dir_size: Cell::new(None),
+        }
+    }
+}
+
+/// Per-partition message and byte counts of records about to be appended, taken before the
+/// records move into the log (they are counted only once the append succeeded).
+pub struct Tally(Vec<(PartitionKey, u64, u64)>);
+
+impl Tally {
+    pub fn of(records: &[AppendRecord]) -> Tally {
+        let mut v: Vec<(PartitionKey, u64, u64)> = Vec::with_capacity(records.len().min(8));
+        for r in records {
+            let bytes = r.payload.len() as u64;
+            match v.iter_mut().find(|e| e.0 == r.key) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += bytes;
+                }
+                None => v.push((r.key, 1, bytes)),
+            }
+        }
+        Tally(v)
+    }
+}
+
+fn bump(c: &Cell<u64>, by: u64) {
+    c.set(c.get().wrapping_add(by));
+}
+
+fn method_label(method: &str, head: bool) -> &'static str {
+    if head {
+        return "HEAD";
+    }
+    match method {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+impl Metrics {
+    fn record_http(&self, key: HttpKey, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
+        let mut http = self.http.borrow_mut();
+        if !http.contains_key(&key) && http.len() >= HTTP_SERIES_MAX {
+            return;
+        }
+        let s = http.entry(key).or_insert_with(|| HttpSeries {
+            duration_us: Histogram::new(&HTTP_DURATION_BOUNDS_US),
+            bytes_in: 0,
+            bytes_out: 0,
+        });
+        s.duration_us
+            .record(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX));
+        s.bytes_in += bytes_in;
+        s.bytes_out += bytes_out;
+    }
+
+    /// An answer decided from the head alone (guard, 404, 405, authentication), before the body.
+    pub fn early_answer(&self, head: &RequestHead, status: u16) {
+        let key = HttpKey {
+            route: crate::api::route_label(head.method.as_str(), &head.path),
+            method: method_label(head.method.as_str(), head.head),
+            status,
+        };
+        self.record_http(key, Duration::ZERO, 0, 0);
+    }
+
+    /// An answer the HTTP layer gave on its own (unparsable request, body too large, panic).
+    pub fn refused(&self, status: u16) {
+        let key = HttpKey {
+            route: "unmatched",
+            method: "OTHER",
+            status,
+        };
+        self.record_http(key, Duration::ZERO, 0, 0);
+    }
+
+    /// Records appended successfully (call after the append answered Ok).
+    pub fn produced(&self, tally: Tally) {
+        let mut t = self.traffic.borrow_mut();
+        for (key, n, bytes) in tally.0 {
+            if !t.contains_key(&key) && t.len() >= PARTITION_SERIES_MAX {
+                continue;
+            }
+            let e = t.entry(key).or_default();
+            e.produced += n;
+            e.produced_bytes += bytes;
+        }
+    }
+
+    /// Queue deliveries (redeliveries count again; replays are not counted).
+    pub fn consumed(&self, topic: TopicId, delivered: &[Leased]) {
+        let mut t = self.traffic.borrow_mut();
+        for l in delivered {
+            let key = PartitionKey {
+                topic,
+                partition: l.partition,
+            };
+            if !t.contains_key(&key) && t.len() >= PARTITION_SERIES_MAX {
+                continue;
+            }
+            let e = t.entry(key).or_default();
+            e.consumed += 1;
+            e.consumed_bytes += l.record.payload.len() as u64;
+        }
+    }
+
+    fn topic(&self, topic: TopicId, f: impl FnOnce(&mut TopicCounters)) {
+        let mut t = self.topics.borrow_mut();
+        if !t.contains_key(&topic) && t.len() >= TOPIC_SERIES_MAX {
+            return;
+        }
+        f(t.entry(topic).or_default());
+    }
+
+    /// `ok` leases settled successfully with `kind`.
+    pub fn settled(&self, topic: TopicId, kind: SettleKind, ok: usize) {
+        if ok == 0 {
+            return;
+        }
+        let ok = ok as u64;
+        self.topic(topic, |c| match kind {
+            SettleKind::Ack => c.acked += ok,
+            SettleKind::Extend => c.extended += ok,
+            SettleKind::Nack => c.nacked += ok,
+        });
+    }
+
+    /// A queue consume that found nothing within its wait.
+    pub fn consume_empty(&self, topic: TopicId) {
+        self.topic(topic, |c| c.consume_empty += 1);
+    }
+
+    /// A fresh request id, unique within this process: shard in the top byte, then a counter.
+    fn next_request_id(&self, shard: u32) -> u64 {
+        let n = self.next_request.get().wrapping_add(1);
+        self.next_request.set(n);
+        (u64::from(shard & 0xff) << 56) | (n & ((1 << 56) - 1))
+    }
+}
+
+/// Decrements the in-flight gauge however the request ends (answer, panic, cancellation).
+struct InFlight<'a>(&'a Cell<u64>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+/// Serves `req` with `handler`, recording the HTTP series, the in-flight gauge, a request id on
+/// every log line the handler writes, and a log line for a `5xx` answer (4xx are not logged,
+/// OPERATIONS.md §8).
+pub async fn observe<F, H>(node: &Node, req: Request, handler: H) -> Response
+where
+    H: FnOnce(Request) -> F,
+    F: Future<Output = Response>,
+{
+    let m = &node.metrics;
+    let route = crate::api::route_label(req.method.as_str(), &req.path);
+    let method = method_label(req.method.as_str(), req.head);
+    let bytes_in = req.body.len() as u64;
+    let id = m.next_request_id(node.shard.0);
+    bump(&m.in_flight, 1);
+    let guard = InFlight(&m.in_flight);
+    let t0 = Instant::now();
+    let resp = crate::logging::with_request_id(id, handler(req)).await;
+    let elapsed = t0.elapsed();
+    drop(guard);
+    let key = HttpKey {
+        route,
+        method,
+        status: resp.status,
+    };
+    m.record_http(key, elapsed, bytes_in, resp.body.len() as u64);
+    if resp.status >= 500 {
+        crate::logging::in_request(id, || {
+            tracing::error!(
+                status = resp.status,
+                route,
+                method,
+                duration_ms = elapsed.as_secs_f64() * 1e3,
+                "request failed"
+            )
+        });
+    }
+    resp
+}
+
+/// One shard's counters and the gauges of the partitions it owns: the value the mesh carries.
+#[derive(Debug)]
+pub struct ShardMetrics {
+    pub shard: u32,
+    pub http: Vec<(HttpKey, HttpSeries)>,
+    pub in_flight: u64,
+    pub traffic: Vec<(PartitionKey, Traffic)>,
+    pub topics: Vec<(TopicId, TopicCounters)>,
+    pub partitions: Vec<(PartitionKey, PartitionGauges)>,
+    pub wal_fsync_us: Histogram,
+    pub wal_batch_records: Histogram,
+    pub wal_bytes_written: u64,
+    pub wal_failed: bool,
+    pub open_partition_logs: u64,
+    pub mesh_calls_pending: u64,
+}
+
+/// The calling shard's snapshot. `mesh_calls_pending`: calls from this shard waiting for another
+/// shard's answer (the node passes it; the mesh is its own).
+pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
+    let m = &node.metrics;
+    let meta = node.meta();
+    let live: std::collections::HashSet<TopicId> = meta.topics.values().map(|t| t.id).collect();
+    // Deleted topics' counters go: their series disappear, their memory is freed.
+    m.traffic
+        .borrow_mut()
+        .retain(|k, _| live.contains(&k.topic));
+    m.topics.borrow_mut().retain(|k, _| live.contains(k));
+    let mut partitions = Vec::new();
+    for t in meta.topics.values() {
+        for p in 0..t.partitions {
+            let key = PartitionKey {
+                topic: t.id,
+                partition: PartitionId(p),
+            };
+            if node.owner(key) != node.shard {
+                continue;
+            }
+            let s = node.host.stats(key);
+            let (in_flight, acked_ahead, frontier) = node.host.queue_stats(key);
+            partitions.push((
+                key,
+                PartitionGauges {
+                    size_bytes: s.size_bytes,
+                    segments: s.segments,
+                    high_watermark: s.high_watermark.0,
+                    frontier: frontier.0,
+                    in_flight: in_flight as u64,
+                    acked_ahead: acked_ahead as u64,
+                },
+            ));
+        }
+    }
+    let log = node.host.log();
+    let wal = log.wal_stats();
+    let fsync = narad_io::stats::wal_fsync();
+    ShardMetrics {
+        shard: node.shard.0,
+        http: m
+            .http
+            .borrow()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
+        in_flight: m.in_flight.get(),
+        traffic: m.traffic.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
+        topics: m.topics.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
+        partitions,
+        wal_fsync_us: Histogram::from_counts(
+            &narad_io::stats::FSYNC_BUCKET_BOUNDS_US,
+            &fsync.buckets,
+            fsync.sum_us,
+        ),
+        wal_batch_records: batch_records(&wal.batch_records.buckets, wal.records),
+        wal_bytes_written: wal.bytes_written,
+        wal_failed: log.poisoned().is_some(),
+        open_partition_logs: log.partitions().len() as u64,
+        mesh_calls_pending: mesh_calls_pending as u64,
+    }
+}
+
+/// The WAL's power-of-two batch-size buckets folded onto [`WAL_BATCH_RECORDS_BOUNDS`].
+fn batch_records(log2: &[u64], records: u64) -> Histogram {
+    let mut counts = [0u64; WAL_BATCH_RECORDS_BOUNDS.len() + 1];
+    for (i, c) in log2.iter().enumerate() {
+        counts[i.min(WAL_BATCH_RECORDS_BOUNDS.len())] += c;
+    }
+    Histogram::from_counts(&WAL_BATCH_RECORDS_BOUNDS, &counts, records)
+}
+
+/// `/metrics` as the API port answers it: `404` when a separate metrics listener is configured
+/// (API.md §15.3), else the node-wide document. (Whether credentials are needed first is the
+/// authentication step's decision: [`api_port_needs_credentials`].)
+pub async fn api_port_response(node: &Node) -> Response {
+    if !node.config.http.metrics_addr.is_empty() {
+        return Response::text(404, "404 page not found\n");
+    }
+    node.metrics_response().await
+}
+
+/// API.md §15.3: on the API port `/metrics` takes the API's Basic auth unless
+/// `http.metrics_unauthenticated` is set and no separate listener is configured (the separate
+/// listener itself never asks for credentials). With security off nothing needs credentials.
+pub fn api_port_needs_credentials(config: &crate::config::Config) -> bool {
+    !(config.http.metrics_addr.is_empty() && config.http.metrics_unauthenticated)
+}
+
+/// Bytes under `dir`, visiting at most [`DATA_DIR_WALK_ENTRIES_MAX`] entries (symbolic links are
+/// not followed).
+fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    let mut visited = 0usize;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            visited += 1;
+            if visited > DATA_DIR_WALK_ENTRIES_MAX {
+                return total;
+            }
+            let Ok(md) = e.metadata() else { continue };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                total += md.len();
+            }
+        }
+    }
+    total
+}
+
+/// Bytes available to the broker on the data directory's filesystem.
+fn available_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid NUL-terminated path and `s` points to writable memory of the right
+    // type; statvfs only writes into it and we read it only when it returned 0.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised `s`.
+    let s = unsafe { s.assume_init() };
+    Some((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
+/// Merges every shard's snapshot and renders the node's `/metrics` document.
+pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
+    let meta = node.meta();
+    let mut http: BTreeMap<HttpKey, HttpSeries> = BTreeMap::new();
+    let mut traffic: HashMap<PartitionKey, Traffic> = HashMap::new();
+    let mut topics: HashMap<TopicId, TopicCounters> = HashMap::new();
+    let mut gauges: HashMap<PartitionKey, PartitionGauges> = HashMap::new();
+    let mut in_flight = 0u64;
+    let mut wal_failed = false;
+    let mut open_logs = 0u64;
+    for s in &shards {
+        in_flight += s.in_flight;
+        wal_failed |= s.wal_failed;
+        open_logs += s.open_partition_logs;
+        for (k, v) in &s.http {
+            match http.get_mut(k) {
+                Some(e) => {
+                    e.duration_us.merge(&v.duration_us);
+                    e.bytes_in += v.bytes_in;
+                    e.bytes_out += v.bytes_out;
+                }
+                None => {
+                    http.insert(*k, v.clone());
+                }
+            }
+        }
+        for (k, v) in &s.traffic {
+            let e = traffic.entry(*k).or_default();
+            e.produced += v.produced;
+            e.produced_bytes += v.produced_bytes;
+            e.consumed += v.consumed;
+            e.consumed_bytes += v.consumed_bytes;
+        }
+        for (k, v) in &s.topics {
+            let e = topics.entry(*k).or_default();
+            e.acked += v.acked;
+            e.extended += v.extended;
+            e.nacked += v.nacked;
+            e.consume_empty += v.consume_empty;
+        }
+        for (k, v) in &s.partitions {
+            gauges.insert(*k, *v);
+        }
+    }
+    let mut e = Expo::new();
+
+    // §9.1 traffic and HTTP.
+    e.family(
+        "narad_http_requests_total",
+        Kind::Counter,
+        "HTTP answers by matched route, method and status.",
+    );
+    for (k, v) in &http {
+        let status = k.status.to_string();
+        let labels = [
+            ("route", k.route),
+            ("method", k.method),
+            ("status", status.as_str()),
+        ];
+        e.int("narad_http_requests_total", &labels, v.duration_us.count());
+    }
+    e.family(
+        "narad_http_request_duration_seconds",
+        Kind::Histogram,
+        "Time from a request's body being read to its answer.",
+    );
+    for (k, v) in &http {
+        let status = k.status.to_string();
+        let labels = [
+            ("route", k.route),
+            ("method", k.method),
+            ("status", status.as_str()),
+        ];
+        e.histogram(
+            "narad_http_request_duration_seconds",
+            &labels,
+            &v.duration_us,
+            1e6,
+        );
+    }
+    let mut by_route: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (k, v) in &http {
+        let r = by_route.entry(k.route).or_default();
+        r.0 += v.bytes_in;
+        r.1 += v.bytes_out;
+    }
+    e.family(
+        "narad_http_request_bytes_in_total",
+        Kind::Counter,
+        "Request body bytes by route.",
+    );
+    for (route, (bytes_in, _)) in &by_route {
+        e.int(
+            "narad_http_request_bytes_in_total",
+            &[("route", route)],
+            *bytes_in,
+        );
+    }
+    e.family(
+        "narad_http_response_bytes_out_total",
+        Kind::Counter,
+        "Response body bytes by route.",
+    );
+    for (route, (_, bytes_out)) in &by_route {
+        e.int(
+            "narad_http_response_bytes_out_total",
+            &[("route", route)],
+            *bytes_out,
+        );
+    }
+    e.family(
+        "narad_http_requests_in_flight",
+        Kind::Gauge,
+        "Requests being handled.",
+    );
+    e.int("narad_http_requests_in_flight", &[], in_flight);
+
+    // Per partition of every topic, in name order (zero until traffic).
+    type PartitionSeries = (&'static str, &'static str, fn(&Traffic) -> u64);
+    let per_partition: [PartitionSeries; 4] = [
+        (
+            "narad_messages_produced_total",
+            "Messages made durable, by topic and partition.",
+            |t| t.produced,
+        ),
+        (
+            "narad_bytes_produced_total",
+            "Payload bytes made durable, by topic and partition.",
+            |t| t.produced_bytes,
+        ),
+        (
+            "narad_messages_consumed_total",
+            "Queue deliveries (redeliveries count again), by topic and partition.",
+            |t| t.consumed,
+        ),
+        (
+            "narad_bytes_consumed_total",
+            "Payload bytes of queue deliveries, by topic and partition.",
+            |t| t.consumed_bytes,
+        ),
+    ];
+    let zero = Traffic::default();
+    for (name, help, get) in per_partition {
+        e.family(name, Kind::Counter, help);
+        for t in meta.topics.values() {
+            for p in 0..t.partitions {
+                let key = PartitionKey {
+                    topic: t.id,
+                    partition: PartitionId(p),
+                };
+                let v = traffic.get(&key).unwrap_or(&zero);
+                let ps = p.to_string();
+                e.int(name, &[("topic", &t.name), ("partition", &ps)], get(v));
+            }
+        }
+    }
+    type TopicSeries = (&'static str, &'static str, fn(&TopicCounters) -> u64);
+    let per_topic: [TopicSeries; 4] = [
+        (
+            "narad_consume_empty_total",
+            "Queue consumes that found nothing within their wait.",
+            |c| c.consume_empty,
+        ),
+        (
+            "narad_messages_acked_total",
+            "Leases acknowledged, by topic.",
+            |c| c.acked,
+        ),
+        (
+            "narad_ack_extended_total",
+            "Leases extended, by topic.",
+            |c| c.extended,
+        ),
+        (
+            "narad_nack_total",
+            "Leases released for redelivery (nack), by topic.",
+            |c| c.nacked,
+        ),
+    ];
+    let none = TopicCounters::default();
+    for (name, help, get) in per_topic {
+        e.family(name, Kind::Counter, help);
+        for t in meta.topics.values() {
+            let v = topics.get(&t.id).unwrap_or(&none);
+            e.int(name, &[("topic", &t.name)], get(v));
+        }
+    }
+
+    // §9.2 queue health and §9.5 storage, per partition from its owner shard.
+    type GaugeSeries = (&'static str, &'static str, fn(&PartitionGauges) -> u64);
+    let per_partition_gauges: [GaugeSeries; 5] = [
+        (
+            "narad_consumer_lag_messages",
+            "High watermark minus committed frontier.",
+            |g| g.high_watermark.saturating_sub(g.frontier),
+        ),
+        ("narad_inflight_size", "Leases held by consumers.", |g| {
+            g.in_flight
+        }),
+        (
+            "narad_acked_ahead_size",
+            "Offsets acked above the frontier.",
+            |g| g.acked_ahead,
+        ),
+        (
+            "narad_partition_size_bytes",
+            "Bytes of the partition's segment files.",
+            |g| g.size_bytes,
+        ),
+        ("narad_segments", "Segment files of the partition.", |g| {
+            u64::from(g.segments)
+        }),
+    ];
+    let blank = PartitionGauges::default();
+    for (name, help, get) in per_partition_gauges {
+        e.family(name, Kind::Gauge, help);
+        for t in meta.topics.values() {
+            for p in 0..t.partitions {
+                let key = PartitionKey {
+                    topic: t.id,
+                    partition: PartitionId(p),
+                };
+                let g = gauges.get(&key).unwrap_or(&blank);
+                let ps = p.to_string();
+                e.int(name, &[("topic", &t.name), ("partition", &ps)], get(g));
+            }
+        }
+    }
+    e.family(
+        "narad_topic_bytes",
+        Kind::Gauge,
+        "Bytes of a topic's segment files.",
+    );
+    for t in meta.topics.values() {
+        let bytes: u64 = (0..t.partitions)
+            .filter_map(|p| {
+                gauges.get(&PartitionKey {
+                    topic: t.id,
+                    partition: PartitionId(p),
+                })
+            })
+            .map(|g| g.size_bytes)
+            .sum();
+        e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
+    }
+    e.family("narad_topics_total", Kind::Gauge, "Topics.");
+    e.int("narad_topics_total", &[], meta.topics.len() as u64);
+    e.family(
+        "narad_partitions_total",
+        Kind::Gauge,
+        "Partitions owned by this node.",
+    );
+    e.int(
+        "narad_partitions_total",
+        &[],
+        meta.topics.values().map(|t| u64::from(t.partitions)).sum(),
+    );
+    e.family(
+        "narad_open_partition_logs",
+        Kind::Gauge,
+        "Partition logs open on this node.",
+    );
+    e.int("narad_open_partition_logs", &[], open_logs);
+    e.family(
+        "narad_ingress_wal_failed",
+        Kind::Gauge,
+        "1 when a shard's write-ahead log stopped accepting writes after an I/O failure.",
+    );
+    e.int("narad_ingress_wal_failed", &[], u64::from(wal_failed));
+
+    let dir = &node.config.data_dir;
+    let size = match node.metrics.data_dir_size.get() {
+        Some((at, bytes)) if at.elapsed() < DATA_DIR_SIZE_TTL => bytes,
+        _ => {
+            let bytes = dir_size(dir);
+            node.metrics
+                .data_dir_size
+                .set(Some((Instant::now(), bytes)));
+            bytes
+        }
+    };
+    e.family(
+        "narad_data_dir_size_bytes",
+        Kind::Gauge,
+        "Bytes of files under the data directory.",
+    );
+    e.int("narad_data_dir_size_bytes", &[], size);
+    if let Some(avail) = available_bytes(dir) {
+        e.family(
+            "narad_data_dir_available_bytes",
+            Kind::Gauge,
+            "Bytes available on the data directory's filesystem.",
+        );
+        e.int("narad_data_dir_available_bytes", &[], avail);
+    }
+
+    // Per shard: the group commit and queue depths.
+    e.family(
+        "narad_wal_fsync_duration_seconds",
+        Kind::Histogram,
+        "fdatasync latency of the shard's write-ahead log (one per group commit).",
+    );
+    for s in &shards {
+        let id = s.shard.to_string();
+        e.histogram(
+            "narad_wal_fsync_duration_seconds",
+            &[("shard", &id)],
+            &s.wal_fsync_us,
+            1e6,
+        );
+    }
+    e.family(
+        "narad_wal_batch_records",
+        Kind::Histogram,
+        "Records per group commit of the shard's write-ahead log.",
+    );
+    for s in &shards {
+        let id = s.shard.to_string();
+        e.histogram(
+            "narad_wal_batch_records",
+            &[("shard", &id)],
+            &s.wal_batch_records,
+            1.0,
+        );
+    }
+    e.family(
+        "narad_wal_bytes_written_total",
+        Kind::Counter,
+        "Bytes written by the shard's write-ahead log, padding included.",
+    );
+    for s in &shards {
+        let id = s.shard.to_string();
+        e.int(
+            "narad_wal_bytes_written_total",
+            &[("shard", &id)],
+            s.wal_bytes_written,
+        );
+    }
+    e.family(
+        "narad_shard_http_requests_in_flight",
+        Kind::Gauge,
+        "Requests being handled, by the shard that accepted them.",
+    );
+    for s in &shards {
+        let id = s.shard.to_string();
+        e.int(
+            "narad_shard_http_requests_in_flight",
+            &[("shard", &id)],
+            s.in_flight,
+        );
+    }
+    e.family(
+        "narad_shard_mesh_calls_pending",
+        Kind::Gauge,
+        "Calls from the shard to other shards waiting for an answer.",
+    );
+    for s in &shards {
+        let id = s.shard.to_string();
+        e.int(
+            "narad_shard_mesh_calls_pending",
+            &[("shard", &id)],
+            s.mesh_calls_pending,
+        );
+    }
+    e.family(
+        "narad_shards",
+        Kind::Gauge,
+        "Shards that answered this scrape (one per core).",
+    );
+    e.int("narad_shards", &[], shards.len() as u64);
+    e.finish()
+}
+
+/// The content type of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// A `/metrics` answer from a rendered document.
+pub fn response(doc: String) -> Response {
+    Response {
+        status: 200,
+        headers: vec![(
+            std::borrow::Cow::Borrowed("Content-Type"),
+            CONTENT_TYPE.into(),
+        )],
+        body: doc.into_bytes(),
+    }
+}
