@@ -8,5 +8,6 @@ pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod server;
+pub mod schema;
 pub mod service;
 pub mod wire;
