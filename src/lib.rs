@@ -1,6 +1,7 @@
 //! The `narad` binary's library: CLI, server wiring, the HTTP layer and the API handlers.
 
 pub mod api;
+pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod http;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use narad::config::{Config, FlagOverrides};
 
@@ -48,6 +48,8 @@ enum ServerCommand {
         #[arg(long = "data-dir")]
         data_dir: Option<PathBuf>,
     },
+    /// One table of every topic: TOPIC, PARTS, MESSAGES, SIZE, OWNERS, ROLE.
+    Report,
 }
 
 #[derive(clap::Args, Default)]
@@ -83,8 +85,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Version => {
-            println!("narad dev ({})", env!("CARGO_PKG_VERSION"));
+            println!("{}", narad::cli::version_line());
             ExitCode::SUCCESS
+        }
+        Command::Server {
+            command: ServerCommand::Report,
+        } => narad::cli::run_server_report(cli.conn),
+        Command::Client(narad::cli::ClientCommand::Completion { shell }) => {
+            narad::cli::print_completion(shell, Cli::command())
         }
         Command::Server {
             command:
@@ -157,13 +165,6 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    if config.security_enabled {
-        return fail(
-            "security is on by default, and this build does not implement authentication yet: \
-             set NARAD_SECURITY_ENABLED=false to run without authentication (only behind a \
-             trusted network), or use `narad server start --dev` for a local playground",
-        );
-    }
     run(config)
 }
 

@@ -163,9 +163,12 @@ async fn shard_main(
             }
         }));
     }
+    crate::auth::attach_shard(&node);
     let n2 = node.clone();
     mesh.serve(move |from, req| Box::pin(n2.clone().serve(from, req)));
     if id.0 == 0 {
+        // Seed before any shard serves, so a ready node already has its root admin.
+        crate::auth::seed::seed_root(&node).await?;
         let state = node.meta_node_state().expect("shard 0 hosts the metadata");
         node.broadcast_meta(state).await;
     } else {

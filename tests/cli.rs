@@ -21,12 +21,28 @@ struct Out {
     stderr: String,
 }
 
+/// A config directory that never exists, so that no test reads the user's real contexts.json
+/// (tests of contexts pass their own NARAD_CONFIG_DIR or HOME).
+fn no_config_dir() -> String {
+    std::env::temp_dir()
+        .join(format!("narad-cli-test-no-config-{}", std::process::id()))
+        .display()
+        .to_string()
+}
+
 /// Runs `narad <args>` against `server` (a URL), feeding `stdin`, bounded by RUN_TIMEOUT.
 fn narad_env(server: &str, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
+    let mut pre = vec!["-s", server];
+    pre.extend_from_slice(args);
+    narad_raw(&pre, stdin, env)
+}
+
+/// Runs `narad <args>` with no `-s` added, the connection variables removed and the config
+/// directory pointed at an empty place unless `env` says otherwise.
+fn narad_raw(args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-    cmd.arg("-s")
-        .arg(server)
-        .args(args)
+    cmd.args(args)
+        .env("NARAD_CONFIG_DIR", no_config_dir())
         .env_remove("NARAD_ADDR")
         .env_remove("NARAD_USER")
         .env_remove("NARAD_PASS")
@@ -204,9 +220,9 @@ fn topic_add_ls_info_edit_rm() {
 }
 
 #[test]
-fn pub_single_and_10000_lines_then_sub_acks_each_exactly_once() {
+fn pub_single_and_100000_lines_then_sub_acks_each_exactly_once() {
     // Proves a single pub (key honoured, `accepted (<n> bytes)`), the sub output line, pub of
-    // 10,000 stdin lines in batches of 100 (text and JSON lines), and sub --count 10000 --raw
+    // 100,000 stdin lines in batches of 100 (text and JSON lines), and sub --count 100000 --raw
     // returning every line exactly once and acking them all: a second sub finds nothing.
     let (_d, s) = server("cli-pubsub");
     s.client().create_topic("events", 3);
@@ -232,7 +248,7 @@ fn pub_single_and_10000_lines_then_sub_acks_each_exactly_once() {
 
     let mut input = String::new();
     let mut want = Vec::new();
-    for i in 0..10_000 {
+    for i in 0..100_000 {
         let l = if i % 10 == 0 {
             format!("{{\"i\":{i}}}")
         } else {
@@ -246,7 +262,7 @@ fn pub_single_and_10000_lines_then_sub_acks_each_exactly_once() {
     let p = ok(narad(&s, &["pub", "events"], input.as_bytes()));
     assert!(
         p.stderr
-            .contains("accepted 10000 message(s) in 100 batch(es)"),
+            .contains("accepted 100000 message(s) in 1000 batch(es)"),
         "{}",
         p.stderr
     );
@@ -254,14 +270,14 @@ fn pub_single_and_10000_lines_then_sub_acks_each_exactly_once() {
     let start = Instant::now();
     let sub = ok(narad(
         &s,
-        &["sub", "events", "--count", "10000", "--raw"],
+        &["sub", "events", "--count", "100000", "--raw"],
         b"",
     ));
     let sub_ms = start.elapsed().as_millis();
-    eprintln!("pub 10000 lines: {pub_ms} ms; sub+ack 10000: {sub_ms} ms");
+    eprintln!("pub 100000 lines: {pub_ms} ms; sub+ack 100000: {sub_ms} ms");
     assert!(
         sub.stderr
-            .contains("10000 message(s) received, 10000 acked"),
+            .contains("100000 message(s) received, 100000 acked"),
         "{}",
         sub.stderr
     );
@@ -387,12 +403,28 @@ fn exit_codes() {
 /// A one-shot fake broker: answers `bodies` in order (200, JSON), on as many connections as the
 /// client opens, and returns the request heads it saw.
 fn fake_server(bodies: Vec<String>) -> (String, std::thread::JoinHandle<Vec<String>>) {
+    let (url, h) = fake_server_full(bodies.into_iter().map(|b| (200, b)).collect());
+    let heads = std::thread::spawn(move || {
+        h.join()
+            .unwrap()
+            .into_iter()
+            .map(|(head, _)| head)
+            .collect()
+    });
+    (url, heads)
+}
+
+/// A fake broker answering `(status, body)` in order (JSON bodies; a body starting with `404
+/// page` is sent as plain text), returning each request's head and body.
+fn fake_server_full(
+    answers: Vec<(u16, String)>,
+) -> (String, std::thread::JoinHandle<Vec<(String, String)>>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", l.local_addr().unwrap());
     let h = std::thread::spawn(move || {
-        let mut heads = Vec::new();
-        let mut bodies: std::collections::VecDeque<String> = bodies.into();
-        'conns: while !bodies.is_empty() {
+        let mut seen = Vec::new();
+        let mut answers: std::collections::VecDeque<(u16, String)> = answers.into();
+        'conns: while !answers.is_empty() {
             let (mut c, _) = l.accept().unwrap();
             c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             loop {
@@ -404,21 +436,37 @@ fn fake_server(bodies: Vec<String>) -> (String, std::thread::JoinHandle<Vec<Stri
                         _ => continue 'conns,
                     }
                 }
-                heads.push(String::from_utf8(head).unwrap());
-                let Some(body) = bodies.pop_front() else {
+                let head = String::from_utf8(head).unwrap();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut body = vec![0; len];
+                c.read_exact(&mut body).unwrap();
+                seen.push((head, String::from_utf8(body).unwrap()));
+                let Some((status, body)) = answers.pop_front() else {
                     break 'conns;
                 };
+                let ct = if body.starts_with("404 page") {
+                    "text/plain; charset=utf-8"
+                } else {
+                    "application/json"
+                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    "HTTP/1.1 {status} X\r\nContent-Type: {ct}\r\nContent-Length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 c.write_all(resp.as_bytes()).unwrap();
-                if bodies.is_empty() {
+                if answers.is_empty() {
                     break 'conns;
                 }
             }
         }
-        heads
+        seen
     });
     (url, h)
 }
@@ -443,6 +491,7 @@ fn sends_client_header_and_basic_auth_from_flags_and_env() {
         .env("NARAD_ADDR", &url)
         .env("NARAD_USER", "bob")
         .env("NARAD_PASS", "pw")
+        .env("NARAD_CONFIG_DIR", no_config_dir())
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -645,4 +694,566 @@ fn binary_lines_print_as_hex_and_oversized_lines_are_refused() {
         b"",
     ));
     assert_eq!(o.stdout, "ok\n");
+}
+
+fn mode_0600(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777 == 0o600
+}
+
+#[test]
+fn contexts_add_select_ls_rm_and_precedence() {
+    // Proves ctx add/select/ls/rm keep contexts.json (mode 0600) in NARAD_CONFIG_DIR, else in
+    // $XDG_CONFIG_HOME/narad or ~/.config/narad; the first context added is selected; the
+    // selected context supplies server and credentials; NARAD_ADDR beats the context, -s beats
+    // NARAD_ADDR; --ctx picks another context and is refused while NARAD_USER is set.
+    let dir = TempDir::new("cli-ctx");
+    let cfg = dir.0.join("cfg");
+    let cfg_s = cfg.display().to_string();
+    let env = [("NARAD_CONFIG_DIR", cfg_s.as_str())];
+    let (url_a, a) = fake_server(vec![r#"{"topics":[],"next_page_token":""}"#.into(); 1]);
+    let (url_b, b) = fake_server(vec![r#"{"topics":[],"next_page_token":""}"#.into(); 2]);
+    let (url_c, c) = fake_server(vec![r#"{"topics":[],"next_page_token":""}"#.into(); 1]);
+    let add = ok(narad_raw(
+        &[
+            "ctx", "add", "prod", "--server", &url_a, "-u", "alice", "-p", "pw-a",
+        ],
+        b"",
+        &env,
+    ));
+    assert!(add.stderr.contains("(selected)"), "{}", add.stderr);
+    ok(narad_raw(
+        &[
+            "ctx",
+            "add",
+            "dev",
+            "--server",
+            &url_c,
+            "-u",
+            "bob",
+            "--password-stdin",
+        ],
+        b"pw-b\n",
+        &env,
+    ));
+    let file = cfg.join("contexts.json");
+    assert!(mode_0600(&file));
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(saved["current"], "prod");
+    assert_eq!(saved["contexts"]["dev"]["password"], "pw-b");
+    let ls = ok(narad_raw(&["ctx", "ls"], b"", &env));
+    let rows: Vec<Vec<&str>> = ls
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["CURRENT", "NAME", "SERVER", "USER"],
+            vec!["dev", url_c.as_str(), "bob"],
+            vec!["*", "prod", url_a.as_str(), "alice"],
+        ]
+    );
+    assert!(
+        !ls.stdout.contains("pw-"),
+        "passwords printed: {}",
+        ls.stdout
+    );
+
+    // Selected context: server and credentials.
+    ok(narad_raw(&["topic", "ls"], b"", &env));
+    // NARAD_ADDR beats the context; the context's user and password still apply.
+    let env_addr = [
+        ("NARAD_CONFIG_DIR", cfg_s.as_str()),
+        ("NARAD_ADDR", url_b.as_str()),
+    ];
+    ok(narad_raw(&["topic", "ls"], b"", &env_addr));
+    // -s beats NARAD_ADDR; -u beats the context, whose password is then not sent.
+    ok(narad_raw(
+        &["-s", &url_b, "-u", "carol", "topic", "ls"],
+        b"",
+        &[
+            ("NARAD_CONFIG_DIR", cfg_s.as_str()),
+            ("NARAD_ADDR", "http://127.0.0.1:1"),
+        ],
+    ));
+    // --ctx for one command.
+    ok(narad_raw(&["--ctx", "dev", "topic", "ls"], b"", &env));
+    let refused = narad_raw(
+        &["--ctx", "dev", "topic", "ls"],
+        b"",
+        &[("NARAD_CONFIG_DIR", cfg_s.as_str()), ("NARAD_USER", "x")],
+    );
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("NARAD_USER"), "{}", refused.stderr);
+    let unknown = narad_raw(&["--ctx", "nope", "topic", "ls"], b"", &env);
+    assert_eq!(unknown.code, 2);
+
+    let auth = |h: &str| {
+        h.lines()
+            .find_map(|l| l.strip_prefix("Authorization: "))
+            .map(str::to_string)
+    };
+    let a = a.join().unwrap();
+    let b = b.join().unwrap();
+    let c = c.join().unwrap();
+    // base64 of alice:pw-a, carol:, bob:pw-b
+    assert_eq!(auth(&a[0]).as_deref(), Some("Basic YWxpY2U6cHctYQ=="));
+    assert_eq!(auth(&b[0]).as_deref(), Some("Basic YWxpY2U6cHctYQ=="));
+    assert_eq!(auth(&b[1]).as_deref(), Some("Basic Y2Fyb2w6"));
+    assert_eq!(auth(&c[0]).as_deref(), Some("Basic Ym9iOnB3LWI="));
+
+    // select, rm (removing the selected one clears the selection), errors.
+    ok(narad_raw(&["ctx", "select", "dev"], b"", &env));
+    ok(narad_raw(&["ctx", "rm", "dev"], b"", &env));
+    let saved: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(saved["current"], "");
+    assert_eq!(narad_raw(&["ctx", "select", "dev"], b"", &env).code, 2);
+    assert_eq!(narad_raw(&["ctx", "rm", "dev"], b"", &env).code, 2);
+    assert_eq!(narad_raw(&["ctx", "add", "x"], b"", &env).code, 2);
+    assert_eq!(
+        narad_raw(&["ctx", "add", "bad/name", "-s", &url_a], b"", &env).code,
+        2
+    );
+
+    // Without NARAD_CONFIG_DIR: the user config dir.
+    let home = dir.0.join("home");
+    let home_s = home.display().to_string();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+    let st = cmd
+        .args(["ctx", "add", "h", "-s", "http://127.0.0.1:7942"])
+        .env_remove("NARAD_CONFIG_DIR")
+        .env_remove("XDG_CONFIG_HOME")
+        .env("HOME", &home_s)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(mode_0600(&home.join(".config/narad/contexts.json")));
+    let xdg = dir.0.join("xdg");
+    let st = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["ctx", "add", "h", "-s", "http://127.0.0.1:7942"])
+        .env_remove("NARAD_CONFIG_DIR")
+        .env("XDG_CONFIG_HOME", &xdg)
+        .env("HOME", &home_s)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(xdg.join("narad/contexts.json").exists());
+}
+
+#[test]
+fn user_commands_send_the_users_api_requests() {
+    // Proves user add (password from the flag or stdin, --grant action:patterns and bare
+    // admin), user grant (PUT replaces; no --grant sends []), user ls and user rm send the
+    // requests of API.md §11 and print the answers; a refusal exits 1 with the server's text.
+    let user = r#"{"username":"billing","grants":[{"action":"produce","patterns":["invoices.*","orders"]}],"created_at_ms":1,"updated_at_ms":1}"#;
+    let (url, h) = fake_server_full(vec![
+        (201, user.into()),
+        (201, r#"{"username":"ops"}"#.into()),
+        (200, r#"{"username":"billing"}"#.into()),
+        (200, format!("[{user}]")),
+        (204, String::new()),
+        (403, r#"{"error":"admin privileges required"}"#.into()),
+    ]);
+    let o = ok(narad_env(
+        &url,
+        &[
+            "user",
+            "add",
+            "billing",
+            "--user-password",
+            "s3cret",
+            "--grant",
+            "produce:invoices.*,orders",
+        ],
+        b"",
+        &[],
+    ));
+    assert_eq!(json(&o)["username"], "billing");
+    ok(narad_env(
+        &url,
+        &[
+            "user",
+            "add",
+            "ops",
+            "--user-password-stdin",
+            "--grant",
+            "admin",
+            "--grant",
+            "consume:x",
+        ],
+        b"from-stdin\n",
+        &[],
+    ));
+    ok(narad_env(&url, &["user", "grant", "billing"], b"", &[]));
+    let ls = ok(narad_env(&url, &["user", "ls"], b"", &[]));
+    assert_eq!(json(&ls)[0]["username"], "billing");
+    let rm = ok(narad_env(&url, &["user", "rm", "billing"], b"", &[]));
+    assert!(
+        rm.stderr.contains("deleted user \"billing\""),
+        "{}",
+        rm.stderr
+    );
+    let o = narad_env(&url, &["user", "rm", "root"], b"", &[]);
+    assert_eq!(o.code, 1);
+    assert!(
+        o.stderr.contains("admin privileges required (HTTP 403)"),
+        "{}",
+        o.stderr
+    );
+    let seen = h.join().unwrap();
+    let req = |i: usize| -> (String, serde_json::Value) {
+        let (head, body) = &seen[i];
+        let line = head.lines().next().unwrap().to_string();
+        let v = if body.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::from_str(body).unwrap()
+        };
+        (line, v)
+    };
+    assert_eq!(
+        req(0),
+        (
+            "POST /v1/users HTTP/1.1".into(),
+            serde_json::json!({"username":"billing","password":"s3cret",
+                "grants":[{"action":"produce","patterns":["invoices.*","orders"]}]})
+        )
+    );
+    assert_eq!(
+        req(1).1,
+        serde_json::json!({"username":"ops","password":"from-stdin",
+            "grants":[{"action":"admin"},{"action":"consume","patterns":["x"]}]})
+    );
+    assert_eq!(
+        req(2),
+        (
+            "PUT /v1/users/billing/grants HTTP/1.1".into(),
+            serde_json::json!({"grants":[]})
+        )
+    );
+    assert_eq!(req(3).0, "GET /v1/users HTTP/1.1");
+    assert_eq!(req(4).0, "DELETE /v1/users/billing HTTP/1.1");
+    // Usage errors never reach a server.
+    let o = narad_env(&url, &["user", "add", "x"], b"", &[]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = narad_env(
+        &url,
+        &["user", "add", "x", "--user-password", "p", "--grant", ":x"],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+}
+
+#[test]
+fn cluster_commands_send_the_admin_requests() {
+    // Proves cluster members/moves (with --detail), decommission (plain, --dry-run, --cancel),
+    // members forget and moves abort send the requests of API.md §12 and print JSON answers.
+    let members = r#"{"members":[{"id":"narad-0","addr":"127.0.0.1:1","status":"alive","draining":false,"owned_partitions":4,"outbound_moves":0}]}"#;
+    let (url, h) = fake_server_full(vec![
+        (200, members.into()),
+        (200, members.into()),
+        (200, r#"{"moves":[]}"#.into()),
+        (200, r#"{"moves":[]}"#.into()),
+        (204, String::new()),
+        (
+            200,
+            r#"{"member":"narad-1","would_decommission":false,"reasons":[]}"#.into(),
+        ),
+        (204, String::new()),
+        (200, r#"{"id":"narad-3","voter":false}"#.into()),
+        (202, r#"{"move":{},"note":"n"}"#.into()),
+        (
+            409,
+            r#"{"error":"refused","reasons":[{"code":"below_min_voters","message":"m"}]}"#.into(),
+        ),
+    ]);
+    let run = |args: &[&str]| narad_env(&url, args, b"", &[]);
+    let m = ok(run(&["cluster", "members"]));
+    assert_eq!(json(&m)["members"][0]["id"], "narad-0");
+    ok(run(&["cluster", "members", "--detail"]));
+    ok(run(&["cluster", "moves"]));
+    ok(run(&["cluster", "moves", "--detail"]));
+    let d = ok(run(&["cluster", "decommission", "narad-1"]));
+    assert!(d.stderr.contains("\"narad-1\" is draining"), "{}", d.stderr);
+    let dry = ok(run(&["cluster", "decommission", "narad-1", "--dry-run"]));
+    assert_eq!(json(&dry)["would_decommission"], false);
+    ok(run(&["cluster", "decommission", "narad-1", "--cancel"]));
+    ok(run(&["cluster", "members", "forget", "narad-3"]));
+    ok(run(&[
+        "cluster", "moves", "abort", "orders", "3", "--target", "narad-2",
+    ]));
+    let refused = run(&["cluster", "decommission", "narad-0"]);
+    assert_eq!(refused.code, 1, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("refused (HTTP 409)"),
+        "{}",
+        refused.stderr
+    );
+    let lines: Vec<String> = h
+        .join()
+        .unwrap()
+        .iter()
+        .map(|(head, _)| head.lines().next().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /v1/cluster/members HTTP/1.1",
+            "GET /v1/cluster/members?detail=true HTTP/1.1",
+            "GET /v1/cluster/moves HTTP/1.1",
+            "GET /v1/cluster/moves?detail=true HTTP/1.1",
+            "POST /v1/cluster/members/narad-1/decommission HTTP/1.1",
+            "POST /v1/cluster/members/narad-1/decommission?dry_run=true HTTP/1.1",
+            "DELETE /v1/cluster/members/narad-1/decommission HTTP/1.1",
+            "POST /v1/cluster/members/narad-3/forget HTTP/1.1",
+            "POST /v1/cluster/moves/orders/3/abort?target=narad-2 HTTP/1.1",
+            "POST /v1/cluster/members/narad-0/decommission HTTP/1.1",
+        ]
+    );
+    let bad = run(&["cluster", "decommission", "n", "--cancel", "--dry-run"]);
+    assert_eq!(bad.code, 2);
+}
+
+#[test]
+fn routes_the_server_lacks_exit_1_with_a_clear_message() {
+    // Proves that against a broker without the cluster (and, until they land, users and
+    // children) routes, each command exits 1 and says the server does not offer the route,
+    // instead of a bare "404 page not found".
+    let (_d, s) = server("cli-missing");
+    let probe = |path: &str| s.client().get(path).status;
+    let mut cases: Vec<Vec<&str>> = vec![
+        vec!["cluster", "members"],
+        vec!["cluster", "moves"],
+        vec!["cluster", "decommission", "narad-1"],
+    ];
+    if probe("/v1/users") == 404 {
+        cases.push(vec!["user", "ls"]);
+        cases.push(vec!["user", "rm", "x"]);
+    }
+    for args in cases {
+        let o = narad(&s, &args, b"");
+        assert_eq!(o.code, 1, "{args:?}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("this server does not offer")
+                && o.stderr.contains("/v1/")
+                && o.stderr.contains("(HTTP 404)"),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
+}
+
+#[test]
+fn topic_schema_attach_detach_children_send_the_spec_requests() {
+    // Proves topic add --schema (inline and @file, sent verbatim) --parent --delay, topic edit
+    // --schema --schema-base-version, topic schema [--current], attach (local and remote flags),
+    // detach [--force] and children [--partitions] send the requests of API.md §6 and §9.
+    let dir = TempDir::new("cli-fanout-shape");
+    let schema_file = dir.0.join("s.json");
+    std::fs::write(
+        &schema_file,
+        "{\"type\":\"object\",\"required\":[\"id\"]}\n",
+    )
+    .unwrap();
+    let at_file = format!("@{}", schema_file.display());
+    let topic = r#"{"name":"t","partitions":3}"#;
+    let history = r#"{"topic":"t","version":2,"versions":[{"version":1,"schema":true},{"version":2,"schema":{"type":"object"}}]}"#;
+    let (url, h) = fake_server_full(vec![
+        (201, topic.into()),
+        (201, topic.into()),
+        (200, topic.into()),
+        (200, history.into()),
+        (200, history.into()),
+        (
+            200,
+            r#"{"name":"p","role":"parent","children":["c"]}"#.into(),
+        ),
+        (200, r#"{"dry_run":true}"#.into()),
+        (204, String::new()),
+        (204, String::new()),
+        (200, r#"{"parent":"p","children":[]}"#.into()),
+        (200, r#"{"parent":"p","children":[]}"#.into()),
+        (200, r#"{"topic":"u","version":0,"versions":[]}"#.into()),
+    ]);
+    let run = |args: &[&str]| narad_env(&url, args, b"", &[]);
+    ok(run(&[
+        "topic",
+        "add",
+        "t",
+        "--schema",
+        "{\"z\":1, \"a\":2}",
+    ]));
+    ok(run(&[
+        "topic", "add", "c", "--schema", &at_file, "--parent", "p", "--delay", "10m",
+    ]));
+    ok(run(&[
+        "topic",
+        "edit",
+        "t",
+        "--schema",
+        "true",
+        "--schema-base-version",
+        "1",
+    ]));
+    let hist = ok(run(&["topic", "schema", "t"]));
+    assert_eq!(json(&hist)["version"], 2);
+    let cur = ok(run(&["topic", "schema", "t", "--current"]));
+    assert_eq!(json(&cur), serde_json::json!({"type":"object"}));
+    let att = ok(run(&["topic", "attach", "p", "c", "--delay", "1m"]));
+    assert_eq!(json(&att)["role"], "parent");
+    ok(run(&[
+        "topic",
+        "attach",
+        "p",
+        "c2",
+        "--remote",
+        "b",
+        "--remote-topic",
+        "orders",
+        "--from",
+        "earliest",
+        "--lanes",
+        "2",
+        "--dry-run",
+    ]));
+    let det = ok(run(&["topic", "detach", "p", "c"]));
+    assert!(
+        det.stderr.contains("detached \"c\" from \"p\""),
+        "{}",
+        det.stderr
+    );
+    ok(run(&["topic", "detach", "p", "c2", "--force"]));
+    ok(run(&["topic", "children", "p"]));
+    ok(run(&["topic", "children", "p", "--partitions"]));
+    let none = run(&["topic", "schema", "u", "--current"]);
+    assert_eq!(none.code, 1);
+    assert!(none.stderr.contains("has no schema"), "{}", none.stderr);
+    let seen = h.join().unwrap();
+    let line = |i: usize| seen[i].0.lines().next().unwrap().to_string();
+    let body = |i: usize| seen[i].1.clone();
+    assert_eq!(line(0), "POST /v1/topics HTTP/1.1");
+    assert_eq!(body(0), r#"{"name":"t","schema":{"z":1, "a":2}}"#);
+    assert_eq!(
+        body(1),
+        r#"{"name":"c","schema":{"type":"object","required":["id"]},"parent":"p","fanout_delay_ms":600000}"#
+    );
+    assert_eq!(line(2), "PATCH /v1/topics/t HTTP/1.1");
+    assert_eq!(body(2), r#"{"schema":true,"schema_base_version":1}"#);
+    assert_eq!(line(3), "GET /v1/topics/t/schema HTTP/1.1");
+    assert_eq!(line(5), "POST /v1/topics/p/children HTTP/1.1");
+    assert_eq!(body(5), r#"{"child":"c","delay_ms":60000}"#);
+    assert_eq!(
+        body(6),
+        r#"{"child":"c2","remote":"b","remote_topic":"orders","from":"earliest","lanes":2,"dry_run":true}"#
+    );
+    assert_eq!(line(7), "DELETE /v1/topics/p/children/c HTTP/1.1");
+    assert_eq!(
+        line(8),
+        "DELETE /v1/topics/p/children/c2?force=true HTTP/1.1"
+    );
+    assert_eq!(line(9), "GET /v1/topics/p/children HTTP/1.1");
+    assert_eq!(
+        line(10),
+        "GET /v1/topics/p/children?partitions=true HTTP/1.1"
+    );
+    // Client-side checks exit 2 without a request.
+    let o = narad_env(
+        "http://127.0.0.1:1",
+        &["topic", "add", "x", "--schema", "{nope"],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = narad_env(
+        "http://127.0.0.1:1",
+        &["topic", "add", "x", "--delay", "1m"],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+}
+
+#[test]
+fn server_report_sums_every_topic() {
+    // Proves `server report` prints TOPIC/PARTS/MESSAGES/SIZE/OWNERS/ROLE for every topic with
+    // the messages each holds, and a total line summing parts and messages.
+    let (_d, s) = server("cli-report");
+    s.client().create_topic("alpha", 3);
+    s.client().create_topic("beta", 4);
+    let lines: String = (0..25).map(|i| format!("m{i}\n")).collect();
+    ok(narad(&s, &["pub", "alpha"], lines.as_bytes()));
+    ok(narad(&s, &["pub", "beta", "one", "--count", "3"], b""));
+    let r = ok(narad(&s, &["server", "report"], b""));
+    let rows: Vec<Vec<&str>> = r
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(rows.len(), 4, "{}", r.stdout);
+    assert_eq!(
+        rows[0],
+        ["TOPIC", "PARTS", "MESSAGES", "SIZE", "OWNERS", "ROLE"]
+    );
+    assert_eq!(&rows[1][..3], ["alpha", "3", "25"], "{}", r.stdout);
+    assert_eq!(rows[1].last(), Some(&"standalone"));
+    assert_eq!(&rows[2][..3], ["beta", "4", "3"], "{}", r.stdout);
+    assert_eq!(
+        &rows[3][..4],
+        ["TOTAL", "(2", "topic(s))", "7"],
+        "{}",
+        r.stdout
+    );
+    assert_eq!(rows[3][4], "28", "{}", r.stdout);
+}
+
+#[test]
+fn version_and_completion() {
+    // Proves `version` prints `narad dev (...)` for this non-release build and `completion`
+    // writes a script for each shell that knows the subcommands; an unknown shell exits 2.
+    let v = ok(narad_raw(&["version"], b"", &[]));
+    assert!(v.stdout.starts_with("narad dev ("), "{}", v.stdout);
+    for shell in ["bash", "zsh", "fish", "powershell"] {
+        let c = ok(narad_raw(&["completion", shell], b"", &[]));
+        assert!(
+            c.stdout.contains("narad") && c.stdout.contains("decommission"),
+            "{shell}: {}",
+            &c.stdout[..c.stdout.len().min(300)]
+        );
+    }
+    assert_eq!(narad_raw(&["completion", "tcsh"], b"", &[]).code, 2);
+}
+
+#[test]
+fn pub_rate_paces_messages() {
+    // Proves pub --rate R spreads messages at about R per second, for a repeated argument and
+    // for lines (in small batches), and that a bad rate is a usage error.
+    let (_d, s) = server("cli-rate");
+    s.client().create_topic("r", 3);
+    let start = Instant::now();
+    ok(narad(
+        &s,
+        &["pub", "r", "x", "--count", "11", "--rate", "50"],
+        b"",
+    ));
+    let single = start.elapsed();
+    assert!(single >= Duration::from_millis(190), "{single:?}");
+    let lines: String = (0..40).map(|i| format!("l{i}\n")).collect();
+    let start = Instant::now();
+    let o = ok(narad(&s, &["pub", "r", "--rate", "100"], lines.as_bytes()));
+    let batched = start.elapsed();
+    assert!(batched >= Duration::from_millis(280), "{batched:?}");
+    assert!(
+        o.stderr.contains("accepted 40 message(s) in 4 batch(es)"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(narad(&s, &["pub", "r", "x", "--rate", "0"], b"").code, 2);
+    assert_eq!(narad(&s, &["pub", "r", "x", "--rate", "fast"], b"").code, 2);
+    let all = ok(narad(&s, &["sub", "r", "--raw", "--wait", "1s"], b""));
+    assert_eq!(all.stdout.lines().count(), 51);
 }

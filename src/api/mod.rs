@@ -15,10 +15,12 @@ macro_rules! tri {
 pub mod messages;
 pub mod params;
 pub mod topics;
+pub mod users;
 
 use std::rc::Rc;
 
-use crate::http::{Request, RequestHead, Response};
+use crate::auth::{self, Caller};
+use crate::http::{Headers, Request, RequestHead, Response};
 use crate::node::Node;
 
 /// Body caps (API.md §4).
@@ -69,6 +71,12 @@ pub enum Route {
     Healthz,
     Readyz,
     Metrics,
+    UsersCreate,
+    UsersList,
+    UserGet,
+    UserDelete,
+    UserGrants,
+    UserPassword,
 }
 
 impl Route {
@@ -90,6 +98,12 @@ impl Route {
             Route::Healthz => "GET /healthz",
             Route::Readyz => "GET /readyz",
             Route::Metrics => "GET /metrics",
+            Route::UsersCreate => "POST /v1/users",
+            Route::UsersList => "GET /v1/users",
+            Route::UserGet => "GET /v1/users/{username}",
+            Route::UserDelete => "DELETE /v1/users/{username}",
+            Route::UserGrants => "PUT /v1/users/{username}/grants",
+            Route::UserPassword => "PUT /v1/users/{username}/password",
         }
     }
 }
@@ -167,20 +181,43 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
                 Match::WrongMethod("POST")
             }
         }
+        ["v1", "users"] => match method {
+            "POST" => found(UsersCreate, vec![]),
+            "GET" | "HEAD" => found(UsersList, vec![]),
+            _ => Match::WrongMethod("GET, HEAD, POST"),
+        },
+        ["v1", "users", u] if !u.is_empty() => match method {
+            "GET" | "HEAD" => found(UserGet, vec![u]),
+            "DELETE" => found(UserDelete, vec![u]),
+            _ => Match::WrongMethod("DELETE, GET, HEAD"),
+        },
+        ["v1", "users", u, "grants"] if !u.is_empty() => {
+            if method == "PUT" {
+                found(UserGrants, vec![u])
+            } else {
+                Match::WrongMethod("PUT")
+            }
+        }
+        ["v1", "users", u, "password"] if !u.is_empty() => {
+            if method == "PUT" {
+                found(UserPassword, vec![u])
+            } else {
+                Match::WrongMethod("PUT")
+            }
+        }
         _ => Match::NotFound,
     }
 }
 
 /// The cross-site guard of API.md §3: true when a state-changing request may pass.
-fn guard_passes(head: &RequestHead) -> bool {
-    if head
-        .headers
+fn guard_passes(headers: &Headers) -> bool {
+    if headers
         .get("x-narad-client")
         .is_some_and(|v| !v.is_empty())
     {
         return true;
     }
-    let Some(ct) = head.headers.get("content-type") else {
+    let Some(ct) = headers.get("content-type") else {
         return false;
     };
     let ct = String::from_utf8_lossy(ct);
@@ -200,7 +237,20 @@ fn is_state_changing(method: &str) -> bool {
 /// Answers that can be decided from the head alone, before the body is read: guard, 404, 405,
 /// and the body cap of the matched route.
 pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
-    if is_state_changing(head.method.as_str()) && !guard_passes(head) {
+    // Authentication comes first (API.md §1.4). A credential that needs a bcrypt check has the
+    // guard and route decided after the check, in `handle`; its body is read meanwhile, within
+    // the largest cap when the route is unknown.
+    match auth::precheck(&head.headers, &head.path) {
+        auth::Pre::Pass => {}
+        auth::Pre::Deny(r) => return Err(r),
+        auth::Pre::Pending => {
+            return Ok(match route(head.method.as_str(), &head.path) {
+                Match::Found(r, _) => route_body_cap(r),
+                _ => BODY_BYTES_MAX,
+            })
+        }
+    }
+    if is_state_changing(head.method.as_str()) && !guard_passes(&head.headers) {
         return Err(error(415, GUARD_ERROR));
     }
     match route(head.method.as_str(), &head.path) {
@@ -210,19 +260,37 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
             r.headers.push(("Allow".into(), allow.into()));
             Err(r)
         }
-        Match::Found(r, _) => Ok(match r {
-            Route::ProduceBatch => BATCH_BODY_BYTES_MAX,
-            Route::Ack => BATCH_ACK_BODY_BYTES_MAX,
-            Route::Healthz | Route::Readyz | Route::Metrics => 0,
-            _ => BODY_BYTES_MAX,
-        }),
+        Match::Found(r, _) => Ok(route_body_cap(r)),
     }
 }
+
+/// The body cap of a route (API.md §4).
+fn route_body_cap(r: Route) -> usize {
+    match r {
+        Route::ProduceBatch => BATCH_BODY_BYTES_MAX,
+        Route::Ack => BATCH_ACK_BODY_BYTES_MAX,
+        Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => 0,
+        _ => BODY_BYTES_MAX,
+    }
+}
+
+fn is_user_route(r: Route) -> bool {
+    matches!(
+        r,
+        Route::UsersCreate
+            | Route::UsersList
+            | Route::UserGet
+            | Route::UserDelete
+            | Route::UserGrants
+            | Route::UserPassword
+    )
+}
+
 
 /// The answer for a body over the route's cap.
 pub fn too_large(head: &RequestHead) -> Response {
     match route(head.method.as_str(), &head.path) {
-        Match::Found(Route::ProduceBatch, _) => error(413, "request body too large"),
+        Match::Found(r, _) => too_large_for(r),
         _ => error(413, "request body too large"),
     }
 }
@@ -230,7 +298,14 @@ pub fn too_large(head: &RequestHead) -> Response {
 /// Serves one request (the head already passed [`body_limit`]).
 pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     let path = std::mem::take(&mut req.path);
+    // Authentication (API.md §1.4 step 3): from the caches, or the bcrypt check that
+    // `body_limit` left pending; then the guard (step 4) for the requests it did not see.
+    let caller = tri!(auth::authenticate(node, &req.headers, req.peer, &path).await);
+    if is_state_changing(req.method.as_str()) && !guard_passes(&req.headers) {
+        return error(415, GUARD_ERROR);
+    }
     let (r, args) = match route(req.method.as_str(), &path) {
+        Match::Found(r, _) if req.body.len() > route_body_cap(r) => return too_large_for(r),
         Match::Found(r, args) => (r, args.into_iter().map(String::from).collect::<Vec<_>>()),
         // body_limit already answered these; kept for callers that skip it.
         Match::NotFound => return Response::text(404, "404 page not found\n"),
@@ -247,6 +322,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         None => None,
     };
     let t = topic.as_deref().unwrap_or("");
+    // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
+    let _cap = tri!(identity_cap(node, &caller, r, &req));
+    // Authorization (step 7, API.md §16); user routes check their own rules.
+    if let Some(denied) = authorize(node, &caller, r, t, &req) {
+        return denied;
+    }
     match r {
         Route::Healthz => {
             if node.shutting_down() {
@@ -260,8 +341,10 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             Err(reason) => error(503, &reason),
         },
         Route::Metrics => crate::metrics::api_port_response(node).await,
-        Route::TopicsCreate => topics::create(node, &req).await,
-        Route::TopicsList => topics::list(node, &req),
+        Route::TopicsCreate => {
+            topics::create(node, &req, caller.username().map(String::from)).await
+        }
+        Route::TopicsList => filter_topic_list(node, &caller, topics::list(node, &req)),
         Route::TopicGet => topics::describe(node, &req, t).await,
         Route::TopicPatch => topics::alter(node, &req, t).await,
         Route::TopicDelete => topics::delete(node, &req, t).await,
@@ -270,7 +353,143 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ProduceBatch => messages::produce_batch(node, &req, t).await,
         Route::Consume => messages::consume(node, &req, t).await,
         Route::Ack => messages::ack(node, &req, t).await,
+        Route::UsersCreate => users::create(node, &req, &caller).await,
+        Route::UsersList => users::list(node, &caller),
+        Route::UserGet => users::get(node, &caller, t),
+        Route::UserDelete => users::delete(node, &caller, t).await,
+        Route::UserGrants => users::set_grants(node, &req, &caller, t).await,
+        Route::UserPassword => users::set_password(node, &req, &caller, t).await,
     }
+}
+
+/// The over-cap answer of a route.
+fn too_large_for(r: Route) -> Response {
+    if is_user_route(r) {
+        error(400, "invalid json: http: request body too large")
+    } else {
+        error(413, "request body too large")
+    }
+}
+
+/// Takes the caller's per-identity units for a consume or produce (API.md §4).
+fn identity_cap(
+    node: &Node,
+    caller: &Caller,
+    r: Route,
+    req: &Request,
+) -> Result<Option<auth::caps::CapGuard>, Response> {
+    use auth::caps::Kind;
+    let h = &node.config.http;
+    let (kind, cap, units) = match r {
+        Route::Consume => {
+            // A batch consume counts as its `max` (clamped to the cap).
+            let max = params::Params::new(&req.query)
+                .str("max")
+                .ok()
+                .flatten()
+                .and_then(|m| m.parse::<usize>().ok())
+                .unwrap_or(1);
+            (Kind::Consume, h.max_consume_in_flight_per_identity, max)
+        }
+        Route::Produce => (Kind::Produce, h.max_produce_in_flight_per_identity, 1),
+        Route::ProduceBatch => {
+            let cap = h.max_produce_in_flight_per_identity;
+            // The body is already read: the batch counts as its message count.
+            let n = if cap == 0 { 1 } else { batch_len(&req.body) };
+            (Kind::Produce, cap, n)
+        }
+        _ => return Ok(None),
+    };
+    auth::node_auth()
+        .caps
+        .acquire(kind, &caller.identity, units, cap)
+        .map_err(|_| error(429, &auth::caps::refusal(kind, cap)))
+}
+
+/// Messages in a batch produce body, or 1 when it does not parse (the handler answers that).
+fn batch_len(body: &[u8]) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Batch {
+        messages: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Batch>(body).map_or(1, |b| b.messages.len().max(1))
+}
+
+/// The grant checks of API.md §16 that precede a topic handler; `None` lets it run.
+fn authorize(node: &Node, c: &Caller, r: Route, t: &str, req: &Request) -> Option<Response> {
+    if c.open() {
+        return None;
+    }
+    let deny = |msg: &str| Some(error(403, msg));
+    match r {
+        Route::TopicsCreate => {
+            #[derive(serde::Deserialize)]
+            struct Names {
+                name: Option<serde_json::Value>,
+                parent: Option<serde_json::Value>,
+            }
+            // An unparsable body is the handler's 400; only a named topic can be refused here.
+            let names: Names = serde_json::from_slice(&req.body).ok()?;
+            if let Some(serde_json::Value::String(name)) = &names.name {
+                if !c.may(auth::rbac::ACTION_CREATE, name) {
+                    return deny("create not allowed on this topic");
+                }
+            }
+            if let Some(serde_json::Value::String(parent)) = &names.parent {
+                if let Some(p) = node.topic(parent) {
+                    if !c.may_manage(&p) {
+                        return deny("only the topic owner or an admin may modify this topic");
+                    }
+                }
+            }
+            None
+        }
+        Route::TopicGet | Route::TopicSchema => {
+            let readable = match node.topic(t) {
+                Some(topic) => c.may_read(&topic),
+                None => c.user().is_some_and(|u| auth::rbac::may_any(u, t)),
+            };
+            if readable {
+                None
+            } else {
+                deny("no grant on this topic")
+            }
+        }
+        Route::TopicPatch | Route::TopicDelete => match node.topic(t) {
+            Some(topic) if !c.may_manage(&topic) => {
+                deny("only the topic owner or an admin may modify this topic")
+            }
+            _ => None,
+        },
+        Route::Produce | Route::ProduceBatch if !c.may(auth::rbac::ACTION_PRODUCE, t) => {
+            deny("produce not allowed on this topic")
+        }
+        Route::Consume | Route::Ack if !c.may(auth::rbac::ACTION_CONSUME, t) => {
+            deny("consume not allowed on this topic")
+        }
+        _ => None,
+    }
+}
+
+/// Drops the topics the caller could not read from a list page (API.md §6.2: after the page
+/// is cut, so a page may be short while `next_page_token` is set).
+fn filter_topic_list(node: &Node, c: &Caller, resp: Response) -> Response {
+    if c.is_admin() || resp.status != 200 {
+        return resp;
+    }
+    let Ok(mut page) = serde_json::from_slice::<serde_json::Value>(&resp.body) else {
+        return resp;
+    };
+    let meta = node.meta();
+    if let Some(serde_json::Value::Array(list)) = page.get_mut("topics") {
+        list.retain(|v| {
+            v.get("name")
+                .and_then(|n| n.as_str())
+                .and_then(|n| meta.topic(n))
+                .is_some_and(|t| c.may_read(t))
+        });
+    }
+    json(200, &page)
 }
 
 /// Decodes `%XX` escapes of one path segment (a topic name is plain ASCII; anything decoding to

@@ -168,7 +168,9 @@ fn random_u64() -> u64 {
     }
 }
 
-pub async fn create(node: &Rc<Node>, req: &Request) -> Response {
+/// Creates a topic owned by `owner` (the authenticated caller; `None` with security off: a
+/// client-sent `owner` is ignored).
+pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Response {
     let body: CreateBody = match crate::wire::body::decode_strict(&req.body) {
         Ok(b) => b,
         Err(e) => return error(400, &e),
@@ -240,7 +242,7 @@ pub async fn create(node: &Rc<Node>, req: &Request) -> Response {
         max_in_flight_per_partition: max_in_flight,
         max_acked_ahead_per_partition: max_acked_ahead,
         created_at_s,
-        owner: None,
+        owner,
         schemas: Vec::new(),
         parent: None,
         children: Vec::new(),

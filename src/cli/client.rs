@@ -50,6 +50,12 @@ impl Response {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Whether this is the router's plain-text `404 page not found` (API.md §1.3): the server
+    /// has no such route, as opposed to a JSON `404` about a missing topic or user.
+    pub fn is_route_missing(&self) -> bool {
+        self.status == 404 && self.body.trim_ascii() == b"404 page not found"
+    }
+
     /// The `error` text of a JSON error body, else the body as text (API.md §1.3).
     pub fn error_text(&self) -> String {
         #[derive(serde::Deserialize)]
@@ -127,6 +133,14 @@ impl Endpoint {
             port,
             prefix: path.to_string(),
         })
+    }
+
+    /// Whether the host is this machine (loopback), where plain-text credentials stay local.
+    pub fn is_local(&self) -> bool {
+        let h = self.host.as_str();
+        h.eq_ignore_ascii_case("localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
     }
 
     fn host_header(&self) -> String {
@@ -461,6 +475,13 @@ mod tests {
         assert!(Endpoint::parse("https://x:1").is_err());
         assert!(Endpoint::parse("http://x:notaport").is_err());
         assert!(Endpoint::parse("http://u:p@x:1").is_err());
+        assert!(Endpoint::parse("http://127.0.0.2:1").unwrap().is_local());
+        assert!(Endpoint::parse("http://[::1]:1").unwrap().is_local());
+        assert!(Endpoint::parse("localhost:1").unwrap().is_local());
+        assert!(!Endpoint::parse("http://10.0.0.1:1").unwrap().is_local());
+        assert!(!Endpoint::parse("http://broker.example:1")
+            .unwrap()
+            .is_local());
     }
 
     #[test]

@@ -58,6 +58,34 @@ pub struct PubArgs {
     /// With a message: send it this many times; with lines: stop after this many.
     #[arg(long)]
     pub count: Option<u64>,
+    /// Send at most this many messages per second (batches shrink to about a tenth of it).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+}
+
+/// Highest `--rate` accepted (messages per second).
+pub const RATE_MAX: f64 = 10_000_000.0;
+/// Batches per second aimed at under `--rate`: small batches keep the pace smooth.
+const RATE_BATCHES_PER_SECOND: f64 = 10.0;
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if r.is_finite() && r > 0.0 && r <= RATE_MAX => Ok(r),
+        _ => Err(format!(
+            "want a number of messages per second in (0, {RATE_MAX}]"
+        )),
+    }
+}
+
+/// Sleeps until `sent` messages are due at `rate` per second since `started`.
+fn pace(started: Instant, sent: u64, rate: Option<f64>) {
+    if let Some(rate) = rate {
+        let due = Duration::from_secs_f64(sent as f64 / rate);
+        let elapsed = started.elapsed();
+        if due > elapsed {
+            std::thread::sleep(due - elapsed);
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -193,7 +221,13 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
             path.push_str(&format!("{sep}partition={p}"));
         }
         let count = a.count.unwrap_or(1);
-        for _ in 0..count {
+        let started = Instant::now();
+        let mut progress = Progress::new(true);
+        for i in 0..count {
+            pace(started, i, a.rate);
+            if i > 0 {
+                progress.show(|| format!("{i} message(s) accepted"));
+            }
             produce_request(
                 client,
                 &path,
@@ -201,6 +235,7 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
                 message.as_bytes(),
             )?;
         }
+        progress.clear();
         if count == 1 {
             eprintln!("accepted ({} bytes)", message.len());
         } else {
@@ -240,6 +275,10 @@ struct Batcher {
     batches: u64,
     bytes: u64,
     progress: Progress,
+    /// Messages per batch at most (smaller under `--rate`).
+    batch_max: usize,
+    rate: Option<f64>,
+    started: Instant,
 }
 
 impl Batcher {
@@ -264,6 +303,11 @@ impl Batcher {
             batches: 0,
             bytes: 0,
             progress: Progress::new(true),
+            batch_max: a.rate.map_or(PUB_BATCH_MESSAGES_MAX, |r| {
+                ((r / RATE_BATCHES_PER_SECOND).ceil() as usize).clamp(1, PUB_BATCH_MESSAGES_MAX)
+            }),
+            rate: a.rate,
+            started: Instant::now(),
         }
     }
 
@@ -297,7 +341,7 @@ impl Batcher {
                 continue;
             }
             let element_max = self.element_head.len() + 64 + line.len() * 2;
-            if self.in_body == PUB_BATCH_MESSAGES_MAX
+            if self.in_body >= self.batch_max
                 || (self.in_body > 0 && self.body.len() + element_max > PUB_BATCH_BODY_BYTES_MAX)
             {
                 self.flush(client)?;
@@ -334,6 +378,7 @@ impl Batcher {
             return Ok(());
         }
         self.body.extend_from_slice(b"]}");
+        pace(self.started, self.accepted, self.rate);
         let r = produce_request(client, &self.path, "application/json", &self.body)?;
         #[derive(Deserialize)]
         struct Accepted {
@@ -580,6 +625,15 @@ fn peek(client: &mut Client, a: &SubArgs, idle_max: Option<Duration>) -> Result<
         let index = st["index"].as_u64().unwrap_or(0);
         if a.partition.is_some_and(|p| u64::from(p) != index) {
             continue;
+        }
+        // Its end is unknown: a tail started now would miss or repeat records (v3.1).
+        if st["status"].as_str() == Some("owner_unavailable") {
+            return Err(CliError::Failed(format!(
+                "partition {index} of {:?} has no available owner ({}); --peek does not start \
+                 while a partition owner is down",
+                a.topic,
+                st["owner_liveness"].as_str().unwrap_or("unknown")
+            )));
         }
         let end = st["high_watermark"].as_i64().unwrap_or(0);
         positions.push((index, a.from.unwrap_or(end)));

@@ -1,31 +1,35 @@
-//! `narad topic add|ls|info|edit|rm` (OPERATIONS.md §1.1, API.md §6): topic administration over
-//! `/v1/topics`. Never caches topics and never sends `force=true` on delete.
+//! `narad topic add|ls|info|edit|schema|rm|attach|detach|children` (OPERATIONS.md §1.1, API.md
+//! §6 and §9): topic administration over `/v1/topics` and fan-out children. Never caches topics,
+//! and `topic rm -f` only skips the question: it never sends `force=true`.
 
 use std::io::{BufRead, Read, Write};
 use std::time::Duration;
 
 use clap::Subcommand;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::client::{escape, Client, Response};
 use super::format::{parse_duration_ms, retention};
-use super::CliError;
+use super::{call, json_body, print_pretty, print_value, CliError};
 
 /// Topics per list page requested (the server's maximum).
 const LIST_PAGE_LIMIT: u32 = 1000;
 /// Pages followed at most by `topic ls` (a million topics; a server that keeps answering the
 /// same token is caught separately).
-const LIST_PAGES_MAX: usize = 1000;
+pub(crate) const LIST_PAGES_MAX: usize = 1000;
 /// Longest confirmation answer read from stdin.
 const CONFIRM_BYTES_MAX: u64 = 1024;
+/// Largest schema file read by `--schema @file` (the server's request body limit).
+const SCHEMA_FILE_BYTES_MAX: u64 = 1 << 20;
 
 #[derive(Subcommand, Debug)]
 pub enum TopicCommand {
     /// Create a topic.
     Add {
         name: String,
-        /// Partition count (server default 3).
+        /// Partition count (server default 3; the parent's with --parent).
         #[arg(long)]
         partitions: Option<u32>,
         /// Retention: `1h`, `7d`, ...; `0` or `forever` keeps messages forever.
@@ -40,6 +44,15 @@ pub enum TopicCommand {
         /// Out-of-order acks kept per partition at most.
         #[arg(long = "max-acked-ahead")]
         max_acked_ahead: Option<u32>,
+        /// JSON Schema for payloads: the JSON text, or @FILE.
+        #[arg(long)]
+        schema: Option<String>,
+        /// Create as a fan-out child of this topic.
+        #[arg(long)]
+        parent: Option<String>,
+        /// With --parent: deliver to this child after a delay, e.g. `10m`.
+        #[arg(long, requires = "parent")]
+        delay: Option<String>,
     },
     /// List topics: NAME / PARTITIONS / RETENTION / ROLE.
     Ls {
@@ -49,7 +62,7 @@ pub enum TopicCommand {
     },
     /// Describe a topic with per-partition statistics (JSON).
     Info { name: String },
-    /// Change retention or grow the partition count.
+    /// Change retention, grow the partition count, or register a new schema version.
     Edit {
         name: String,
         /// New retention (`0` or `forever` keeps messages forever).
@@ -58,6 +71,19 @@ pub enum TopicCommand {
         /// New partition count (only increases).
         #[arg(long)]
         partitions: Option<u32>,
+        /// New JSON Schema: the JSON text, or @FILE.
+        #[arg(long)]
+        schema: Option<String>,
+        /// With --schema: apply only if the current schema version is this one.
+        #[arg(long = "schema-base-version", requires = "schema")]
+        schema_base_version: Option<u32>,
+    },
+    /// Print a topic's schema history (JSON), or with --current only the current schema.
+    Schema {
+        name: String,
+        /// Print only the current schema document (exit 1 when the topic has none).
+        #[arg(long)]
+        current: bool,
     },
     /// Delete a topic and all its data.
     Rm {
@@ -66,6 +92,102 @@ pub enum TopicCommand {
         #[arg(short = 'f', long)]
         force: bool,
     },
+    /// Attach <child> as a fan-out child of <parent> (prints the parent, JSON).
+    Attach {
+        parent: String,
+        child: String,
+        /// Deliver to the child after this delay, e.g. `10m`.
+        #[arg(long)]
+        delay: Option<String>,
+        /// Remote child: the registered remote to ship to.
+        #[arg(long)]
+        remote: Option<String>,
+        /// With --remote: the topic on the remote (default: the parent's name).
+        #[arg(long = "remote-topic", requires = "remote")]
+        remote_topic: Option<String>,
+        /// With --remote: where shipping starts: attach, unconsumed or earliest.
+        #[arg(long, requires = "remote")]
+        from: Option<String>,
+        /// With --remote: ordered streams per parent partition (1-8).
+        #[arg(long, requires = "remote")]
+        lanes: Option<u32>,
+        /// With --remote: run every check and write nothing.
+        #[arg(long = "dry-run", requires = "remote")]
+        dry_run: bool,
+    },
+    /// Detach <child> from <parent>; the child keeps its data and becomes standalone.
+    Detach {
+        parent: String,
+        child: String,
+        /// Remote child only: delete it even with records not yet shipped.
+        #[arg(long)]
+        force: bool,
+    },
+    /// List a parent's children with their lag (JSON).
+    Children {
+        parent: String,
+        /// Add per-parent-partition rows to remote children.
+        #[arg(long)]
+        partitions: bool,
+    },
+}
+
+/// Body of `POST /v1/topics` (API.md §6.1).
+#[derive(Serialize, Default)]
+struct CreateBody {
+    name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retention_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    visibility_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_in_flight_per_partition: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_acked_ahead_per_partition: Option<u32>,
+    /// Kept as given (key order and all), not re-encoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fanout_delay_ms: Option<u64>,
+}
+
+/// Body of `PATCH /v1/topics/{topic}` (API.md §6.4).
+#[derive(Serialize, Default)]
+struct PatchBody {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retention_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partitions: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schema_base_version: Option<u32>,
+}
+
+/// Body of `POST /v1/topics/{parent}/children` (API.md §9.1).
+#[derive(Serialize, Default)]
+struct AttachBody {
+    child: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delay_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_topic: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lanes: Option<u32>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
+}
+
+fn topic_path(name: &str) -> String {
+    format!("/v1/topics/{}", escape(name))
 }
 
 pub fn run(client: &mut Client, cmd: TopicCommand) -> Result<(), CliError> {
@@ -77,91 +199,164 @@ pub fn run(client: &mut Client, cmd: TopicCommand) -> Result<(), CliError> {
             visibility,
             max_in_flight,
             max_acked_ahead,
+            schema,
+            parent,
+            delay,
         } => {
-            let mut body = Map::new();
-            body.insert("name".into(), json!(name));
-            if let Some(p) = partitions {
-                body.insert("partitions".into(), json!(p));
-            }
-            if let Some(r) = retention {
-                body.insert(
-                    "retention_ms".into(),
-                    json!(duration_flag("retention", &r, true)?),
-                );
-            }
-            if let Some(v) = visibility {
-                body.insert(
-                    "visibility_timeout_ms".into(),
-                    json!(duration_flag("visibility", &v, false)?),
-                );
-            }
-            if let Some(n) = max_in_flight {
-                body.insert("max_in_flight_per_partition".into(), json!(n));
-            }
-            if let Some(n) = max_acked_ahead {
-                body.insert("max_acked_ahead_per_partition".into(), json!(n));
-            }
-            let r = send_json(client, "POST", "/v1/topics", &Value::Object(body))?;
+            let body = CreateBody {
+                name,
+                partitions,
+                retention_ms: retention
+                    .map(|r| duration_flag("retention", &r, true))
+                    .transpose()?,
+                visibility_timeout_ms: visibility
+                    .map(|v| duration_flag("visibility", &v, false))
+                    .transpose()?,
+                max_in_flight_per_partition: max_in_flight,
+                max_acked_ahead_per_partition: max_acked_ahead,
+                schema: schema.map(|s| schema_flag(&s)).transpose()?,
+                parent,
+                fanout_delay_ms: delay
+                    .map(|d| duration_flag("delay", &d, false))
+                    .transpose()?,
+            };
+            let r = send(client, "POST", "/v1/topics", &body)?;
             print_pretty(&r)
         }
         TopicCommand::Ls { json } => list(client, json),
         TopicCommand::Info { name } => {
-            let r = ok(client.request(
-                "GET",
-                &format!("/v1/topics/{}", escape(&name)),
-                None,
-                b"",
-                Duration::ZERO,
-            )?)?;
+            let r = call(client, "GET", &topic_path(&name), None)?;
             print_pretty(&r)
         }
         TopicCommand::Edit {
             name,
             retention,
             partitions,
+            schema,
+            schema_base_version,
         } => {
-            let mut body = Map::new();
-            if let Some(r) = retention {
-                body.insert(
-                    "retention_ms".into(),
-                    json!(duration_flag("retention", &r, true)?),
-                );
-            }
-            if let Some(p) = partitions {
-                body.insert("partitions".into(), json!(p));
-            }
-            if body.is_empty() {
+            let body = PatchBody {
+                retention_ms: retention
+                    .map(|r| duration_flag("retention", &r, true))
+                    .transpose()?,
+                partitions,
+                schema: schema.map(|s| schema_flag(&s)).transpose()?,
+                schema_base_version,
+            };
+            if body.retention_ms.is_none() && body.partitions.is_none() && body.schema.is_none() {
                 return Err(CliError::Usage(
-                    "topic edit: give at least one of --retention, --partitions".into(),
+                    "topic edit: give at least one of --retention, --partitions, --schema".into(),
                 ));
             }
-            let r = send_json(
-                client,
-                "PATCH",
-                &format!("/v1/topics/{}", escape(&name)),
-                &Value::Object(body),
-            )?;
+            let r = send(client, "PATCH", &topic_path(&name), &body)?;
             print_pretty(&r)
+        }
+        TopicCommand::Schema { name, current } => {
+            let r = call(
+                client,
+                "GET",
+                &format!("{}/schema", topic_path(&name)),
+                None,
+            )?;
+            if !current {
+                return print_pretty(&r);
+            }
+            let v = json_body(&r)?;
+            let version = v["version"].as_u64().unwrap_or(0);
+            let doc = v["versions"]
+                .as_array()
+                .and_then(|vs| vs.iter().find(|e| e["version"].as_u64() == Some(version)))
+                .map(|e| e["schema"].clone());
+            match doc {
+                Some(d) if version > 0 => print_value(&d),
+                _ => Err(CliError::Failed(format!("topic \"{name}\" has no schema"))),
+            }
         }
         TopicCommand::Rm { name, force } => {
             if !force && !confirm(&format!("delete topic \"{name}\" and all its data? [y/N] "))? {
                 return Err(CliError::Failed(format!("topic \"{name}\" not deleted")));
             }
-            ok(client.request(
-                "DELETE",
-                &format!("/v1/topics/{}", escape(&name)),
-                None,
-                b"",
-                Duration::ZERO,
-            )?)?;
+            call(client, "DELETE", &topic_path(&name), None)?;
             eprintln!("deleted topic \"{name}\"");
             Ok(())
+        }
+        TopicCommand::Attach {
+            parent,
+            child,
+            delay,
+            remote,
+            remote_topic,
+            from,
+            lanes,
+            dry_run,
+        } => {
+            let body = AttachBody {
+                child,
+                delay_ms: delay
+                    .map(|d| duration_flag("delay", &d, false))
+                    .transpose()?,
+                remote,
+                remote_topic,
+                from,
+                lanes,
+                dry_run,
+            };
+            let r = send(
+                client,
+                "POST",
+                &format!("{}/children", topic_path(&parent)),
+                &body,
+            )?;
+            print_pretty(&r)
+        }
+        TopicCommand::Detach {
+            parent,
+            child,
+            force,
+        } => {
+            let mut path = format!("{}/children/{}", topic_path(&parent), escape(&child));
+            if force {
+                path.push_str("?force=true");
+            }
+            call(client, "DELETE", &path, None)?;
+            eprintln!("detached \"{child}\" from \"{parent}\"");
+            Ok(())
+        }
+        TopicCommand::Children { parent, partitions } => {
+            let mut path = format!("{}/children", topic_path(&parent));
+            if partitions {
+                path.push_str("?partitions=true");
+            }
+            let r = call(client, "GET", &path, None)?;
+            print_pretty(&r)
         }
     }
 }
 
 fn duration_flag(flag: &str, v: &str, forever_ok: bool) -> Result<u64, CliError> {
     parse_duration_ms(v, forever_ok).map_err(|e| CliError::Usage(format!("--{flag}: {e}")))
+}
+
+/// A `--schema` value: JSON text, or `@FILE` holding it. Checked to be JSON here; whether it is a
+/// valid schema is the server's call.
+fn schema_flag(v: &str) -> Result<Box<RawValue>, CliError> {
+    let text = match v.strip_prefix('@') {
+        Some(path) => {
+            let mut text = String::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(SCHEMA_FILE_BYTES_MAX + 1).read_to_string(&mut text))
+                .map_err(|e| CliError::Usage(format!("--schema {path}: {e}")))?;
+            if text.len() as u64 > SCHEMA_FILE_BYTES_MAX {
+                return Err(CliError::Usage(format!(
+                    "--schema {path}: larger than {SCHEMA_FILE_BYTES_MAX} bytes"
+                )));
+            }
+            text
+        }
+        None => v.to_string(),
+    };
+    RawValue::from_string(text.trim().to_string())
+        .map_err(|e| CliError::Usage(format!("--schema: not JSON: {e}")))
 }
 
 /// The response when its status is 2xx, else the server's refusal.
@@ -173,28 +368,21 @@ pub(crate) fn ok(r: Response) -> Result<Response, CliError> {
     }
 }
 
-fn send_json(
+fn send<T: Serialize>(
     client: &mut Client,
     method: &str,
     path: &str,
-    body: &Value,
+    body: &T,
 ) -> Result<Response, CliError> {
     let bytes = serde_json::to_vec(body).map_err(|e| CliError::Usage(e.to_string()))?;
-    ok(client.request(
+    let r = client.request(
         method,
         path,
         Some("application/json"),
         &bytes,
         Duration::ZERO,
-    )?)
-}
-
-fn print_pretty(r: &Response) -> Result<(), CliError> {
-    let v: Value = serde_json::from_slice(&r.body)
-        .map_err(|e| CliError::Failed(format!("the server answered invalid JSON: {e}")))?;
-    let text = serde_json::to_string_pretty(&v).unwrap_or_default();
-    println!("{text}");
-    Ok(())
+    )?;
+    super::ok_for(r, method, path)
 }
 
 /// Asks on stderr, reads one line from stdin; only `y`/`yes` agree.
@@ -219,6 +407,12 @@ struct Page {
 }
 
 fn list(client: &mut Client, as_json: bool) -> Result<(), CliError> {
+    let topics = list_all(client)?;
+    print_list(&topics, as_json)
+}
+
+/// Every topic, following `next_page_token` (bounded by LIST_PAGES_MAX pages).
+pub(crate) fn list_all(client: &mut Client) -> Result<Vec<Value>, CliError> {
     let mut topics = Vec::new();
     let mut token = String::new();
     for _ in 0..LIST_PAGES_MAX {
@@ -226,13 +420,13 @@ fn list(client: &mut Client, as_json: bool) -> Result<(), CliError> {
         if !token.is_empty() {
             path.push_str(&format!("&page_token={}", escape(&token)));
         }
-        let r = ok(client.request("GET", &path, None, b"", Duration::ZERO)?)?;
+        let r = call(client, "GET", &path, None)?;
         let page: Page = serde_json::from_slice(&r.body).map_err(|e| {
             CliError::Failed(format!("the server answered an invalid topic list: {e}"))
         })?;
         topics.extend(page.topics);
         if page.next_page_token.is_empty() {
-            return print_list(&topics, as_json);
+            return Ok(topics);
         }
         if page.next_page_token <= token {
             return Err(CliError::Failed(format!(

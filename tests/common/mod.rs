@@ -339,3 +339,62 @@ impl Client {
         r.json()
     }
 }
+
+impl Server {
+    /// Starts `narad serve` with security on (the production default) on loopback, 2 shards, a
+    /// fresh port pair, and `extra_env` (e.g. `NARAD_ADMIN_PASSWORD`). `restart` of such a
+    /// server starts it in dev mode: use `start_secure` again on the same data directory.
+    pub fn start_secure(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
+        let port = free_port_pair();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        cmd.args([
+            "serve",
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data_dir)
+        .env("NARAD_SHARDS", "2")
+        .env("NARAD_LOG_LEVEL", "warn")
+        .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
+        .env_remove("NARAD_SECURITY_ENABLED")
+        .env_remove("NARAD_ADMIN_PASSWORD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+        for (k, v) in &extra_env {
+            cmd.env(k, v);
+        }
+        let mut s = Server {
+            port,
+            data_dir,
+            child: Some(cmd.spawn().expect("start narad serve")),
+            extra_env,
+        };
+        s.wait_ready();
+        s
+    }
+}
+
+/// The `Authorization` header value for HTTP Basic credentials.
+pub fn basic_auth(user: &str, password: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let input = format!("{user}:{password}");
+    let mut out = String::from("Basic ");
+    for chunk in input.as_bytes().chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}

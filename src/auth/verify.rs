@@ -1,0 +1,225 @@
+//! The bcrypt helper threads: password hashing and verification never run on a shard thread
+//! (a check costs 50-250 ms). A fixed pool of [`VERIFY_THREADS`] threads takes jobs from a queue
+//! of at most [`VERIFY_QUEUE_MAX`]; a full queue is refused at once (the caller answers `503`),
+//! never waited on. A job's answer travels back in a [`Slot`]: a cross-thread one-shot that any
+//! number of shard tasks may await (concurrent identical login attempts share one check).
+//!
+//! This is one of the two places outside `narad_io::rt` where state crosses threads (the other
+//! is [`super::NodeAuth`]): a mutex guards the slot's value and waker list, held only to store
+//! or take them, never across an `.await`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+/// bcrypt checks running at once per node (API.md §2).
+pub const VERIFY_THREADS: usize = 4;
+/// Jobs queued behind the running ones before new ones are refused.
+pub const VERIFY_QUEUE_MAX: usize = 1024;
+/// Wakers kept per slot; beyond it, waiters are woken at once and poll again later.
+const SLOT_WAKERS_MAX: usize = 4096;
+/// bcrypt cost of new hashes: Go's `bcrypt.DefaultCost`, the original's "default cost".
+pub const BCRYPT_COST: u32 = 10;
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// The queue is full: the caller answers `503` with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy;
+
+pub struct Pool {
+    tx: SyncSender<Job>,
+    queued: Arc<AtomicUsize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+impl Pool {
+    /// Starts the helper threads. A thread that cannot start leaves the pool smaller (at least
+    /// one must start, or jobs are never run and every check times out as `Busy`).
+    pub fn new() -> Pool {
+        let (tx, rx) = sync_channel::<Job>(VERIFY_QUEUE_MAX);
+        let rx = Arc::new(Mutex::new(rx));
+        let queued = Arc::new(AtomicUsize::new(0));
+        for i in 0..VERIFY_THREADS {
+            let (rx, queued) = (rx.clone(), queued.clone());
+            let r = std::thread::Builder::new()
+                .name(format!("narad-bcrypt-{i}"))
+                .spawn(move || worker(&rx, &queued));
+            if let Err(e) = r {
+                tracing::error!(error = %e, "starting a bcrypt helper thread failed");
+            }
+        }
+        Pool { tx, queued }
+    }
+
+    /// Jobs waiting or running (the `narad_auth_verify_queued` gauge).
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Queues `f`; its result completes the returned slot.
+    pub fn submit<T, F>(&self, f: F) -> Result<Arc<Slot<T>>, Busy>
+    where
+        T: Clone + Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let slot = Arc::new(Slot::new());
+        let s2 = slot.clone();
+        self.submit_job(Box::new(move || s2.complete(f())))?;
+        Ok(slot)
+    }
+
+    /// Queues a job that completes its own slot.
+    pub fn submit_job(&self, job: Job) -> Result<(), Busy> {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(1, Ordering::Relaxed);
+                Err(Busy)
+            }
+        }
+    }
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool::new()
+    }
+}
+
+fn worker(rx: &Mutex<Receiver<Job>>, queued: &AtomicUsize) {
+    loop {
+        let job = lock(rx).recv();
+        let Ok(job) = job else { return };
+        // A panicking job (a bug in bcrypt) must not kill the thread: its slot is dropped
+        // uncompleted and its waiters see `None`.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A value computed on another thread, awaited by any number of shard tasks.
+pub struct Slot<T> {
+    inner: Mutex<SlotState<T>>,
+}
+
+struct SlotState<T> {
+    value: Option<T>,
+    /// Set when the producer dropped without a value.
+    abandoned: bool,
+    wakers: Vec<Waker>,
+}
+
+impl<T: Clone> Slot<T> {
+    pub fn new() -> Slot<T> {
+        Slot {
+            inner: Mutex::new(SlotState {
+                value: None,
+                abandoned: false,
+                wakers: Vec::new(),
+            }),
+        }
+    }
+
+    pub fn complete(&self, v: T) {
+        let wakers = {
+            let mut s = lock(&self.inner);
+            s.value = Some(v);
+            std::mem::take(&mut s.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Marks the slot as never to be completed (waiters get `None`).
+    pub fn abandon(&self) {
+        let wakers = {
+            let mut s = lock(&self.inner);
+            s.abandoned = true;
+            std::mem::take(&mut s.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Waits for the value; `None` if the job was abandoned.
+    pub fn wait(self: &Arc<Self>) -> SlotWait<T> {
+        SlotWait(self.clone())
+    }
+}
+
+impl<T: Clone> Default for Slot<T> {
+    fn default() -> Slot<T> {
+        Slot::new()
+    }
+}
+
+pub struct SlotWait<T>(Arc<Slot<T>>);
+
+impl<T: Clone> Future for SlotWait<T> {
+    type Output = Option<T>;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut s = lock(&self.0.inner);
+        if let Some(v) = &s.value {
+            return Poll::Ready(Some(v.clone()));
+        }
+        if s.abandoned {
+            return Poll::Ready(None);
+        }
+        if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            if s.wakers.len() >= SLOT_WAKERS_MAX {
+                drop(s);
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            s.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+/// A bcrypt hash of `password` at [`BCRYPT_COST`] (blocking: call it on a helper thread).
+pub fn hash_blocking(password: &[u8]) -> Result<String, String> {
+    bcrypt::hash(password, BCRYPT_COST).map_err(|e| e.to_string())
+}
+
+/// Checks `password` against a stored bcrypt hash (blocking: call it on a helper thread).
+/// `Err` means the stored hash is unusable.
+pub fn verify_blocking(password: &[u8], hash: &str) -> Result<bool, String> {
+    bcrypt::verify(password, hash).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_runs_jobs_and_slots_deliver() {
+        // Proves a job runs on a helper thread and its slot delivers the value to a waiter.
+        let pool = Pool::new();
+        let slot = pool.submit(|| 6 * 7).unwrap();
+        let v = futures_lite::future::block_on(slot.wait());
+        assert_eq!(v, Some(42));
+    }
+
+    #[test]
+    fn bcrypt_round_trip() {
+        // Proves hashes verify their own password and refuse another.
+        let h = hash_blocking(b"s3cret").unwrap();
+        assert!(verify_blocking(b"s3cret", &h).unwrap());
+        assert!(!verify_blocking(b"s3cret!", &h).unwrap());
+        assert!(verify_blocking(b"x", "not a hash").is_err());
+    }
+}

@@ -1,0 +1,567 @@
+//! Security black-box tests: `narad serve` with security on (the default), spoken to over HTTP
+//! on loopback as a user would. Authentication (401 + challenge), root seeding (environment and
+//! generated file), users and grants (texts of API.md §11/§13), RBAC (403) and grants taking
+//! effect without restart, topic ownership, the failed-login throttle (429), the per-identity
+//! consume cap (429), and dev mode staying open on loopback only.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{basic_auth, Client, Resp, Server, TempDir};
+
+const ROOT_PW: &str = "root-pw-for-tests";
+
+fn secure(dir: &TempDir, extra: &[(&str, &str)]) -> Server {
+    let mut env = vec![("NARAD_ADMIN_PASSWORD".to_string(), ROOT_PW.to_string())];
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Server::start_secure(dir.0.join("data"), env)
+}
+
+/// A request as `user` (JSON body for POST/PUT/PATCH).
+fn call(c: &mut Client, method: &str, path: &str, user: (&str, &str), body: &str) -> Resp {
+    let auth = basic_auth(user.0, user.1);
+    let mut h = vec![("Authorization", auth.as_str())];
+    if matches!(method, "POST" | "PUT" | "PATCH") {
+        h.push(("Content-Type", "application/json"));
+    }
+    c.request(method, path, &h, body.as_bytes())
+}
+
+const ROOT: (&str, &str) = ("admin", ROOT_PW);
+
+fn create_user(c: &mut Client, as_user: (&str, &str), name: &str, pw: &str, grants: &str) -> Resp {
+    call(
+        c,
+        "POST",
+        "/v1/users",
+        as_user,
+        &format!(r#"{{"username":"{name}","password":"{pw}","grants":{grants}}}"#),
+    )
+}
+
+#[test]
+fn anonymous_and_wrong_credentials_get_401_with_challenge() {
+    // Proves API.md §2 and §1.4: no credentials, unknown users and wrong passwords all get 401
+    // with `WWW-Authenticate: Basic realm="narad"`, before the guard (415) and the router (404);
+    // health probes need nothing; the root admin seeded from NARAD_ADMIN_PASSWORD gets in and no
+    // password file is written.
+    let dir = TempDir::new("sec-401");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    for (method, path) in [
+        ("GET", "/v1/topics"),
+        ("GET", "/v1/no-such-route"),
+        ("POST", "/v1/topics"),
+    ] {
+        let r = c.request(method, path, &[], b"");
+        assert_eq!(r.status, 401, "{method} {path}: {}", r.text());
+        assert_eq!(r.header("WWW-Authenticate"), Some("Basic realm=\"narad\""));
+        assert_eq!(r.error(), "authentication required");
+    }
+    let r = call(&mut c, "GET", "/v1/topics", ("nobody", "x"), "");
+    assert_eq!(r.status, 401);
+    let r = call(&mut c, "GET", "/v1/topics", ("admin", "wrong"), "");
+    assert_eq!(r.status, 401);
+    assert_eq!(r.header("WWW-Authenticate"), Some("Basic realm=\"narad\""));
+    assert_eq!(c.get("/healthz").status, 200);
+    assert_eq!(c.get("/readyz").status, 200);
+    let r = call(&mut c, "GET", "/v1/topics", ROOT, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Authenticated, the guard and router answer as usual.
+    let auth = basic_auth(ROOT.0, ROOT.1);
+    let r = c.request("POST", "/v1/topics", &[("Authorization", &auth)], b"");
+    assert_eq!(r.status, 415);
+    let r = call(&mut c, "GET", "/v1/no-such-route", ROOT, "");
+    assert_eq!(r.status, 404);
+    assert!(!s.data_dir.join("admin-password").exists());
+    let users = call(&mut c, "GET", "/v1/users", ROOT, "").json();
+    assert_eq!(users[0]["username"], "admin");
+    assert_eq!(users[0]["root"], true);
+    assert!(users[0].get("password_hash").is_none());
+}
+
+#[test]
+fn root_password_generated_into_file_once() {
+    // Proves SEMANTICS.md §15 seeding without NARAD_ADMIN_PASSWORD: the password is written to
+    // `admin-password` (mode 0600) and works; a restart seeds nothing again (no second file)
+    // and the same password still works.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("sec-seed");
+    let data = dir.0.join("data");
+    let mut s = Server::start_secure(data.clone(), vec![]);
+    let file = data.join("admin-password");
+    let pw = std::fs::read_to_string(&file).expect("admin-password written");
+    let pw = pw.trim().to_string();
+    assert!(pw.len() >= 16, "a generated password of some strength");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let mut c = s.client();
+    assert_eq!(
+        call(&mut c, "GET", "/v1/users", ("admin", &pw), "").status,
+        200
+    );
+    s.kill9();
+    let s = Server::start_secure(data.clone(), vec![]);
+    let others: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("admin-password.")
+        })
+        .collect();
+    assert!(others.is_empty(), "seeded only once");
+    let mut c = s.client();
+    assert_eq!(
+        call(&mut c, "GET", "/v1/users", ("admin", &pw), "").status,
+        200
+    );
+}
+
+#[test]
+fn grants_give_403_and_take_effect_without_restart() {
+    // Proves API.md §16: produce/consume/create grants with trailing-`*` patterns, 403 texts,
+    // grant changes applying on the next request, topic ownership (owner manages, others
+    // cannot, a client-sent owner is ignored) and the grant-filtered topic list.
+    let dir = TempDir::new("sec-rbac");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    let bob = ("bob", "bob-pw");
+    let r = create_user(
+        &mut c,
+        ROOT,
+        "bob",
+        "bob-pw",
+        r#"[{"action":"produce","patterns":["in.*"]},{"action":"create","patterns":["bob.*"]}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"in.x"}"#).status,
+        201
+    );
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"other"}"#).status,
+        201
+    );
+
+    let r = call(&mut c, "POST", "/v1/topics/in.x/produce", bob, r#"{"a":1}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/other/produce",
+        bob,
+        r#"{"a":1}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "produce not allowed on this topic".into())
+    );
+    let r = call(&mut c, "GET", "/v1/topics/in.x/consume", bob, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "consume not allowed on this topic".into())
+    );
+    let r = call(&mut c, "POST", "/v1/topics", bob, r#"{"name":"nope"}"#);
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "create not allowed on this topic".into())
+    );
+    let r = call(&mut c, "GET", "/v1/topics/other", bob, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "no grant on this topic".into())
+    );
+    assert_eq!(call(&mut c, "GET", "/v1/topics/in.x", bob, "").status, 200);
+    let r = call(&mut c, "GET", "/v1/users", bob, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "admin privileges required".into())
+    );
+
+    // Ownership: bob's own topic, whatever owner the body claims.
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics",
+        bob,
+        r#"{"name":"bob.t","owner":"admin"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["owner"], "bob");
+    let names: Vec<String> = call(&mut c, "GET", "/v1/topics", bob, "").json()["topics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["bob.t", "in.x"],
+        "list filtered to readable topics"
+    );
+    let r = call(&mut c, "DELETE", "/v1/topics/other", bob, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            403,
+            "only the topic owner or an admin may modify this topic".into()
+        )
+    );
+
+    // Grant consume: effective on the next request, no restart.
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/bob/grants",
+        ROOT,
+        r#"{"grants":[{"action":"produce","patterns":["in.*"]},{"action":"consume","patterns":["in.x"]}]}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["grants"][1]["action"], "consume");
+    let r = call(&mut c, "GET", "/v1/topics/in.x/consume?wait=1s", bob, "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // bob lost `create`, yet still owns and may delete bob.t.
+    let r = call(&mut c, "DELETE", "/v1/topics/bob.t", bob, "");
+    assert_eq!(r.status, 204, "{}", r.text());
+}
+
+#[test]
+fn user_routes_enforce_texts_and_root_rules() {
+    // Proves API.md §11/§13 statuses and texts: validation, duplicates, no escalation, the
+    // root admin's protections, self-service password change with current_password, password
+    // changes cutting access at once, and deletion.
+    let dir = TempDir::new("sec-users");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    let r = create_user(&mut c, ROOT, "bad name", "x", "[]");
+    assert_eq!(
+        (r.status, r.error()),
+        (400, "username must match ^[A-Za-z0-9._-]{1,64}$".into())
+    );
+    let r = call(&mut c, "POST", "/v1/users", ROOT, r#"{"username":"nopw"}"#);
+    assert_eq!((r.status, r.error()), (400, "password required".into()));
+    let r = create_user(
+        &mut c,
+        ROOT,
+        "g",
+        "x",
+        r#"[{"action":"x","patterns":["a"]}]"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (400, r#"unknown grant action "x""#.into())
+    );
+    let r = create_user(&mut c, ROOT, "g", "x", r#"[{"action":"produce"}]"#);
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            400,
+            r#"grant "produce" requires at least one topic pattern"#.into()
+        )
+    );
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/users",
+        ROOT,
+        r#"{"username":"u","password":"p","x":1}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (400, r#"invalid json: json: unknown field "x""#.into())
+    );
+
+    let ops = ("ops", "ops-pw");
+    let r = create_user(&mut c, ROOT, "ops", "ops-pw", r#"[{"action":"admin"}]"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let u = r.json();
+    assert_eq!(u["username"], "ops");
+    assert!(u.get("root").is_none() && u.get("password").is_none());
+    assert!(u["created_at_ms"].as_u64().unwrap() > 0);
+    assert_eq!(create_user(&mut c, ROOT, "ops", "x", "[]").status, 409);
+    let r = create_user(&mut c, ops, "ops2", "x", r#"[{"action":"admin"}]"#);
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "cannot grant permissions you do not hold".into())
+    );
+    let r = create_user(
+        &mut c,
+        ops,
+        "carol",
+        "carol-pw",
+        r#"[{"action":"consume","patterns":["*"]}]"#,
+    );
+    assert_eq!(
+        r.status,
+        201,
+        "a non-root admin gives scoped grants: {}",
+        r.text()
+    );
+
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/ops/grants",
+        ops,
+        r#"{"grants":[]}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "cannot modify your own grants".into())
+    );
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/admin/grants",
+        ops,
+        r#"{"grants":[]}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "the root admin's grants are immutable".into())
+    );
+    let r = call(&mut c, "DELETE", "/v1/users/admin", ops, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "the root admin cannot be deleted".into())
+    );
+    let r = call(&mut c, "DELETE", "/v1/users/ops", ops, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "cannot delete your own account".into())
+    );
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/admin/password",
+        ops,
+        r#"{"new_password":"z"}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            403,
+            "only the root admin may change the root password".into()
+        )
+    );
+
+    // Self-service password change.
+    let carol = ("carol", "carol-pw");
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/ops/password",
+        carol,
+        r#"{"new_password":"z"}"#,
+    );
+    assert_eq!(r.status, 403);
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/carol/password",
+        carol,
+        r#"{"new_password":"new-pw","current_password":"wrong"}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "current password is incorrect".into())
+    );
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/carol/password",
+        carol,
+        r#"{"current_password":"carol-pw"}"#,
+    );
+    assert_eq!((r.status, r.error()), (400, "new_password required".into()));
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/carol/password",
+        carol,
+        r#"{"new_password":"new-pw","current_password":"carol-pw"}"#,
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(call(&mut c, "GET", "/v1/topics", carol, "").status, 401);
+    assert_eq!(
+        call(&mut c, "GET", "/v1/topics", ("carol", "new-pw"), "").status,
+        200
+    );
+
+    // List, get, delete.
+    let list = call(&mut c, "GET", "/v1/users", ops, "").json();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["username"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["admin", "carol", "ops"]);
+    assert_eq!(
+        call(&mut c, "GET", "/v1/users/carol", ops, "").json()["grants"][0]["action"],
+        "consume"
+    );
+    let r = call(&mut c, "GET", "/v1/users/zed", ops, "");
+    assert_eq!((r.status, r.error()), (404, "user not found".into()));
+    assert_eq!(
+        call(&mut c, "DELETE", "/v1/users/carol", ops, "").status,
+        204
+    );
+    assert_eq!(
+        call(&mut c, "GET", "/v1/topics", ("carol", "new-pw"), "").status,
+        401
+    );
+    assert_eq!(
+        call(&mut c, "DELETE", "/v1/users/carol", ops, "").status,
+        404
+    );
+}
+
+#[test]
+fn repeated_bad_passwords_are_throttled() {
+    // Proves the failed-login throttle of API.md §2: 5 failed checks per username, then 429 with
+    // the spec text (even for the right password); a repeated wrong password is an instant 401
+    // from the negative cache and draws nothing; unknown usernames are never throttled; other
+    // users are unaffected.
+    let dir = TempDir::new("sec-throttle");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    assert_eq!(
+        create_user(&mut c, ROOT, "dave", "dave-pw", "[]").status,
+        201
+    );
+    for i in 0..5 {
+        let r = call(
+            &mut c,
+            "GET",
+            "/v1/topics",
+            ("dave", &format!("bad{i}")),
+            "",
+        );
+        assert_eq!(r.status, 401, "attempt {i}");
+    }
+    for _ in 0..3 {
+        let r = call(&mut c, "GET", "/v1/topics", ("dave", "bad0"), "");
+        assert_eq!(
+            r.status, 401,
+            "negative cache answers a repeated wrong password"
+        );
+    }
+    let r = call(&mut c, "GET", "/v1/topics", ("dave", "bad5"), "");
+    assert_eq!(
+        (r.status, r.error()),
+        (429, "too many failed authentication attempts".into())
+    );
+    let r = call(&mut c, "GET", "/v1/topics", ("dave", "dave-pw"), "");
+    assert_eq!(r.status, 429, "the bucket is empty for every password");
+    for i in 0..10 {
+        let r = call(&mut c, "GET", "/v1/topics", ("ghost", &format!("g{i}")), "");
+        assert_eq!(r.status, 401, "unknown usernames are not throttled");
+    }
+    assert_eq!(call(&mut c, "GET", "/v1/topics", ROOT, "").status, 200);
+}
+
+#[test]
+fn consume_cap_per_identity_answers_429() {
+    // Proves the per-identity consume cap of API.md §4 with a cap of 2: two long-polls of one
+    // user hold the cap for their whole wait, a third gets 429 with the spec text, a batch
+    // consume counts as its `max`, another user is unaffected, and the cap frees afterwards.
+    let dir = TempDir::new("sec-cap");
+    let s = secure(
+        &dir,
+        &[("NARAD_HTTP_MAX_CONSUME_IN_FLIGHT_PER_IDENTITY", "2")],
+    );
+    let mut c = s.client();
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"q"}"#).status,
+        201
+    );
+    assert_eq!(
+        create_user(
+            &mut c,
+            ROOT,
+            "eve",
+            "eve-pw",
+            r#"[{"action":"consume","patterns":["q"]}]"#
+        )
+        .status,
+        201
+    );
+    let addr = s.addr();
+    let polls: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).unwrap();
+                call(&mut c, "GET", "/v1/topics/q/consume?wait=3s", ROOT, "").status
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    let r = call(&mut c, "GET", "/v1/topics/q/consume?wait=1s", ROOT, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            429,
+            "too many in-flight consume requests for this identity (limit 2 per node)".into()
+        )
+    );
+    let r = call(&mut c, "GET", "/v1/topics/q/consume", ("eve", "eve-pw"), "");
+    assert_eq!(
+        r.status,
+        204,
+        "another identity has its own cap: {}",
+        r.text()
+    );
+    for p in polls {
+        assert_eq!(p.join().unwrap(), 204);
+    }
+    // A batch of 5 clamps to the cap of 2 and fits alone, but not beside a long-poll.
+    let poll = std::thread::spawn(move || {
+        let mut c = Client::connect(addr).unwrap();
+        call(&mut c, "GET", "/v1/topics/q/consume?wait=2s", ROOT, "").status
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let auth = basic_auth(ROOT.0, ROOT.1);
+    let r = c.request(
+        "GET",
+        "/v1/topics/q/consume?max=5",
+        &[("Authorization", &auth), ("X-Narad-Client", "t")],
+        b"",
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(poll.join().unwrap(), 204);
+    let r = c.request(
+        "GET",
+        "/v1/topics/q/consume?max=5",
+        &[("Authorization", &auth), ("X-Narad-Client", "t")],
+        b"",
+    );
+    assert_eq!(
+        r.status,
+        204,
+        "an empty batch fits once the cap is free: {}",
+        r.text()
+    );
+}
+
+#[test]
+fn dev_mode_is_open_on_loopback_only() {
+    // Proves OPERATIONS.md §2/§5: `server start --dev` needs no credentials, creates topics
+    // without an owner, and listens on 127.0.0.1 only (another loopback address is refused).
+    let dir = TempDir::new("sec-dev");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    assert_eq!(c.get("/v1/topics").status, 200);
+    let r = c.post_json("/v1/topics", r#"{"name":"open","owner":"mallory"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(r.json().get("owner").is_none());
+    assert_eq!(c.get("/v1/users").status, 200);
+    let other = std::net::SocketAddr::from(([127, 0, 0, 2], s.port));
+    assert!(
+        std::net::TcpStream::connect_timeout(&other, Duration::from_secs(2)).is_err(),
+        "dev mode must not listen beyond 127.0.0.1"
+    );
+}
