@@ -5,23 +5,66 @@
 use std::future::Future;
 use std::rc::Rc;
 
+use narad_io::rt::Semaphore;
+
 use crate::config::Config;
-use crate::http::{Limits, Request, RequestHead, Response, Service};
+use crate::http::{Limits, Request, RequestHead, Reservation, Response, Service};
 use crate::node::Node;
+
+/// The answer when the batch-body budget is spent (API.md §4, §10.2).
+const BUDGET_FULL: &str = "too many large batch bodies in flight on this node; retry later";
 
 pub struct ApiService {
     node: Rc<Node>,
+    /// This shard's share of `http.max_batch_body_bytes_in_flight` (the node budget split evenly
+    /// over the shards, as the connection cap is, but never below one whole batch body so a
+    /// lone large batch always fits); `None` when the budget is off (0).
+    batch_budget: Option<Semaphore>,
 }
 
 impl ApiService {
     pub fn new(node: Rc<Node>) -> ApiService {
-        ApiService { node }
+        let total = node.config.http.max_batch_body_bytes_in_flight;
+        let batch_budget = (total > 0).then(|| {
+            let share = total.div_ceil(node.shards as usize);
+            Semaphore::new(share.max(crate::api::BATCH_BODY_BYTES_MAX))
+        });
+        ApiService { node, batch_budget }
     }
 }
 
 impl Service for ApiService {
     fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
         crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
+    }
+
+    /// Bodies over 1 MiB (only batch produce allows them) take their declared size from the
+    /// budget before a byte is read; a chunked body of such a route takes the route's cap, since
+    /// its size is unknown until read.
+    fn reserve_body(
+        &self,
+        head: &RequestHead,
+        limit: usize,
+    ) -> Result<Option<Reservation>, Response> {
+        let Some(budget) = &self.batch_budget else {
+            return Ok(None);
+        };
+        if limit <= crate::api::BODY_BYTES_MAX {
+            return Ok(None);
+        }
+        let want = match head.content_length() {
+            Some(n) if n as usize <= crate::api::BODY_BYTES_MAX => return Ok(None),
+            Some(n) => (n as usize).min(limit),
+            None => limit,
+        };
+        match budget.try_acquire_n(want) {
+            Some(p) => Ok(Some(Box::new(p))),
+            None => {
+                let r = crate::api::error(503, BUDGET_FULL).with_header("Retry-After", "1");
+                self.node.metrics.early_answer(head, r.status);
+                Err(r)
+            }
+        }
     }
 
     fn on_refused(&self, status: u16) {

@@ -118,6 +118,9 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     if let Some(r) = produce_refusal(t) {
         return r;
     }
+    if let Err(r) = crate::schema::check_produce(t, &req.body).await {
+        return r.response();
+    }
     let p = pick_partition(node, t, key.as_deref(), pinned);
     let rec = AppendRecord {
         key: PartitionKey {
@@ -147,8 +150,18 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
             );
         }
     }
+    // A compressed body is decoded under the same cap as a plain one (API.md §10.2).
+    let decoded = match wire::encoding::body_encoding(req.headers.get("content-encoding")) {
+        Ok(enc) => wire::encoding::decode(enc, &req.body, super::BATCH_BODY_BYTES_MAX).await,
+        Err(e) => Err(e),
+    };
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(e) => return error(e.status(), &e.message()),
+    };
+    let body: &[u8] = decoded.as_deref().unwrap_or(&req.body);
     // Pass one: format of every element (encodings, empty payloads, negative partitions).
-    let msgs = match wire::body::parse_batch_produce(&req.body) {
+    let msgs = match wire::body::parse_batch_produce(body) {
         Ok(m) => m,
         Err(e) => return error(e.status(), e.message()),
     };
@@ -159,9 +172,14 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     if let Some(r) = produce_refusal(t) {
         return r;
     }
-    // Pass two: partition range; then every record goes to the log in one append per shard.
+    // Pass two: schema, then partition range, per message; then every record goes to the log in
+    // one append per shard.
+    let schema = tri!(crate::schema::for_topic(t).map_err(|r| r.response()));
     let mut records = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.into_iter().enumerate() {
+        if let Some(s) = &schema {
+            tri!(s.check(&m.payload).await.map_err(|r| r.at(i).response()));
+        }
         if let Some(p) = m.partition {
             if p.0 >= t.partitions {
                 return error(

@@ -13,6 +13,7 @@
 pub mod base64;
 pub mod body;
 pub mod duration;
+pub mod encoding;
 pub mod json;
 pub mod query;
 pub mod reader;
