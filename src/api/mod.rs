@@ -269,7 +269,7 @@ fn route_body_cap(r: Route) -> usize {
     match r {
         Route::ProduceBatch => BATCH_BODY_BYTES_MAX,
         Route::Ack => BATCH_ACK_BODY_BYTES_MAX,
-        Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => 0,
+        Route::Healthz | Route::Readyz | Route::Metrics => 0,
         _ => BODY_BYTES_MAX,
     }
 }
