@@ -168,6 +168,57 @@ fn random_u64() -> u64 {
     }
 }
 
+/// Deserializes a member that is present, `null` included, as `Some`.
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<serde_json::value::RawValue>>, D::Error> {
+    Box::<serde_json::value::RawValue>::deserialize(d).map(Some)
+}
+
+/// The history of a new topic created with `schema`: that document as version 1.
+fn schema_v1(
+    raw: Option<&serde_json::value::RawValue>,
+) -> Result<Vec<serde_json::Value>, Response> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e))?;
+    crate::schema::check_document(&doc).map_err(|e| error(400, &e))?;
+    Ok(vec![doc])
+}
+
+/// The schema a PATCH registers (SEMANTICS.md §8.4): `None` when the document equals the current
+/// version up to annotations. Checks the base version, the document rules, the parent-managed rule
+/// and compatibility with the current version before anything is proposed.
+fn schema_change(
+    t: &TopicMeta,
+    raw: &serde_json::value::RawValue,
+    base: Option<i64>,
+) -> Result<Option<serde_json::Value>, Response> {
+    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e))?;
+    crate::schema::check_document(&doc).map_err(|e| error(400, &e))?;
+    if base.is_some_and(|b| b != i64::from(t.schema_version())) {
+        return Err(error(409, "schema version conflict"));
+    }
+    let Some(current) = t.current_schema() else {
+        return Ok(Some(doc));
+    };
+    if crate::schema::same_ignoring_annotations(current, &doc) {
+        return Ok(None);
+    }
+    if let Some(p) = &t.parent {
+        return Err(error(
+            409,
+            &format!(
+                "schema is parent-managed while attached to a fan-out parent: topic \"{}\" is attached to \"{p}\"",
+                t.name
+            ),
+        ));
+    }
+    crate::schema::compatible(current, t.schema_version(), &doc).map_err(|e| error(400, &e))?;
+    Ok(Some(doc))
+}
+
 /// Creates a topic owned by `owner` (the authenticated caller; `None` with security off: a
 /// client-sent `owner` is ignored).
 pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Response {
@@ -184,6 +235,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
             "topic name {name:?} must be 1-200 characters of A-Z a-z 0-9 . _ - and not \".\" or \"..\""
         ));
     }
+    let mut schemas = Vec::new();
     if body.fanout_delay_ms.is_some() && body.parent.is_none() {
         return invalid("fanout_delay_ms requires parent".into());
     }
@@ -191,7 +243,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         return invalid("fan-out children are not supported by this build yet".into());
     }
     if body.schema.is_some() {
-        return invalid("topic schemas are not supported by this build yet".into());
+        schemas = tri!(schema_v1(body.schema.as_deref()));
     }
     let partitions =
         match partitions_for_create(body.partitions, d.default_partitions, d.max_partitions) {
@@ -250,7 +302,10 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         fanout_delay_ms: 0,
         attach_offsets: Vec::new(),
     };
-    if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
+    if let Err(e) = node
+        .propose(MetaCommand::CreateTopic(TopicMeta { schemas, ..meta }))
+        .await
+    {
         return propose_error(e);
     }
     match node.topic(&name) {
@@ -354,7 +409,6 @@ struct AlterBody {
     max_in_flight_per_partition: Option<i64>,
     max_acked_ahead_per_partition: Option<i64>,
     schema: Option<Box<serde_json::value::RawValue>>,
-    #[allow(dead_code)] // read once schemas are supported
     schema_base_version: Option<i64>,
 }
 
@@ -364,6 +418,8 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         Err(e) => return error(400, &e),
     };
     if body.partitions.is_none()
+    /// `null` is kept (not read as absent) so that it can be refused: a schema cannot be removed.
+    #[serde(default, deserialize_with = "present")]
         && body.retention_ms.is_none()
         && body.max_in_flight_per_partition.is_none()
         && body.max_acked_ahead_per_partition.is_none()
@@ -378,9 +434,6 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let Some(t) = meta.topic(name) else {
         return error(404, "topic not found");
     };
-    if body.schema.is_some() {
-        return invalid("topic schemas are not supported by this build yet".into());
-    }
     let d = &node.config.topic;
     // Validate every field before the first write, so a bad later field changes nothing.
     let retention_ms = match retention(body.retention_ms) {
@@ -440,7 +493,11 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         schema: None,
         schema_base_version: None,
     };
-    // Applied in the order retention → caps → partitions, each its own write (API.md §6.4).
+    // Applied in the order retention → caps → partitions → schema, each its own write (API.md §6.4).
+    let new_schema = match body.schema.as_deref() {
+        None => None,
+        Some(raw) => tri!(schema_change(t, raw, body.schema_base_version)),
+    };
     let mut steps = Vec::new();
     if retention_ms.is_some() {
         steps.push(alter(retention_ms, None, None, None));
@@ -462,6 +519,19 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     }
 }
 
+    if let Some(s) = new_schema {
+        // Based on the version the compatibility check read: a concurrent change answers 409.
+        steps.push(MetaCommand::AlterTopic {
+            name: t.name.clone(),
+            id: t.id,
+            retention_ms: None,
+            max_in_flight_per_partition: None,
+            max_acked_ahead_per_partition: None,
+            partitions: None,
+            schema: Some(s),
+            schema_base_version: Some(t.schema_version()),
+        });
+    }
 pub async fn delete(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let q = Params::new(&req.query);
     match tri!(q.str("force")).as_deref() {

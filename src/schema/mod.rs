@@ -442,6 +442,14 @@ pub fn for_topic(t: &TopicMeta) -> Result<Option<Rc<Compiled>>, Rejection> {
     }
 }
 
+/// Validates one produce body against `t`'s current schema, if it has one (SEMANTICS.md §8.1).
+pub async fn check_produce(t: &TopicMeta, payload: &[u8]) -> Result<(), Rejection> {
+    match for_topic(t)? {
+        Some(c) => c.check(payload).await,
+        None => Ok(()),
+    }
+}
+
 /// Validators cached on this shard (for tests and metrics).
 pub fn cached_validators() -> usize {
     SHARD.with(|s| s.borrow().cache.len())
