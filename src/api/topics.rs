@@ -408,6 +408,8 @@ struct AlterBody {
     retention_ms: Option<i64>,
     max_in_flight_per_partition: Option<i64>,
     max_acked_ahead_per_partition: Option<i64>,
+    /// `null` is kept (not read as absent) so that it can be refused: a schema cannot be removed.
+    #[serde(default, deserialize_with = "present")]
     schema: Option<Box<serde_json::value::RawValue>>,
     schema_base_version: Option<i64>,
 }
@@ -418,8 +420,6 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         Err(e) => return error(400, &e),
     };
     if body.partitions.is_none()
-    /// `null` is kept (not read as absent) so that it can be refused: a schema cannot be removed.
-    #[serde(default, deserialize_with = "present")]
         && body.retention_ms.is_none()
         && body.max_in_flight_per_partition.is_none()
         && body.max_acked_ahead_per_partition.is_none()
@@ -483,6 +483,10 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         }
         Some(n) => Some(n as u32),
     };
+    let new_schema = match body.schema.as_deref() {
+        None => None,
+        Some(raw) => tri!(schema_change(t, raw, body.schema_base_version)),
+    };
     let alter = |retention_ms, inflight, ahead, partitions| MetaCommand::AlterTopic {
         name: t.name.clone(),
         id: t.id,
@@ -494,10 +498,6 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         schema_base_version: None,
     };
     // Applied in the order retention → caps → partitions → schema, each its own write (API.md §6.4).
-    let new_schema = match body.schema.as_deref() {
-        None => None,
-        Some(raw) => tri!(schema_change(t, raw, body.schema_base_version)),
-    };
     let mut steps = Vec::new();
     if retention_ms.is_some() {
         steps.push(alter(retention_ms, None, None, None));
@@ -508,17 +508,6 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     if partitions.is_some() {
         steps.push(alter(None, None, None, partitions));
     }
-    for step in steps {
-        if let Err(e) = node.propose(step).await {
-            return propose_error(e);
-        }
-    }
-    match node.topic(name) {
-        Some(t) => json(200, &view(&t)),
-        None => error(404, "topic not found"),
-    }
-}
-
     if let Some(s) = new_schema {
         // Based on the version the compatibility check read: a concurrent change answers 409.
         steps.push(MetaCommand::AlterTopic {
@@ -532,6 +521,17 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
             schema_base_version: Some(t.schema_version()),
         });
     }
+    for step in steps {
+        if let Err(e) = node.propose(step).await {
+            return propose_error(e);
+        }
+    }
+    match node.topic(name) {
+        Some(t) => json(200, &view(&t)),
+        None => error(404, "topic not found"),
+    }
+}
+
 pub async fn delete(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let q = Params::new(&req.query);
     match tri!(q.str("force")).as_deref() {
