@@ -62,9 +62,13 @@ pub const TYPE_CHECKPOINT: u8 = 4;
 pub const BATCH_MAGIC: [u8; 4] = *b"NWAL";
 pub const BATCH_VERSION: u8 = 1;
 pub const BATCH_KIND: u8 = 0xB1;
-/// magic(4) version(1) kind(1) reserved(2) seq(8) payload_len(4) record_count(4) payload_crc(4)
+/// magic(4) version(1) kind(1) flags(1) reserved(1) seq(8) payload_len(4) record_count(4) payload_crc(4)
 /// header_crc(4).
 pub const BATCH_HEADER_BYTES: usize = 32;
+/// Bits of the batch flags byte holding how many earlier batches were still in flight (written
+/// but not yet fdatasync'ed, read back and resolved) when this batch was started: 0 without
+/// pipelining. Recovery uses it to tell lost in-flight predecessors from corruption.
+pub const BATCH_FLAGS_IN_FLIGHT_MASK: u8 = 0x07;
 /// Every batch starts on this boundary and is zero-padded up to the next one: the unit of one
 /// O_DIRECT write.
 pub const BATCH_ALIGN: usize = 4096;
@@ -358,6 +362,8 @@ pub struct BatchHeader {
     pub payload_len: u32,
     pub record_count: u32,
     pub payload_crc: u32,
+    /// Earlier batches still in flight when this one was started ([`BATCH_FLAGS_IN_FLIGHT_MASK`]).
+    pub in_flight_before: u8,
 }
 
 impl BatchHeader {
@@ -381,7 +387,9 @@ pub fn encode_batch_header(h: &BatchHeader) -> [u8; BATCH_HEADER_BYTES] {
     b[0..4].copy_from_slice(&BATCH_MAGIC);
     b[4] = BATCH_VERSION;
     b[5] = BATCH_KIND;
-    // b[6..8] reserved, zero
+    assert!(h.in_flight_before <= BATCH_FLAGS_IN_FLIGHT_MASK);
+    b[6] = h.in_flight_before;
+    // b[7] reserved, zero
     b[8..16].copy_from_slice(&h.seq.to_le_bytes());
     b[16..20].copy_from_slice(&h.payload_len.to_le_bytes());
     b[20..24].copy_from_slice(&h.record_count.to_le_bytes());
@@ -409,7 +417,7 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, DecodeError> {
     if b[4] != BATCH_VERSION {
         return Err(DecodeError::BadVersion(b[4]));
     }
-    if b[5] != BATCH_KIND || b[6] != 0 || b[7] != 0 {
+    if b[5] != BATCH_KIND || b[6] & !BATCH_FLAGS_IN_FLIGHT_MASK != 0 || b[7] != 0 {
         return Err(DecodeError::BadType(b[5]));
     }
     let mut s = [0u8; 8];
@@ -431,6 +439,7 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, DecodeError> {
         payload_len,
         record_count,
         payload_crc,
+        in_flight_before: b[6] & BATCH_FLAGS_IN_FLIGHT_MASK,
     })
 }
 
@@ -448,6 +457,7 @@ pub fn encode_batch(seq: u64, record_count: u32, payload: &[u8], out: &mut [u8])
         payload_len: payload.len() as u32,
         record_count,
         payload_crc: payload_crc(payload),
+        in_flight_before: 0,
     };
     out[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h));
     let end = BATCH_HEADER_BYTES + payload.len();
@@ -459,6 +469,18 @@ pub fn encode_batch(seq: u64, record_count: u32, payload: &[u8], out: &mut [u8])
 /// (`payload_len` bytes); writes the header and zeroes the padding. `img` must be exactly
 /// `batch_span(payload_len)` bytes long.
 pub fn seal_batch(img: &mut [u8], seq: u64, record_count: u32, payload_len: usize) {
+    seal_batch_flagged(img, seq, record_count, payload_len, 0);
+}
+
+/// [`seal_batch`] recording `in_flight_before` earlier batches in flight (at most
+/// [`BATCH_FLAGS_IN_FLIGHT_MASK`]).
+pub fn seal_batch_flagged(
+    img: &mut [u8],
+    seq: u64,
+    record_count: u32,
+    payload_len: usize,
+    in_flight_before: u8,
+) {
     assert_eq!(
         img.len(),
         batch_span(payload_len),
@@ -471,6 +493,7 @@ pub fn seal_batch(img: &mut [u8], seq: u64, record_count: u32, payload_len: usiz
         payload_len: payload_len as u32,
         record_count,
         payload_crc: payload_crc(&img[BATCH_HEADER_BYTES..end]),
+        in_flight_before,
     };
     img[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h));
     img[end..].fill(0);

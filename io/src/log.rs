@@ -11,12 +11,16 @@
 //! Appends and settles queue in the shard log. One committer task takes whatever is queued (up to
 //! the WAL's batch limits), assigns offsets and commit times, encodes the partition segment frames,
 //! and hands all records to the WAL as ONE append call: one O_DIRECT write and one fdatasync for
-//! every partition and producer in the batch. Only one WAL append is in flight at a time, so
-//! offsets are assigned from the partitions' current ends and a failed batch needs no rollback:
-//! its offsets are simply never used. After the WAL answers durable-and-verified, the committer
-//! writes the frames to the partition segment files (page cache), which advances the high
-//! watermarks, then answers every appender and runs the `on_commit` callbacks. A record is thus
-//! visible to readers only after it is durable in the WAL.
+//! every partition and producer in the batch. Up to `wal_batches_in_flight_max` batches are in
+//! flight (pipelined group commit): the committer hands the next batch over as soon as the WAL
+//! can start writing it, assigning offsets after those of the batches in flight
+//! (`planned_next`). The WAL resolves batches strictly in order and a failed batch fails every
+//! batch behind it, so a failed batch needs no rollback: once nothing is in flight the committer
+//! plans again from the partitions' ends in their files, and the failed offsets are simply never
+//! used. After the WAL answers durable-and-verified for the oldest batch, the committer writes
+//! its frames to the partition segment files (page cache), which advances the high watermarks,
+//! then answers every appender and runs the `on_commit` callbacks. A record is thus visible to
+//! readers only after it is durable in the WAL.
 //!
 //! # Crash-safety argument
 //! 1. An append is acknowledged only after its WAL batch is durable and verified (WAL contract).
@@ -54,7 +58,7 @@ use crate::codec::{self, WalPosition, WalRecord};
 use crate::partition::{
     self, frame, EncodedBatch, PartitionLog, PartitionStats, ScanReport, SyncError, SyncWork,
 };
-use crate::rt::{oneshot, Notify};
+use crate::rt::{oneshot, Notify, Task};
 use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
 use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
 
@@ -78,6 +82,8 @@ pub struct LogConfig {
     pub wal_segment_bytes: u64,
     pub wal_batch_bytes_max: usize,
     pub wal_batch_records_max: usize,
+    /// WAL batches in flight at once (pipelined group commit; 1 = one at a time).
+    pub wal_batches_in_flight_max: usize,
     /// Bytes of appends queued for the committer; appends beyond wait (backpressure).
     pub append_queue_bytes_max: usize,
     pub partition_segment_bytes_max: u64,
@@ -94,6 +100,7 @@ impl LogConfig {
             wal_segment_bytes: 64 << 20,
             wal_batch_bytes_max: 4 << 20,
             wal_batch_records_max: 16_384,
+            wal_batches_in_flight_max: crate::wal::BATCHES_IN_FLIGHT_DEFAULT,
             append_queue_bytes_max: 64 << 20,
             partition_segment_bytes_max: 64 << 20,
             checkpoint_wal_bytes: 256 << 20,
@@ -223,8 +230,11 @@ struct State {
     partitions: HashMap<PartitionKey, PartitionLog>,
     queue: VecDeque<Request>,
     queue_bytes: usize,
-    /// A WAL append of the committer is in flight.
-    inflight: bool,
+    /// Batches handed to the WAL and not yet materialised.
+    inflight: usize,
+    /// For partitions with batches in flight: the next offset to assign and the frame bytes
+    /// planned but not yet written to their files.
+    planned_next: HashMap<PartitionKey, (Offset, u64)>,
     /// Position just after the last durable batch; every WAL record before it is materialised.
     last_pos: Option<WalPosition>,
     last_checkpoint: Option<WalPosition>,
@@ -268,8 +278,12 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
         segment_bytes: cfg.wal_segment_bytes,
         batch_bytes_max: cfg.wal_batch_bytes_max,
         batch_records_max: cfg.wal_batch_records_max,
-        // The committer keeps at most one call in the WAL queue.
+        // The committer hands a batch over only when the WAL can start it at once, so at most
+        // one call waits in the WAL queue.
         queue_bytes_max: cfg.wal_batch_bytes_max,
+        batches_in_flight_max: cfg
+            .wal_batches_in_flight_max
+            .clamp(1, crate::wal::BATCHES_IN_FLIGHT_MAX),
     }
 }
 
@@ -425,7 +439,8 @@ impl ShardLog {
             partitions,
             queue: VecDeque::new(),
             queue_bytes: 0,
-            inflight: false,
+            inflight: 0,
+            planned_next: HashMap::new(),
             last_pos,
             last_checkpoint: None,
             wal_bytes_since_checkpoint: 0,
@@ -725,7 +740,7 @@ impl ShardLog {
             let progressed = self.signals.progress.notified();
             {
                 let st = self.inner.state.borrow();
-                if st.queue.is_empty() && !st.inflight {
+                if st.queue.is_empty() && st.inflight == 0 {
                     break;
                 }
             }
@@ -738,6 +753,18 @@ impl ShardLog {
         };
         self.inner.state.borrow_mut().closed = true;
         self.signals.work.notify_waiters();
+        let w = self.inner.wal.stats();
+        tracing::info!(
+            shard = self.inner.cfg.shard.0,
+            batches = w.batches,
+            records = w.records,
+            records_per_batch_p50 = w.batch_records.quantile(0.5),
+            fsync_us_p50 = w.fsync_latency_us.quantile(0.5),
+            fsync_us_p99 = w.fsync_latency_us.quantile(0.99),
+            commit_us_p50 = w.commit_latency_us.quantile(0.5),
+            commit_us_p99 = w.commit_latency_us.quantile(0.99),
+            "shard log closed"
+        );
         r
     }
 
@@ -880,24 +907,53 @@ fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
     out
 }
 
-/// The committer: one WAL append in flight at a time, materialise, answer, repeat.
+/// The committer: plans a batch (offsets, frames), hands it to the WAL, and materialises and
+/// answers batches strictly in order as the WAL makes them durable. Up to the WAL's
+/// `batches_in_flight_max` batches are in flight; the next one is handed over only when the WAL
+/// can start writing it at once, so it gathers everything queued until then.
 async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
+    let mut flying: VecDeque<(Planned, Task<Result<WalPosition, WalError>>)> = VecDeque::new();
+    // A batch failed: hand nothing more to the WAL until every batch in flight has resolved
+    // (they fail too), then plan again from the partitions' materialised ends.
+    let mut halted = false;
     loop {
         let work = signals.work.notified();
         let Some(inner) = weak.upgrade() else { return };
-        let (batch, idle_for) = {
-            let mut st = inner.state.borrow_mut();
-            if st.closed {
-                return;
+        let wal = inner.wal.clone();
+        let kick = wal.batch_slot_notified();
+        if inner.state.borrow().closed && flying.is_empty() {
+            return;
+        }
+        if flying.is_empty() {
+            halted = false;
+            inner.state.borrow_mut().planned_next.clear();
+        }
+        let depth = inner.cfg.wal_batches_in_flight_max.max(1);
+        let may_start = !halted
+            && (flying.is_empty() || (flying.len() < depth && inner.wal.can_start_batch_now()));
+        if may_start {
+            let batch = {
+                let mut st = inner.state.borrow_mut();
+                take_batch(&mut st, &inner.cfg)
+            };
+            if !batch.is_empty() {
+                if let Some((planned, records)) = plan_batch(&inner, batch) {
+                    let wal = inner.wal.clone();
+                    let task = crate::rt::spawn(async move { wal.append(records).await });
+                    flying.push_back((planned, task));
+                    inner.state.borrow_mut().inflight = flying.len();
+                }
+                // Wait at least for the next event before handing over another batch.
+                drop(inner);
+                continue;
             }
-            let batch = take_batch(&mut st, &inner.cfg);
-            let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
-            (
-                batch,
-                interval.saturating_sub(st.last_checkpoint_at.elapsed()),
-            )
-        };
-        if batch.is_empty() {
+        }
+        if flying.is_empty() {
+            let idle_for = {
+                let st = inner.state.borrow();
+                let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
+                interval.saturating_sub(st.last_checkpoint_at.elapsed())
+            };
             maybe_checkpoint(&inner, &signals);
             drop(inner);
             futures_lite::future::or(work, async {
@@ -906,9 +962,25 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
             .await;
             continue;
         }
-        commit_batch(&inner, batch).await;
+        let (_, oldest) = flying.front_mut().expect("not empty");
+        let done = futures_lite::future::or(async { Some(oldest.await) }, async {
+            futures_lite::future::or(work, kick).await;
+            None
+        })
+        .await;
+        let Some(result) = done else {
+            drop(inner);
+            continue;
+        };
+        let (planned, _) = flying.pop_front().expect("not empty");
+        inner.state.borrow_mut().inflight = flying.len();
+        if result.is_err() {
+            halted = true;
+        }
+        materialise(&inner, planned, result.map_err(LogError::from));
         signals.progress.notify_waiters();
         maybe_checkpoint(&inner, &signals);
+        drop(inner);
     }
 }
 
@@ -943,15 +1015,17 @@ fn is_disk_full(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
 
-/// Before the WAL write: creates missing partitions and reserves segment space for every run,
-/// so that writing the frames after the WAL commit cannot run out of disk. ENOSPC here fails the
-/// batch as `DiskFull` with nothing written anywhere.
+/// Before the WAL write: creates missing partitions and reserves segment space for every run
+/// (on top of the runs of batches still in flight), so that writing the frames after the WAL
+/// commit cannot run out of disk. ENOSPC here fails the batch as `DiskFull` with nothing written
+/// anywhere.
 fn prepare_partitions(
     inner: &Inner,
     st: &mut State,
     runs: &HashMap<PartitionKey, EncodedBatch>,
 ) -> Result<(), LogError> {
     for (key, run) in runs {
+        let ahead = st.planned_next.get(key).map_or(0, |p| p.1);
         let p = match st.partitions.entry(*key) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(v) => v.insert(PartitionLog::create(
@@ -960,80 +1034,130 @@ fn prepare_partitions(
                 inner.cfg.partition_segment_bytes_max,
             )?),
         };
-        p.reserve(run.byte_len() as u64)?;
+        p.reserve(ahead + run.byte_len() as u64)?;
     }
     Ok(())
 }
 
-async fn commit_batch(inner: &Rc<Inner>, batch: Vec<Request>) {
-    // Assign offsets and times, encode the segment frames. No WAL append is in flight, so every
-    // partition's next offset is its end in the segment files.
+/// A batch handed to the WAL: what to materialise and whom to answer once it is durable.
+struct Planned {
+    runs: HashMap<PartitionKey, EncodedBatch>,
+    offsets: Vec<Vec<Offset>>,
+    replies: Vec<(Kind, Reply)>,
+    wal_bytes: u64,
+}
+
+/// Where a queued call learns its offsets (or why it failed).
+type Reply = oneshot::Sender<Result<Vec<Offset>, LogError>>;
+
+/// Assigns offsets and times and encodes the segment frames of `batch`. Offsets continue after
+/// the batches still in flight (`planned_next`), else after the partition's end in its files.
+/// Returns `None` when nothing is left to write (every request answered already).
+fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<WalRecord>)> {
     let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     let mut records = Vec::new();
     let mut wal_bytes = 0u64;
-    let prepared = {
-        let mut st = inner.state.borrow_mut();
-        let now = UnixMillis::now().max(st.last_stamp);
-        st.last_stamp = now;
-        for mut req in batch {
-            let deleted = req.records.iter().any(|r| {
-                matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
-            });
-            if deleted {
-                let _ = req.reply.send(Err(LogError::Io(std::io::Error::new(
-                    std::io::ErrorKind::NotFound,
-                    "topic deleted",
-                ))));
-                continue;
-            }
-            wal_bytes += req.wal_bytes as u64;
-            let mut offs = Vec::new();
-            if matches!(req.kind, Kind::Append) {
-                offs.reserve(req.records.len());
-                for rec in &mut req.records {
-                    if let WalRecord::Message {
-                        key,
-                        offset,
-                        commit_ms,
-                        msg_key,
-                        payload,
-                    } = rec
-                    {
-                        let run = runs.entry(*key).or_insert_with(|| {
-                            EncodedBatch::new(
+    let mut st = inner.state.borrow_mut();
+    let now = UnixMillis::now().max(st.last_stamp);
+    st.last_stamp = now;
+    for mut req in batch {
+        let deleted = req.records.iter().any(|r| {
+            matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
+        });
+        if deleted {
+            let _ = req.reply.send(Err(LogError::Io(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "topic deleted",
+            ))));
+            continue;
+        }
+        wal_bytes += req.wal_bytes as u64;
+        let mut offs = Vec::new();
+        if matches!(req.kind, Kind::Append) {
+            offs.reserve(req.records.len());
+            for rec in &mut req.records {
+                if let WalRecord::Message {
+                    key,
+                    offset,
+                    commit_ms,
+                    msg_key,
+                    payload,
+                } = rec
+                {
+                    let run = runs.entry(*key).or_insert_with(|| {
+                        EncodedBatch::new(st.planned_next.get(key).map_or_else(
+                            || {
                                 st.partitions
                                     .get(key)
-                                    .map_or(Offset(0), PartitionLog::next_offset),
-                            )
-                        });
-                        *commit_ms = now;
-                        *offset = run.push_message(now, msg_key.as_deref(), payload);
-                        offs.push(*offset);
-                    }
+                                    .map_or(Offset(0), PartitionLog::next_offset)
+                            },
+                            |p| p.0,
+                        ))
+                    });
+                    *commit_ms = now;
+                    *offset = run.push_message(now, msg_key.as_deref(), payload);
+                    offs.push(*offset);
                 }
             }
-            offsets.push(offs);
-            records.extend(req.records);
-            replies.push((req.kind, req.reply));
         }
-        let prepared = prepare_partitions(inner, &mut st, &runs);
-        st.inflight = prepared.is_ok() && !replies.is_empty();
-        prepared
-    };
-    if replies.is_empty() {
-        return;
+        offsets.push(offs);
+        records.extend(req.records);
+        replies.push((req.kind, req.reply));
     }
-    let result = match prepared {
-        Ok(()) => inner.wal.append(records).await.map_err(LogError::from),
-        Err(LogError::Io(e)) if is_disk_full(&e) => Err(LogError::DiskFull),
-        Err(e) => Err(e),
-    };
+    if replies.is_empty() {
+        return None;
+    }
+    match prepare_partitions(inner, &mut st, &runs) {
+        Ok(()) => {
+            for (key, run) in &runs {
+                let e = st.planned_next.entry(*key).or_insert((run.first(), 0));
+                *e = (run.next(), e.1 + run.byte_len() as u64);
+            }
+            Some((
+                Planned {
+                    runs,
+                    offsets,
+                    replies,
+                    wal_bytes,
+                },
+                records,
+            ))
+        }
+        Err(e) => {
+            drop(st);
+            let e = match e {
+                LogError::Io(e) if is_disk_full(&e) => LogError::DiskFull,
+                e => e,
+            };
+            for (_, reply) in replies {
+                let _ = reply.send(Err(e.copy()));
+            }
+            None
+        }
+    }
+}
+
+/// The WAL answered for `planned` (the oldest batch in flight): on success writes its frames to
+/// the partition files (page cache), which advances the high watermarks, applies its settles,
+/// then answers every caller and runs the commit callbacks.
+fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, LogError>) {
+    let Planned {
+        runs,
+        offsets,
+        replies,
+        wal_bytes,
+    } = planned;
     let mut moved: Vec<PartitionKey> = Vec::new();
     let outcome: Result<(), LogError> = {
         let mut st = inner.state.borrow_mut();
-        st.inflight = false;
+        for (key, run) in &runs {
+            // Batches resolve in order: once this one is written the next plans from the files.
+            if let Some(p) = st.planned_next.get_mut(key) {
+                p.1 = p.1.saturating_sub(run.byte_len() as u64);
+            }
+        }
         match result {
             Err(e) => Err(e),
             Ok(pos) => {
@@ -1047,6 +1171,16 @@ async fn commit_batch(inner: &Rc<Inner>, batch: Vec<Request>) {
                     let Some(p) = st.partitions.get_mut(key) else {
                         continue;
                     };
+                    if p.next_offset() != run.first() {
+                        // An earlier batch of this partition failed yet this one became
+                        // durable: never expected (a failure fails everything behind it).
+                        failed = Some(format!(
+                            "partition {key:?}: durable batch at offset {} does not continue the log at {}",
+                            run.first().0,
+                            p.next_offset().0
+                        ));
+                        break;
+                    }
                     if let Err(e) = p.append(run) {
                         failed = Some(format!("writing partition {key:?} segment failed: {e}"));
                         break;

@@ -39,6 +39,7 @@ fn cfg(dir: PathBuf) -> WalConfig {
         batch_bytes_max: 256 << 10,
         batch_records_max: 1024,
         queue_bytes_max: 1 << 20,
+        batches_in_flight_max: 2,
     }
 }
 

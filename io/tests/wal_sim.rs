@@ -49,6 +49,7 @@ fn seeded_fault_injection_never_loses_acknowledged_appends() {
         total.records_acked += s.records_acked;
         total.appends_acked += s.appends_acked;
         total.batches += s.batches;
+        total.pipelined_batches += s.pipelined_batches;
         total.crashes += s.crashes;
         total.torn_writes += s.torn_writes;
         total.torn_truncations += s.torn_truncations;
@@ -65,6 +66,7 @@ fn seeded_fault_injection_never_loses_acknowledged_appends() {
         "{total:?}"
     );
     assert!(total.records_acked > 10_000, "{total:?}");
+    assert!(total.pipelined_batches > 1000, "{total:?}");
     assert!(
         total.crashes > 100 && total.torn_writes > 10 && total.torn_truncations > 10,
         "{total:?}"

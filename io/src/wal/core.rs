@@ -6,24 +6,32 @@
 //! Owns: which appends form the next batch, where it goes, what each waiter learns. Never does
 //! I/O, never awaits, never retries a failed batch.
 //!
-//! Protocol (one batch in flight at a time):
+//! Protocol (up to `batches_in_flight_max` batches in flight, resolved strictly in order):
 //! 1. [`Core::submit`] queues the encoded frames of one append call (all of one call go into one
 //!    batch, contiguous, in call order) and returns its ticket.
 //! 2. [`Core::start_batch`] takes appends from the front of the queue up to `batch_bytes_max` /
 //!    `batch_records_max`, lays the batch image into a caller-provided aligned buffer and says where
 //!    it goes (rolling to a new segment when it does not fit the current one).
-//! 3. The driver allocates the segment if asked, writes the image with one write, fdatasyncs, reads
-//!    it back and verifies it, then calls [`Core::finish`] with the outcome.
-//! 4. `finish` resolves the batch's tickets. On `Durable` they succeed with the position after the
+//! 3. The driver allocates the segment if asked, writes the image with one write, reports
+//!    [`Core::written`], fdatasyncs, reads it back and verifies it, then calls [`Core::finish`]
+//!    with the outcome. Pipelining: the next batch may start (step 2) once every batch in flight
+//!    has been written, while their fdatasyncs and read-backs run; it carries the pipelined flag.
+//!    A batch that needs a new segment starts only when nothing is in flight, so segment
+//!    allocation (and DiskFull) only ever concerns a batch alone.
+//! 4. `finish` resolves the oldest batch in flight (the driver calls it in batch order, each after
+//!    that batch's own fdatasync and read-back). On `Durable` they succeed with the position after the
 //!    batch. On `DiskFull` (segment allocation refused) the batch and every append queued behind it
 //!    fail with `DiskFull`, nothing was written and later appends may succeed. On `Failed` (write,
-//!    fsync or verification error) the core is poisoned: the batch, everything queued and every
-//!    later append fail with `Poisoned(reason)`.
+//!    fsync or verification error) the core is poisoned: the batch, the batches in flight behind
+//!    it, everything queued and every later append fail with `Poisoned(reason)`.
 //!
-//! Crash safety: a ticket succeeds only after its batch was written, fdatasync'ed and read back
-//! intact, and batches are written strictly one after another, so at any crash every acknowledged
-//! batch is on disk and only the batch in flight can be torn. Recovery (`wal::recovery`) relies on
-//! exactly that: garbage followed by no valid batch is the torn batch in flight.
+//! Crash safety: a ticket succeeds only after its own batch was written, fdatasync'ed and read back
+//! intact and every earlier batch succeeded, and a batch's write is issued only after every
+//! earlier write completed. So at any crash every acknowledged batch is on disk and only batches
+//! in flight can be torn or lost: the last one, or (power loss dropping a completed but unsynced
+//! write) a batch in flight followed by pipelined ones. Recovery (`wal::recovery`) relies on
+//! exactly that: garbage followed by no valid batch, or by nothing but pipelined batches, is the
+//! torn tail.
 
 use std::collections::VecDeque;
 
@@ -39,6 +47,16 @@ pub struct CoreConfig {
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
     pub queue_bytes_max: usize,
+    /// Batches written but not yet resolved, at most (1 = no pipelining). At most
+    /// `recovery::PIPELINED_TAIL_BATCHES_MAX + 1`.
+    pub batches_in_flight_max: usize,
+}
+
+struct InFlight {
+    plan: BatchPlan,
+    tickets: Vec<Ticket>,
+    /// The driver reported the write complete.
+    written: bool,
 }
 
 struct Pending {
@@ -61,6 +79,8 @@ pub struct BatchPlan {
     pub appends: u32,
     /// Position right after the batch: what its appends resolve to.
     pub end: WalPosition,
+    /// Earlier batches in flight when this one started (0 = not pipelined; in the batch header).
+    pub in_flight_before: u8,
 }
 
 /// How the driver's attempt to make a batch durable ended.
@@ -81,10 +101,15 @@ pub struct Core {
     pending: VecDeque<Pending>,
     pending_bytes: usize,
     next_ticket: Ticket,
+    /// Sequence number of the next batch to start.
     next_seq: u64,
-    /// Where the next batch goes if it fits the segment.
+    /// End of the last durable batch.
     write_at: WalPosition,
-    inflight: Option<(BatchPlan, Vec<Ticket>)>,
+    /// Where the next batch to start goes if it fits the segment (the end of the last batch
+    /// started).
+    plan_at: WalPosition,
+    /// Oldest first.
+    inflight: VecDeque<InFlight>,
     poisoned: Option<String>,
     pub stats: WalStats,
 }
@@ -103,6 +128,11 @@ impl Core {
             "batch_bytes_max does not fit a segment"
         );
         assert!(cfg.batch_records_max > 0 && cfg.queue_bytes_max > 0);
+        assert!(
+            (1..=super::recovery::PIPELINED_TAIL_BATCHES_MAX as usize + 1)
+                .contains(&cfg.batches_in_flight_max),
+            "batches_in_flight_max out of range"
+        );
         assert!(next_seq > 0);
         Core {
             cfg,
@@ -111,7 +141,8 @@ impl Core {
             next_ticket: 1,
             next_seq,
             write_at,
-            inflight: None,
+            plan_at: write_at,
+            inflight: VecDeque::new(),
             poisoned: None,
             stats: WalStats::default(),
         }
@@ -126,7 +157,26 @@ impl Core {
     }
 
     pub fn in_flight(&self) -> bool {
-        self.inflight.is_some()
+        !self.inflight.is_empty()
+    }
+
+    /// Batches started and not yet resolved.
+    pub fn in_flight_count(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Whether [`Core::start_batch`] could start a batch now if appends were queued.
+    pub fn can_start(&self) -> bool {
+        self.poisoned.is_none()
+            && self.inflight.len() < self.cfg.batches_in_flight_max
+            && self.inflight.iter().all(|b| b.written)
+    }
+
+    /// The driver's write of batch `seq` completed: a later batch may start.
+    pub fn written(&mut self, seq: u64) {
+        if let Some(b) = self.inflight.iter_mut().find(|b| b.plan.seq == seq) {
+            b.written = true;
+        }
     }
 
     pub fn pending_appends(&self) -> usize {
@@ -171,13 +221,14 @@ impl Core {
         Ok(ticket)
     }
 
-    /// Forms the next batch if none is in flight and appends are queued. `alloc(span)` must return
-    /// a zeroed-or-not buffer of exactly `span` bytes; the whole image is laid into it.
+    /// Forms the next batch if appends are queued, fewer than `batches_in_flight_max` batches are
+    /// in flight and all of them are written. `alloc(span)` must return a zeroed-or-not buffer of
+    /// exactly `span` bytes; the whole image is laid into it.
     pub fn start_batch<B: AsMut<[u8]>>(
         &mut self,
         alloc: impl FnOnce(usize) -> B,
     ) -> Option<(BatchPlan, B)> {
-        if self.inflight.is_some() || self.pending.is_empty() || self.poisoned.is_some() {
+        if self.pending.is_empty() || !self.can_start() {
             return None;
         }
         // Pick appends: the first always fits (checked at submit); stop at either bound.
@@ -197,17 +248,22 @@ impl Core {
             n += 1;
         }
         let span = codec::batch_span(payload);
-        let (at, new_segment) = if self.write_at.byte + span as u64 <= self.cfg.segment_bytes {
-            (self.write_at, false)
+        let (at, new_segment) = if self.plan_at.byte + span as u64 <= self.cfg.segment_bytes {
+            (self.plan_at, false)
         } else {
             (
                 WalPosition {
-                    segment: self.write_at.segment + 1,
+                    segment: self.plan_at.segment + 1,
                     byte: 0,
                 },
                 true,
             )
         };
+        if new_segment && !self.inflight.is_empty() {
+            // A new segment starts only with nothing in flight.
+            return None;
+        }
+        let in_flight_before = self.inflight.len() as u8;
         let mut buf = alloc(span);
         let img = buf.as_mut();
         assert_eq!(
@@ -225,7 +281,13 @@ impl Core {
             tickets.push(p.ticket);
         }
         debug_assert_eq!(w, BATCH_HEADER_BYTES + payload);
-        codec::seal_batch(img, self.next_seq, records as u32, payload);
+        codec::seal_batch_flagged(
+            img,
+            self.next_seq,
+            records as u32,
+            payload,
+            in_flight_before,
+        );
         let plan = BatchPlan {
             seq: self.next_seq,
             at,
@@ -237,21 +299,37 @@ impl Core {
                 segment: at.segment,
                 byte: at.byte + span as u64,
             },
+            in_flight_before,
         };
-        self.inflight = Some((plan.clone(), tickets));
+        self.next_seq += 1;
+        self.plan_at = plan.end;
+        self.inflight.push_back(InFlight {
+            plan: plan.clone(),
+            tickets,
+            written: false,
+        });
         Some((plan, buf))
     }
 
-    /// Resolves the batch in flight. Returns every ticket that is now decided, in ticket order.
+    /// Resolves the oldest batch in flight. Returns every ticket that is now decided, in ticket
+    /// order (nothing for a batch already failed when an earlier one poisoned the log).
     pub fn finish(&mut self, outcome: Outcome) -> Vec<(Ticket, Result<WalPosition, WalError>)> {
-        let (plan, tickets) = self
+        let InFlight { plan, tickets, .. } = self
             .inflight
-            .take()
+            .pop_front()
             .expect("finish without a batch in flight");
+        if self.poisoned.is_some() {
+            // Failed together with the batch that poisoned the log; its I/O has ended now.
+            debug_assert!(tickets.is_empty());
+            return Vec::new();
+        }
         match outcome {
             Outcome::Durable => {
+                assert!(
+                    plan.at == self.write_at || (plan.new_segment && plan.at.byte == 0),
+                    "batches resolve in order"
+                );
                 self.write_at = plan.end;
-                self.next_seq += 1;
                 self.stats.batches += 1;
                 self.stats.records += u64::from(plan.records);
                 self.stats.bytes_written += plan.span as u64;
@@ -263,17 +341,38 @@ impl Core {
             }
             Outcome::DiskFull => {
                 self.stats.disk_full += 1;
-                self.fail_all(tickets, WalError::DiskFull)
+                self.refused(&plan, tickets, WalError::DiskFull)
             }
             Outcome::Refused(why) => {
-                self.fail_all(tickets, WalError::Io(std::io::Error::other(why)))
+                self.refused(&plan, tickets, WalError::Io(std::io::Error::other(why)))
             }
             Outcome::Failed(why) => {
                 tracing::error!(reason = %why, "write-ahead log poisoned: no more appends on this shard");
                 self.poisoned = Some(why.clone());
-                self.fail_all(tickets, WalError::Poisoned(why))
+                let mut all = tickets;
+                for b in &mut self.inflight {
+                    all.append(&mut b.tickets);
+                }
+                self.fail_all(all, WalError::Poisoned(why))
             }
         }
+    }
+
+    /// Nothing of `plan` was written (segment allocation refused): the next batch takes its place.
+    fn refused(
+        &mut self,
+        plan: &BatchPlan,
+        tickets: Vec<Ticket>,
+        e: WalError,
+    ) -> Vec<(Ticket, Result<WalPosition, WalError>)> {
+        // Only a batch that starts a segment can be refused, and it runs alone.
+        assert!(
+            self.inflight.is_empty(),
+            "a refused batch had batches in flight behind it"
+        );
+        self.plan_at = self.write_at;
+        self.next_seq = plan.seq;
+        self.fail_all(tickets, e)
     }
 
     fn fail_all(
@@ -305,6 +404,7 @@ mod tests {
             batch_bytes_max: 16 << 10,
             batch_records_max: 10,
             queue_bytes_max: 32 << 10,
+            batches_in_flight_max: 2,
         }
     }
 
@@ -468,6 +568,74 @@ mod tests {
             Err(WalError::Poisoned(_))
         ));
         assert!(c.start_batch(|n| vec![0u8; n]).is_none());
+    }
+
+    #[test]
+    fn pipelining_respects_the_in_flight_bound_order_and_failure_rules() {
+        // Proves a second batch starts only after the first one's write completed and carries
+        // the pipelined count, that batches_in_flight_max bounds the batches in flight, that a
+        // batch needing a new segment waits until nothing is in flight, that batches resolve
+        // in order to their own end positions, and that a failure of the oldest fails the
+        // batches in flight behind it (whose later completion then resolves nothing).
+        let mut c = Core::new(cfg(), 1, WalPosition::default());
+        let cap = |n: usize| vec![0u8; n];
+        c.submit(frames(1, 1), 1).expect("submit");
+        let (p1, _) = c.start_batch(cap).expect("first batch");
+        c.submit(frames(1, 1), 1).expect("submit");
+        assert_eq!(p1.in_flight_before, 0);
+        assert!(c.start_batch(cap).is_none(), "first batch not written yet");
+        c.written(p1.seq);
+        let (p2, img2) = c.start_batch(cap).expect("pipelined batch");
+        assert_eq!((p2.seq, p2.in_flight_before, p2.at), (2, 1, p1.end));
+        assert_eq!(
+            codec::decode_batch_header(&img2)
+                .expect("header")
+                .in_flight_before,
+            1
+        );
+        c.written(p2.seq);
+        c.submit(frames(1, 1), 1).expect("submit");
+        assert!(
+            c.start_batch(cap).is_none(),
+            "batches_in_flight_max = 2 reached"
+        );
+        let done = c.finish(Outcome::Durable);
+        assert!(done.iter().all(|(_, r)| *r.as_ref().expect("ok") == p1.end));
+        assert_eq!(c.write_at(), p1.end);
+        let (p3, _) = c.start_batch(cap).expect("slot freed");
+        assert_eq!((p3.seq, p3.in_flight_before), (3, 1));
+        let done = c.finish(Outcome::Durable);
+        assert!(done.iter().all(|(_, r)| *r.as_ref().expect("ok") == p2.end));
+        // The oldest (p3) fails: the batch behind it fails with it.
+        c.written(p3.seq);
+        c.submit(frames(1, 1), 1).expect("submit");
+        let (p4, _) = c.start_batch(cap).expect("pipelined");
+        c.submit(frames(1, 1), 1).expect("submit");
+        let queued = c.pending_appends() as u32;
+        let done = c.finish(Outcome::Failed("fdatasync: EIO".into()));
+        assert_eq!(done.len() as u32, p3.appends + p4.appends + queued);
+        assert!(done
+            .iter()
+            .all(|(_, r)| matches!(r, Err(WalError::Poisoned(_)))));
+        assert!(c.finish(Outcome::Durable).is_empty(), "p4 already failed");
+        // A batch that needs a new segment waits for an empty pipeline.
+        let mut c = Core::new(
+            cfg(),
+            1,
+            WalPosition {
+                segment: 0,
+                byte: (64 << 10) - 8192,
+            },
+        );
+        c.submit(frames(1, 700), 1).expect("submit");
+        let (q1, _) = c.start_batch(cap).expect("fits the segment");
+        assert!(!q1.new_segment);
+        c.submit(frames(1, 700), 1).expect("submit");
+        c.written(q1.seq);
+        assert!(c.start_batch(cap).is_none(), "a new segment waits");
+        c.finish(Outcome::Durable);
+        let (q2, _) = c.start_batch(cap).expect("alone now");
+        assert!(q2.new_segment && q2.in_flight_before == 0);
     }
 
     #[test]

@@ -15,9 +15,13 @@
 //!
 //! Crash-safety argument, in one place:
 //! 1. An append resolves `Ok` only after its batch was written with one O_DIRECT write,
-//!    fdatasync'ed, read back and its checksums verified. Batches are written one at a time, each
-//!    strictly after the previous one is durable. So at a crash every acknowledged batch is on
-//!    disk and only the batch in flight can be torn or missing.
+//!    fdatasync'ed, read back and its checksums verified, and every earlier batch resolved Ok.
+//!    A batch's write is issued only after every earlier write completed; with pipelining
+//!    (`batches_in_flight_max` > 1) it may run while earlier batches are being fdatasync'ed and
+//!    read back, and its header records how many were in flight. So at a crash every
+//!    acknowledged batch is on disk and only batches in flight can be torn or missing: the last
+//!    one, or a lost batch followed by batches started while it was in flight, which recovery
+//!    recognises by that count.
 //! 2. Segments are created with fallocate, fdatasync'ed and their directory fsync'ed before the
 //!    first batch is written into them, so a durable batch never lives in a file whose size or
 //!    name could vanish. ENOSPC can only come from that allocation, before anything is written.
@@ -40,6 +44,11 @@ use std::path::PathBuf;
 pub use crate::codec::{WalPosition, WalRecord};
 pub use driver::Wal;
 
+/// Default pipelining depth of the group commit.
+pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
+/// Largest accepted `batches_in_flight_max` (recovery recognises this many lost in-flight batches).
+pub const BATCHES_IN_FLIGHT_MAX: usize = recovery::PIPELINED_TAIL_BATCHES_MAX as usize + 1;
+
 #[derive(Clone, Debug)]
 pub struct WalConfig {
     pub dir: PathBuf,
@@ -50,6 +59,9 @@ pub struct WalConfig {
     pub batch_records_max: usize,
     /// Encoded bytes waiting for a batch; appends beyond it wait (backpressure).
     pub queue_bytes_max: usize,
+    /// Batches in flight at once (pipelined group commit): the next batch is written while the
+    /// previous ones are being fdatasync'ed and read back. 1 = one batch at a time.
+    pub batches_in_flight_max: usize,
 }
 
 impl WalConfig {
@@ -60,6 +72,7 @@ impl WalConfig {
             batch_bytes_max: 4 << 20,
             batch_records_max: 16384,
             queue_bytes_max: 64 << 20,
+            batches_in_flight_max: BATCHES_IN_FLIGHT_DEFAULT,
         }
     }
 }

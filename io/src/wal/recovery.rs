@@ -4,8 +4,10 @@
 //! Owns: the decision "torn tail or corruption in the middle". Never writes; the caller carries
 //! out `truncate` and `remove_segments` before appending.
 //!
-//! The rule (see the crash-safety argument in `wal`): batches are written one at a time, each
-//! after the previous one is durable, so only the last batch can be torn. While scanning, the
+//! The rule (see the crash-safety argument in `wal`): a batch is acknowledged only after every
+//! batch before it is durable, so only the batches still in flight at a crash can be torn: the
+//! last one, or with pipelining (`core`) a lost batch followed by batches flagged *pipelined*
+//! (written while it was in flight). While scanning, the
 //! first position where the log stops being valid opens a *hole*. If a valid batch with a later
 //! sequence number follows the hole, the hole is corruption of acknowledged data: it is counted,
 //! logged with `tracing::error!`, the intact leading records of a damaged batch are kept, and the
@@ -13,10 +15,24 @@
 //! normal end of a segment, not a hole. A hole that reaches the end of the log is the batch that
 //! was in flight at the crash: never acknowledged, so its bytes are zeroed (`truncate`) and the
 //! log continues at the hole.
+//!
+//! Pipelining: every batch records how many earlier batches were in flight when it started. A
+//! hole of exactly one missing batch k followed by valid batches k+1 … k+m, each k+i started
+//! while k was still in flight (in flight before it ≥ i), is held *tentative*. If nothing valid
+//! follows them, the hole was the batch in flight whose completed but unsynced write a power loss
+//! dropped while its successors' writes survived; none of them was acknowledged (acknowledgements
+//! are in order), so the hole and those batches are the torn tail, truncated together. If
+//! anything valid follows, the hole is corruption in the middle as above and the tentative
+//! batches are kept. (Bit rot in an acknowledged batch k whose only successors are such batches
+//! at the very end of the log is indistinguishable from that crash and is treated as it.)
 
 use crate::codec::{self, WalPosition, WalRecord, BATCH_ALIGN, BATCH_HEADER_BYTES};
 
 use super::WalRecoveryStats;
+
+/// Most pipelined batches that can follow a lost in-flight batch: the batch header holds at
+/// most this many earlier batches in flight (`codec::BATCH_FLAGS_IN_FLIGHT_MASK`).
+pub const PIPELINED_TAIL_BATCHES_MAX: u64 = codec::BATCH_FLAGS_IN_FLIGHT_MASK as u64;
 
 struct Hole {
     at: WalPosition,
@@ -30,12 +46,27 @@ struct Hole {
     bad_records: u64,
 }
 
+/// Valid pipelined batches after a hole of exactly one missing batch, not yet known to be the
+/// torn tail or to follow corruption in the middle.
+struct Tentative {
+    hole: Hole,
+    /// Sequence number of the missing batch.
+    missing_seq: u64,
+    /// Where the first pipelined batch starts.
+    first_at: WalPosition,
+    records: Vec<(WalPosition, WalRecord)>,
+    batches: u64,
+    /// End of the last pipelined batch.
+    end: WalPosition,
+}
+
 /// Feed segments with [`Scanner::feed`] in increasing order, then call [`Scanner::finish`].
 #[derive(Default)]
 pub struct Scanner {
     expected: Option<u64>,
     last_end: Option<WalPosition>,
     hole: Option<Hole>,
+    tentative: Option<Tentative>,
     records: Vec<(WalPosition, WalRecord)>,
     segments: Vec<u64>,
     stats: WalRecoveryStats,
@@ -103,7 +134,11 @@ impl Scanner {
                         })
                         .collect();
                     if codec::payload_crc(payload) == h.payload_crc {
-                        self.resolve(here, h.seq);
+                        let end = WalPosition {
+                            segment,
+                            byte: (p + span) as u64,
+                        };
+                        let held = self.accept(here, end, h.seq, h.in_flight_before);
                         if let Some(e) = err {
                             // Checksum right but frames do not parse: a writer bug, never expected.
                             self.stats.corrupt_batches += 1;
@@ -112,13 +147,16 @@ impl Scanner {
                             tracing::error!(segment, byte = p, error = %e, "write-ahead log batch passes its checksum but does not parse");
                         }
                         self.stats.batches += 1;
-                        self.records.extend(recs);
+                        match (held, self.tentative.as_mut()) {
+                            (true, Some(t)) => {
+                                t.records.extend(recs);
+                                t.end = end;
+                            }
+                            _ => self.records.extend(recs),
+                        }
                         self.expected = Some(h.seq + 1);
                         p += span;
-                        self.last_end = Some(WalPosition {
-                            segment,
-                            byte: p as u64,
-                        });
+                        self.last_end = Some(end);
                     } else {
                         let lost = u64::from(h.record_count).saturating_sub(recs.len() as u64);
                         self.bad(here, span as u64, Some((recs, lost)));
@@ -170,6 +208,60 @@ impl Scanner {
         }
     }
 
+    /// A valid batch `[at, end)` with sequence `seq`: decides what an open hole or a tentative
+    /// run is. Returns true when the batch's records are held in the tentative run.
+    fn accept(
+        &mut self,
+        at: WalPosition,
+        end: WalPosition,
+        seq: u64,
+        in_flight_before: u8,
+    ) -> bool {
+        if let Some(t) = &mut self.tentative {
+            // Started while the missing batch was still in flight.
+            let extends = self.hole.is_none()
+                && self.expected == Some(seq)
+                && at == t.end
+                && u64::from(in_flight_before) >= seq - t.missing_seq;
+            if extends {
+                t.batches += 1;
+                return true;
+            }
+            self.commit_tentative();
+        }
+        let lost_one_in_flight = self.hole.as_ref().is_some_and(|hole| {
+            in_flight_before >= 1
+                && hole.bad_batches <= 1
+                // The lost batch may have opened a new segment: the hole then starts in the
+                // zeros at the end of the previous one.
+                && (hole.at.segment == at.segment || hole.at.segment + 1 == at.segment)
+                && self.expected.is_some_and(|e| e + 1 == seq)
+        });
+        if lost_one_in_flight {
+            let hole = self.hole.take().expect("checked above");
+            self.tentative = Some(Tentative {
+                hole,
+                missing_seq: seq - 1,
+                first_at: at,
+                records: Vec::new(),
+                batches: 1,
+                end,
+            });
+            return true;
+        }
+        self.resolve(at, seq);
+        false
+    }
+
+    /// Something valid follows the tentative run: its hole was corruption in the middle.
+    fn commit_tentative(&mut self) {
+        let Some(t) = self.tentative.take() else {
+            return;
+        };
+        self.report_corruption(t.hole, t.first_at, t.missing_seq + 1, Some(t.missing_seq));
+        self.records.extend(t.records);
+    }
+
     /// A valid batch with sequence `seq` at `at`: closes an open hole.
     fn resolve(&mut self, at: WalPosition, seq: u64) {
         let Some(hole) = self.hole.take() else {
@@ -195,7 +287,13 @@ impl Scanner {
         if rollover || fresh_start {
             return;
         }
-        let missing = self.expected.map_or(0, |e| seq.saturating_sub(e));
+        self.report_corruption(hole, at, seq, self.expected);
+    }
+
+    /// `hole` is followed by the valid batch `seq` at `at` (`expected` was the next sequence
+    /// number before the hole): counts, logs and keeps the salvaged records.
+    fn report_corruption(&mut self, hole: Hole, at: WalPosition, seq: u64, expected: Option<u64>) {
+        let missing = expected.map_or(0, |e| seq.saturating_sub(e));
         self.stats.corrupt_batches += hole.bad_batches;
         self.stats.corrupt_records += hole.bad_records;
         self.stats.lost_batches += missing.saturating_sub(hole.bad_batches);
@@ -219,6 +317,36 @@ impl Scanner {
 
     pub fn finish(mut self) -> Recovered {
         let mut truncate = None;
+        if let Some(t) = self.tentative.take() {
+            // Nothing valid after the pipelined batches: the hole was in flight at the crash and
+            // so were they; none was acknowledged. Zero through their end and any damage after.
+            let later_dirty = self
+                .hole
+                .take()
+                .filter(|h| h.at.segment == t.hole.at.segment)
+                .map_or(0, |h| h.dirty_end);
+            // Pipelined batches in the next segment go with it (`remove_segments`).
+            let in_hole_segment = if t.end.segment == t.hole.at.segment {
+                t.end.byte
+            } else {
+                0
+            };
+            let end = in_hole_segment.max(t.hole.dirty_end).max(later_dirty);
+            self.stats.batches -= t.batches;
+            tracing::warn!(
+                segment = t.hole.at.segment,
+                byte = t.hole.at.byte,
+                bytes = self.stats.torn_bytes,
+                pipelined_batches = t.batches,
+                "write-ahead log ends in a lost in-flight batch and the pipelined batches after it (never acknowledged): truncating"
+            );
+            self.hole = Some(Hole {
+                dirty_end: end,
+                bad: true,
+                ..t.hole
+            });
+            self.expected = Some(t.missing_seq);
+        }
         let write_at = match self.hole.take() {
             Some(hole) => {
                 if hole.bad && hole.dirty_end > hole.at.byte {
@@ -271,7 +399,7 @@ impl Scanner {
 mod tests {
     use super::*;
     use crate::codec::tests::{random_record, Rng};
-    use crate::codec::{batch_span, encode_record, seal_batch};
+    use crate::codec::{batch_span, encode_record, seal_batch, seal_batch_flagged};
 
     /// Lays batches of the given records into a segment image of `seg_bytes`; returns the image
     /// and the (start, end) of each batch.
@@ -391,6 +519,72 @@ mod tests {
         let r = scan(&[(0, &img)]);
         assert_eq!(r.stats.lost_batches, 1);
         assert_eq!(r.records.len(), 16);
+    }
+
+    /// Seals batch `i` of `build`'s image again with `in_flight_before` recorded.
+    fn mark_in_flight(img: &mut [u8], span: (usize, usize), in_flight_before: u8) {
+        let h = codec::decode_batch_header(&img[span.0..]).expect("valid header");
+        seal_batch_flagged(
+            &mut img[span.0..span.1],
+            h.seq,
+            h.record_count,
+            h.payload_len as usize,
+            in_flight_before,
+        );
+    }
+
+    #[test]
+    fn a_lost_in_flight_batch_followed_by_pipelined_batches_is_the_torn_tail() {
+        // Proves that when power loss drops batch k's unsynced write but keeps the pipelined
+        // batches started while k was in flight, recovery truncates k and them as the torn tail
+        // (none was acknowledged) without reporting corruption, and continues at k with k's seq;
+        // and that a later batch which started after k resolved makes k corruption in the middle
+        // instead (k was acknowledged), keeping every intact batch.
+        let mut rng = Rng(0x919e);
+        let batches: Vec<_> = (0..5).map(|i| records(&mut rng, 2 + i)).collect();
+        let (img, spans) = build(&batches, 1, 64 << 10);
+        // Batches 3 and 4 (seq 4, 5) were started while batch 2 (seq 3) was in flight.
+        for (lost, torn) in [(true, false), (false, true)] {
+            let mut img = img.clone();
+            mark_in_flight(&mut img, spans[3], 1);
+            mark_in_flight(&mut img, spans[4], 2);
+            if lost {
+                img[spans[2].0..spans[2].1].fill(0);
+            }
+            if torn {
+                img[spans[2].0 + BATCH_HEADER_BYTES + 3] ^= 0x01;
+            }
+            let r = scan(&[(0, &img)]);
+            assert_eq!(
+                r.stats.corrupt_batches + r.stats.lost_batches,
+                0,
+                "{:?}",
+                r.stats
+            );
+            let got: Vec<WalRecord> = r.records.into_iter().map(|(_, r)| r).collect();
+            assert_eq!(got, batches[..2].concat());
+            assert_eq!(r.next_seq, 3);
+            let at = WalPosition {
+                segment: 0,
+                byte: spans[2].0 as u64,
+            };
+            assert_eq!(r.write_at, Some(at));
+            assert_eq!(r.truncate, Some((at, spans[4].1 as u64)));
+        }
+        // Batch 4 (seq 5) started after seq 3 resolved (only seq 4 in flight): seq 3 was
+        // acknowledged, its loss is corruption, batches 3 and 4 are kept.
+        let mut img = img.clone();
+        mark_in_flight(&mut img, spans[3], 1);
+        mark_in_flight(&mut img, spans[4], 1);
+        img[spans[2].0..spans[2].1].fill(0);
+        let r = scan(&[(0, &img)]);
+        assert_eq!(r.stats.lost_batches, 1);
+        assert!(r.truncate.is_none());
+        let got: Vec<WalRecord> = r.records.into_iter().map(|(_, r)| r).collect();
+        let mut want = batches[..2].concat();
+        want.extend(batches[3..].concat());
+        assert_eq!(got, want);
+        assert_eq!(r.next_seq, 6);
     }
 
     #[test]

@@ -5,6 +5,12 @@
 //! Owns: the simulated disk and the reference model of what was acknowledged. Never touches a
 //! real file, never reads the clock: a seed fully determines a run.
 //!
+//! Pipelining: up to `batches_in_flight_max` batches are in flight, as in the driver: the next
+//! batch is written once every earlier write completed, each batch runs its own fdatasync (at a
+//! random later step, in random order among the batches in flight), and batches resolve strictly
+//! in order, each after its own fdatasync and read-back. So a crash can find batch k written but
+//! not synced while k+1 is written (or synced, which also syncs k).
+//!
 //! Faults: unsynced writes lost, kept, torn to a prefix or torn to a random subset of 512-byte
 //! sectors at a crash; a crash between write and fdatasync or between fdatasync and completion;
 //! EIO on write; EIO/ENOSPC on fdatasync (poisons; data state unknown until the next crash);
@@ -17,7 +23,7 @@
 //! submitted, unchanged, in submission order (no garbage); damage is reported as corruption only
 //! when a bit flip happened, and a flip that loses acknowledged records is always reported.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
 use super::core::{BatchPlan, Core, CoreConfig, Outcome, Ticket};
 use super::recovery::{Recovered, Scanner};
@@ -171,6 +177,7 @@ impl Default for SimConfig {
                 batch_bytes_max: 12 << 10,
                 batch_records_max: 24,
                 queue_bytes_max: 24 << 10,
+                batches_in_flight_max: 2,
             },
             crash_one_in: 25,
             enospc_alloc_one_in: 6,
@@ -190,6 +197,8 @@ pub struct SimSummary {
     pub appends_acked: u64,
     pub records_acked: u64,
     pub batches: u64,
+    /// Acknowledged batches that were started while others were in flight.
+    pub pipelined_batches: u64,
     pub crashes: u64,
     pub torn_writes: u64,
     pub torn_truncations: u64,
@@ -208,8 +217,19 @@ struct Acked {
     end: WalPosition,
 }
 
+/// A batch started and not yet resolved.
+struct Flying {
+    plan: BatchPlan,
+    img: Vec<u8>,
+    /// Its own fdatasync succeeded.
+    synced: bool,
+    /// Decided early (nothing written, or a write/fsync error); else decided by the read-back.
+    outcome: Option<Outcome>,
+}
+
 struct Sim {
     cfg: SimConfig,
+    flying: VecDeque<Flying>,
     rng: SimRng,
     /// Separate stream for the what-if crashes, so checking does not change the run.
     check_rng: SimRng,
@@ -221,8 +241,8 @@ struct Sim {
     /// ids and the checkpoint they carry.
     waiting: Vec<(Ticket, Vec<u64>, Option<WalPosition>)>,
     acked: Vec<Acked>,
-    /// Acknowledged batches: seq -> (start, span).
-    batches: BTreeMap<u64, (WalPosition, usize)>,
+    /// Acknowledged batches: seq -> (start, span, earlier batches in flight at its start).
+    batches: BTreeMap<u64, (WalPosition, usize, u8)>,
     damaged: BTreeSet<u64>,
     checkpoints: BTreeSet<WalPosition>,
     /// Newest acknowledged checkpoint and the batch holding it.
@@ -251,6 +271,7 @@ impl Sim {
             rng: SimRng::new(seed),
             check_rng: SimRng::new(seed ^ 0xC0FF_EE00_D15C_0000),
             cfg,
+            flying: VecDeque::new(),
             disk,
             core,
             submitted: Vec::new(),
@@ -340,19 +361,131 @@ impl Sim {
         }
     }
 
-    /// One batch through the protocol. Returns Err(()) when a crash happened inside it.
-    fn commit_one(&mut self) -> Result<(), ()> {
+    /// Starts and writes every batch the core allows, runs some fdatasyncs, resolves the oldest
+    /// batches that are decided. Returns Err(()) when a crash happened inside.
+    fn pipeline_step(&mut self) -> Result<(), ()> {
+        while self.start_one()? {}
+        for i in 0..self.flying.len() {
+            let f = &self.flying[i];
+            if f.outcome.is_some() || f.synced {
+                continue;
+            }
+            // The oldest usually syncs now (progress); the others at random later steps.
+            let now = if i == 0 {
+                !self.rng.one_in(4)
+            } else {
+                self.rng.one_in(2)
+            };
+            if now {
+                self.sync_one(i)?;
+            }
+        }
+        while let Some(f) = self.flying.front() {
+            if f.outcome.is_none() && !f.synced {
+                break;
+            }
+            let f = self.flying.pop_front().expect("front exists");
+            self.resolve(f);
+        }
+        Ok(())
+    }
+
+    /// Starts one batch and carries out its segment allocation and write. Ok(false) when the
+    /// core starts nothing.
+    fn start_one(&mut self) -> Result<bool, ()> {
         let Some((plan, img)) = self.core.start_batch(|n| vec![0u8; n]) else {
-            return Ok(());
+            return Ok(false);
         };
-        let outcome = self.carry_out(&plan, &img)?;
-        if outcome == Outcome::Durable {
-            self.batches.insert(plan.seq, (plan.at, plan.span));
+        let seg = plan.at.segment;
+        let mut f = Flying {
+            plan,
+            img,
+            synced: false,
+            outcome: None,
+        };
+        if f.plan.new_segment {
+            if self.rng.one_in(self.cfg.enospc_alloc_one_in) {
+                f.outcome = Some(Outcome::DiskFull);
+                self.flying.push_back(f);
+                return Ok(true);
+            }
+            self.disk
+                .allocate(seg, self.cfg.core.segment_bytes as usize);
+        }
+        let pos = f.plan.at.byte as usize;
+        if self.rng.one_in(self.cfg.eio_write_one_in) {
+            // EIO: some prefix may have reached the cache anyway.
+            let cut = self.rng.below(f.img.len() as u64) as usize;
+            self.disk.write(seg, pos, &f.img[..cut]);
+            f.outcome = Some(Outcome::Failed("write: EIO (simulated)".into()));
+            self.flying.push_back(f);
+            return Ok(true);
+        }
+        self.disk.write(seg, pos, &f.img);
+        if self.rng.one_in(self.cfg.crash_one_in * 2) {
+            self.crash_and_recover();
+            return Err(());
+        }
+        self.core.written(f.plan.seq);
+        self.flying.push_back(f);
+        Ok(true)
+    }
+
+    /// The fdatasync of the batch `i` in flight.
+    fn sync_one(&mut self, i: usize) -> Result<(), ()> {
+        if self.rng.one_in(self.cfg.eio_fsync_one_in) {
+            // The write stays unsynced: at the next crash it may be lost, kept or torn.
+            let e = if self.rng.one_in(2) { "EIO" } else { "ENOSPC" };
+            self.flying[i].outcome = Some(Outcome::Failed(format!("fdatasync: {e} (simulated)")));
+            return Ok(());
+        }
+        self.disk.sync(self.flying[i].plan.at.segment);
+        self.flying[i].synced = true;
+        if self.rng.one_in(self.cfg.crash_one_in * 2) {
+            // Durable but never acknowledged: recovery may return it, which is allowed.
+            self.crash_and_recover();
+            return Err(());
+        }
+        Ok(())
+    }
+
+    /// Resolves the oldest batch: read-back verification if it was synced, then `finish`.
+    fn resolve(&mut self, f: Flying) {
+        let Flying {
+            plan,
+            img: _,
+            synced,
+            outcome,
+        } = f;
+        let outcome = match outcome {
+            Some(o) => o,
+            None => {
+                debug_assert!(synced);
+                let mut back = self
+                    .disk
+                    .read(plan.at.segment, plan.at.byte as usize, plan.span);
+                if self.rng.one_in(self.cfg.bad_readback_one_in) {
+                    let i = self.rng.below(back.len() as u64) as usize;
+                    back[i] ^= 0x10;
+                }
+                match codec::verify_batch(&back, plan.seq) {
+                    Ok(_) => Outcome::Durable,
+                    Err(e) => Outcome::Failed(format!("read-back does not verify: {e}")),
+                }
+            }
+        };
+        let poisoned_before = self.core.poisoned().is_some();
+        if outcome == Outcome::Durable && !poisoned_before {
+            self.batches
+                .insert(plan.seq, (plan.at, plan.span, plan.in_flight_before));
             self.summary.batches += 1;
+            if plan.in_flight_before > 0 {
+                self.summary.pipelined_batches += 1;
+            }
         }
         match &outcome {
             Outcome::DiskFull => self.summary.disk_full += 1,
-            Outcome::Failed(_) => self.summary.poisoned += 1,
+            Outcome::Failed(_) if !poisoned_before => self.summary.poisoned += 1,
             _ => {}
         }
         let results = self.core.finish(outcome);
@@ -377,54 +510,13 @@ impl Sim {
                 });
             }
         }
-        Ok(())
-    }
-
-    fn carry_out(&mut self, plan: &BatchPlan, img: &[u8]) -> Result<Outcome, ()> {
-        let seg = plan.at.segment;
-        if plan.new_segment {
-            if self.rng.one_in(self.cfg.enospc_alloc_one_in) {
-                return Ok(Outcome::DiskFull);
-            }
-            self.disk
-                .allocate(seg, self.cfg.core.segment_bytes as usize);
-        }
-        let pos = plan.at.byte as usize;
-        if self.rng.one_in(self.cfg.eio_write_one_in) {
-            // EIO: some prefix may have reached the cache anyway.
-            let cut = self.rng.below(img.len() as u64) as usize;
-            self.disk.write(seg, pos, &img[..cut]);
-            return Ok(Outcome::Failed("write: EIO (simulated)".into()));
-        }
-        self.disk.write(seg, pos, img);
-        if self.rng.one_in(self.cfg.crash_one_in * 2) {
-            self.crash_and_recover();
-            return Err(());
-        }
-        if self.rng.one_in(self.cfg.eio_fsync_one_in) {
-            // The write stays unsynced: at the next crash it may be lost, kept or torn.
-            let e = if self.rng.one_in(2) { "EIO" } else { "ENOSPC" };
-            return Ok(Outcome::Failed(format!("fdatasync: {e} (simulated)")));
-        }
-        self.disk.sync(seg);
-        if self.rng.one_in(self.cfg.crash_one_in * 2) {
-            // Durable but never acknowledged: recovery may return it, which is allowed.
-            self.crash_and_recover();
-            return Err(());
-        }
-        let mut back = self.disk.read(seg, pos, plan.span);
-        if self.rng.one_in(self.cfg.bad_readback_one_in) {
-            let i = self.rng.below(back.len() as u64) as usize;
-            back[i] ^= 0x10;
-        }
-        if let Err(e) = codec::verify_batch(&back, plan.seq) {
-            return Ok(Outcome::Failed(format!("read-back does not verify: {e}")));
-        }
-        Ok(Outcome::Durable)
     }
 
     /// Flips one bit inside an acknowledged batch that has a later, undamaged acknowledged batch
-    /// (so that the damage is in the middle of the log, not a lookalike of a torn tail).
+    /// (so that the damage is in the middle of the log, not a lookalike of a torn tail). Also not
+    /// lookalikes of a lost in-flight batch: a batch k after which every batch k+i was started
+    /// while k was still in flight (recovery cannot tell that from a power loss in flight; see
+    /// `wal::recovery`).
     fn flip_a_bit(&mut self) {
         let oldest = self.disk.files.keys().next().copied().unwrap_or(0);
         let Some(&last) = self.batches.keys().next_back() else {
@@ -433,14 +525,20 @@ impl Sim {
         let candidates: Vec<u64> = self
             .batches
             .iter()
-            .filter(|(s, (at, _))| **s < last && at.segment >= oldest)
+            .filter(|(s, (at, _, _))| **s < last && at.segment >= oldest)
+            .filter(|(s, _)| {
+                !self
+                    .batches
+                    .range(**s + 1..)
+                    .all(|(t, b)| u64::from(b.2) >= t - **s)
+            })
             .map(|(s, _)| *s)
             .collect();
         if candidates.is_empty() {
             return;
         }
         let seq = candidates[self.rng.below(candidates.len() as u64) as usize];
-        let (at, span) = self.batches[&seq];
+        let (at, span, _) = self.batches[&seq];
         let byte = at.byte as usize + self.rng.below(span as u64) as usize;
         self.disk.flip(at.segment, byte, self.rng.below(8) as u8);
         self.damaged.insert(seq);
@@ -464,7 +562,7 @@ impl Sim {
             self.summary.segments_released += 1;
         }
         self.batches
-            .retain(|_, (at, _)| at.segment >= cp.segment.min(current));
+            .retain(|_, (at, _, _)| at.segment >= cp.segment.min(current));
         let batches = &self.batches;
         self.damaged.retain(|s| batches.contains_key(s));
         self.acked.retain(|a| a.end > cp);
@@ -571,6 +669,7 @@ impl Sim {
         self.core.stats = stats;
         // The process died: appends in flight or queued never learn their fate.
         self.waiting.clear();
+        self.flying.clear();
     }
 
     fn step(&mut self) -> Result<(), String> {
@@ -579,7 +678,7 @@ impl Sim {
             self.crash_and_recover();
         }
         self.submit_some();
-        if self.commit_one().is_err() {
+        if self.pipeline_step().is_err() {
             return Ok(());
         }
         if self.rng.one_in(self.cfg.bit_flip_one_in) {
