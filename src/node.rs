@@ -21,6 +21,7 @@ use narad_io::partition::PartitionStats;
 use narad_io::rt::{self, Mesh, ShutdownSignal};
 use narad_io::types::{owner_shard, Nonce, Offset, PartitionId, PartitionKey, ShardId, TopicId};
 use narad_raft::{MetaCommand, MetaNode, MetaResponse, MetaState, ProposeError, TopicMeta};
+use narad_shard::fanout::{ChildLag, Fanout, Link};
 use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleError, SettleKind};
 
 use crate::config::Config;
@@ -62,6 +63,10 @@ pub enum ShardReq {
     Meta(Arc<MetaState>),
     /// Propose a metadata change (to shard 0).
     Propose(MetaCommand),
+    /// Fan-out lag of the children of `parent` over the asked shard's cursors.
+    FanoutLag {
+        parent: TopicId,
+    },
     /// This shard's counters and gauges for a scrape.
     Metrics,
 }
@@ -73,6 +78,7 @@ pub enum ShardResp {
     Read(Result<Option<StoredRecord>, ReadFailure>),
     Stats(Vec<(PartitionStats, usize, usize, Offset)>),
     Proposed(Result<MetaResponse, ProposeError>),
+    FanoutLag(Vec<ChildLag>),
     Metrics(Box<crate::metrics::ShardMetrics>),
     Done,
 }
@@ -126,6 +132,8 @@ pub struct Node {
     shutdown: ShutdownSignal,
     started: Cell<bool>,
     meta_installed: Cell<bool>,
+    /// Fan-out cursors of this shard's parent partitions (set once at start).
+    fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
 }
 
@@ -154,6 +162,7 @@ impl Node {
             shutdown,
             started: Cell::new(false),
             meta_installed: Cell::new(false),
+            fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
         })
     }
@@ -213,6 +222,7 @@ impl Node {
             *self.meta.borrow_mut() = old;
             return;
         }
+        self.reconcile_fanout(&new);
         let live: std::collections::HashSet<TopicId> = new.topics.values().map(|t| t.id).collect();
         for t in old.topics.values() {
             if !live.contains(&t.id) {
@@ -226,6 +236,115 @@ impl Node {
                 .detach();
             }
         }
+    }
+
+    /// Starts this shard's fan-out cursors (call once, after the first metadata install).
+    /// Copies go through [`Node::append`], the produce path, so a child partition may live on
+    /// any shard (and, later, any node).
+    pub fn start_fanout(self: &Rc<Self>) {
+        let weak = Rc::downgrade(self);
+        let sink: narad_shard::fanout::Sink = Rc::new(move |recs| {
+            let weak = weak.clone();
+            Box::pin(async move {
+                let Some(node) = weak.upgrade() else {
+                    return Err("node stopped".to_string());
+                };
+                node.append(recs).await.map_err(|e| format!("{e:?}"))
+            })
+        });
+        let f = Fanout::new(
+            self.shard,
+            self.shards,
+            &self.config.data_dir,
+            self.host.log().clone(),
+            sink,
+            crate::wire::key_partition,
+        );
+        *self.fanout.borrow_mut() = Some(f);
+        let meta = self.meta();
+        self.reconcile_fanout(&meta);
+    }
+
+    fn reconcile_fanout(&self, meta: &MetaState) {
+        let f = self.fanout.borrow().clone();
+        if let Some(f) = f {
+            f.reconcile(&fanout_links(meta));
+        }
+    }
+
+    /// Stops the fan-out cursors and writes their positions (graceful shutdown).
+    pub async fn close_fanout(&self) {
+        let f = self.fanout.borrow().clone();
+        if let Some(f) = f {
+            f.close().await;
+        }
+    }
+
+    /// This shard's fan-out counters (copied, dropped, unreadable, failed copies).
+    pub fn fanout_counters(&self) -> narad_shard::fanout::FanoutCounters {
+        let f = self.fanout.borrow().clone();
+        f.map(|f| f.counters()).unwrap_or_default()
+    }
+
+    fn local_fanout_lag(&self, parent: TopicId) -> Vec<ChildLag> {
+        let f = self.fanout.borrow().clone();
+        f.map(|f| f.lag(parent)).unwrap_or_default()
+    }
+
+    /// Lag per child of `parent`, summed over every shard's cursors; `false` when some shard did
+    /// not answer (the sums are then lower bounds).
+    pub async fn fanout_lag(&self, parent: TopicId) -> (Vec<ChildLag>, bool) {
+        let mut all = self.local_fanout_lag(parent);
+        let mut complete = true;
+        for s in 0..self.shards {
+            if s == self.shard.0 {
+                continue;
+            }
+            match self
+                .mesh
+                .call(ShardId(s), ShardReq::FanoutLag { parent })
+                .await
+            {
+                Ok(ShardResp::FanoutLag(v)) => {
+                    for l in v {
+                        match all.iter_mut().find(|a| a.child == l.child) {
+                            Some(a) => {
+                                a.lag_messages += l.lag_messages;
+                                a.cursors += l.cursors;
+                            }
+                            None => all.push(l),
+                        }
+                    }
+                }
+                _ => complete = false,
+            }
+        }
+        (all, complete)
+    }
+
+    /// The committed high watermark of each partition (a fan-out attach point); `None` when an
+    /// owner did not answer.
+    pub async fn high_watermarks(&self, keys: &[PartitionKey]) -> Option<Vec<u64>> {
+        let mut out: Vec<Option<u64>> = vec![None; keys.len()];
+        let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            by_shard.entry(self.owner(*k)).or_default().push(i);
+        }
+        for (s, idx) in by_shard {
+            let ks: Vec<PartitionKey> = idx.iter().map(|&i| keys[i]).collect();
+            let rs = if s == self.shard {
+                local_stats(&self.host, &ks)
+            } else {
+                match self.mesh.call(s, ShardReq::Stats { keys: ks }).await {
+                    Ok(ShardResp::Stats(r)) => r,
+                    _ => return None,
+                }
+            };
+            for (i, r) in idx.into_iter().zip(rs) {
+                out[i] = Some(r.0.high_watermark.0);
+            }
+        }
+        out.into_iter().collect()
     }
 
     /// Proposes a metadata change through shard 0; answers once every shard installed it.
@@ -605,6 +724,7 @@ impl Node {
                 ShardResp::Done
             }
             ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),
+            ShardReq::FanoutLag { parent } => ShardResp::FanoutLag(self.local_fanout_lag(parent)),
             ShardReq::Metrics => ShardResp::Metrics(Box::new(crate::metrics::shard_snapshot(
                 &self,
                 self.mesh.pending_calls(),
@@ -627,6 +747,25 @@ impl Node {
         }
         crate::metrics::response(crate::metrics::render(self, shards))
     }
+}
+
+/// The fan-out links of the metadata, as the cursors need them.
+fn fanout_links(meta: &MetaState) -> Vec<Link> {
+    meta.topics
+        .values()
+        .filter_map(|c| {
+            let p = meta.topic(c.parent.as_deref()?)?;
+            Some(Link {
+                parent: p.id,
+                parent_partitions: p.partitions,
+                child: c.id,
+                child_partitions: c.partitions,
+                epoch: narad_shard::fanout::epoch_from_hex(c.attach_epoch.as_deref()?),
+                delay_ms: c.fanout_delay_ms,
+                attach_offsets: c.attach_offsets.clone(),
+            })
+        })
+        .collect()
 }
 
 async fn append_via(

@@ -112,8 +112,22 @@ pub fn run(config: Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Test-only knobs, read from the environment at start and documented here only: they exist so
+/// black-box tests can watch retention delete files without waiting an hour.
+/// `NARAD_TEST_PARTITION_SEGMENT_BYTES`: partition segment size (default 64 MiB, at least 4096);
+/// `NARAD_TEST_RETENTION_INTERVAL_MS`: how often retention runs (default 60 s);
+/// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
+/// much later (default 0).
+fn test_knob(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
-    LogConfig::new(PathBuf::from(data_dir), shard, shards)
+    let mut c = LogConfig::new(PathBuf::from(data_dir), shard, shards);
+    if let Some(b) = test_knob("NARAD_TEST_PARTITION_SEGMENT_BYTES") {
+        c.partition_segment_bytes_max = b.max(4096);
+    }
+    c
 }
 
 async fn shard_main(
@@ -183,6 +197,7 @@ async fn shard_main(
             rt::sleep(Duration::from_millis(2)).await;
         }
     }
+    node.start_fanout();
     spawn_housekeeping(&node);
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     crate::metrics::listener::spawn(&node, &shutdown)?;
@@ -219,6 +234,7 @@ async fn shard_main(
     while serving.load(std::sync::atomic::Ordering::Acquire) > 0 && start.elapsed() < grace * 2 {
         rt::sleep(Duration::from_millis(5)).await;
     }
+    node.close_fanout().await;
     if let Err(e) = node.host.log().close().await {
         tracing::error!(shard = id.0, error = %e, "closing the log failed");
     }
@@ -244,12 +260,18 @@ fn spawn_housekeeping(node: &Rc<Node>) {
     })
     .detach();
     let n = node.clone();
+    let retention_every = test_knob("NARAD_TEST_RETENTION_INTERVAL_MS")
+        .map_or(RETENTION_INTERVAL, Duration::from_millis);
+    let skew_ms = test_knob("NARAD_TEST_RETENTION_CLOCK_SKEW_MS").unwrap_or(0);
     rt::spawn(async move {
         while !n.shutting_down() {
-            rt::sleep(RETENTION_INTERVAL).await;
+            rt::sleep(retention_every).await;
             let meta = n.meta();
             for t in meta.topics.values() {
-                if let Err(e) = n.host.enforce_retention(t.id, t.retention_ms).await {
+                let now = narad_io::types::UnixMillis(
+                    narad_io::types::UnixMillis::now().0.saturating_add(skew_ms),
+                );
+                if let Err(e) = n.host.enforce_retention_at(t.id, t.retention_ms, now).await {
                     tracing::error!(topic = %t.name, error = %e, "retention failed");
                 }
             }

@@ -345,6 +345,10 @@ fn metrics_parse_and_move_with_traffic() {
     let mut c = s.client();
     let before = scrape(&mut c);
     assert_eq!(before.sum("narad_topics_total", &[]), 0.0);
+    // The OpenAPI document is served (and counted under its own route).
+    let r = c.get("/v1/openapi.json");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["openapi"], "3.1.0");
     c.create_topic("orders", 4);
     // Produces on several connections: the shards that accept them differ.
     for i in 0..10 {
@@ -405,6 +409,8 @@ fn metrics_parse_and_move_with_traffic() {
         assert_eq!(m.sum("narad_http_requests_total", &consume), 5.0);
         let ack = [("route", "POST /v1/topics/{topic}/ack"), ("status", "204")];
         assert_eq!(m.sum("narad_http_requests_total", &ack), 3.0);
+        let openapi = [("route", "GET /v1/openapi.json"), ("status", "200")];
+        assert_eq!(m.sum("narad_http_requests_total", &openapi), 1.0);
         let unmatched = [("route", "unmatched"), ("status", "404")];
         assert!(m.sum("narad_http_requests_total", &unmatched) >= 1.0);
         assert_eq!(m.sum("narad_topics_total", &[]), 1.0);

@@ -3,6 +3,7 @@
 //! the per-partition segment files that reads are served from.
 
 pub mod codec;
+pub mod fanout_cursor;
 pub mod file;
 pub mod log;
 pub mod partition;

@@ -420,13 +420,22 @@ impl Host {
         topic: TopicId,
         retention_ms: u64,
     ) -> Result<u64, LogError> {
+        self.enforce_retention_at(topic, retention_ms, narad_io::types::UnixMillis::now())
+            .await
+    }
+
+    /// [`Host::enforce_retention`] as if the wall clock read `now` (a test knob moves it ahead so
+    /// retention can be observed without waiting an hour). Returns the bytes deleted.
+    pub async fn enforce_retention_at(
+        &self,
+        topic: TopicId,
+        retention_ms: u64,
+        now: narad_io::types::UnixMillis,
+    ) -> Result<u64, LogError> {
         if retention_ms == 0 {
             return Ok(0);
         }
-        let deleted = self
-            .log
-            .enforce_retention(topic, retention_ms, narad_io::types::UnixMillis::now())
-            .await?;
+        let deleted = self.log.enforce_retention(topic, retention_ms, now).await?;
         if deleted > 0 {
             let keys: Vec<PartitionKey> = self
                 .log

@@ -1,5 +1,6 @@
 //! `narad-shard`: the partitions a shard owns — their lease tables (`lease`) and the host that
 //! joins them to the shard's log (`host`). Never names glommio, never parses HTTP.
 
+pub mod fanout;
 pub mod host;
 pub mod lease;

@@ -12,7 +12,9 @@ macro_rules! tri {
     };
 }
 
+pub mod children;
 pub mod messages;
+pub mod openapi;
 pub mod params;
 pub mod topics;
 pub mod users;
@@ -71,6 +73,10 @@ pub enum Route {
     Healthz,
     Readyz,
     Metrics,
+    OpenApi,
+    ChildrenAttach,
+    ChildrenList,
+    ChildDetach,
     UsersCreate,
     UsersList,
     UserGet,
@@ -98,6 +104,10 @@ impl Route {
             Route::Healthz => "GET /healthz",
             Route::Readyz => "GET /readyz",
             Route::Metrics => "GET /metrics",
+            Route::OpenApi => "GET /v1/openapi.json",
+            Route::ChildrenAttach => "POST /v1/topics/{parent}/children",
+            Route::ChildrenList => "GET /v1/topics/{parent}/children",
+            Route::ChildDetach => "DELETE /v1/topics/{parent}/children/{child}",
             Route::UsersCreate => "POST /v1/users",
             Route::UsersList => "GET /v1/users",
             Route::UserGet => "GET /v1/users/{username}",
@@ -105,6 +115,42 @@ impl Route {
             Route::UserGrants => "PUT /v1/users/{username}/grants",
             Route::UserPassword => "PUT /v1/users/{username}/password",
         }
+    }
+}
+
+/// Every route the router knows (the OpenAPI test checks the document against it): add a new
+/// variant here too.
+pub const ROUTES: &[Route] = &[
+    Route::TopicsCreate,
+    Route::TopicsList,
+    Route::TopicGet,
+    Route::TopicPatch,
+    Route::TopicDelete,
+    Route::TopicSchema,
+    Route::Produce,
+    Route::ProduceBatch,
+    Route::Consume,
+    Route::Ack,
+    Route::Healthz,
+    Route::Readyz,
+    Route::Metrics,
+    Route::OpenApi,
+    Route::UsersCreate,
+    Route::UsersList,
+    Route::UserGet,
+    Route::UserDelete,
+    Route::UserGrants,
+    Route::UserPassword,
+    Route::ChildrenAttach,
+    Route::ChildrenList,
+    Route::ChildDetach,
+];
+
+/// Whether `route(method, path)` finds `r` (for the OpenAPI test, which cannot name `Match`).
+pub fn routes_to(method: &str, path: &str) -> Option<Route> {
+    match route(method, path) {
+        Match::Found(r, _) => Some(r),
+        _ => None,
     }
 }
 
@@ -135,6 +181,8 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
         ["readyz"] => Match::WrongMethod("GET, HEAD"),
         ["metrics"] if get => found(Metrics, vec![]),
         ["metrics"] => Match::WrongMethod("GET, HEAD"),
+        ["v1", "openapi.json"] if get => found(OpenApi, vec![]),
+        ["v1", "openapi.json"] => Match::WrongMethod("GET, HEAD"),
         ["v1", "topics"] => match method {
             "POST" => found(TopicsCreate, vec![]),
             "GET" | "HEAD" => found(TopicsList, vec![]),
@@ -172,6 +220,18 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
                 found(Consume, vec![t])
             } else {
                 Match::WrongMethod("GET, HEAD")
+            }
+        }
+        ["v1", "topics", t, "children"] if !t.is_empty() => match method {
+            "POST" => found(ChildrenAttach, vec![t]),
+            "GET" | "HEAD" => found(ChildrenList, vec![t]),
+            _ => Match::WrongMethod("GET, HEAD, POST"),
+        },
+        ["v1", "topics", t, "children", c] if !t.is_empty() && !c.is_empty() => {
+            if method == "DELETE" {
+                found(ChildDetach, vec![t, c])
+            } else {
+                Match::WrongMethod("DELETE")
             }
         }
         ["v1", "topics", t, "ack"] if !t.is_empty() => {
@@ -269,7 +329,7 @@ fn route_body_cap(r: Route) -> usize {
     match r {
         Route::ProduceBatch => BATCH_BODY_BYTES_MAX,
         Route::Ack => BATCH_ACK_BODY_BYTES_MAX,
-        Route::Healthz | Route::Readyz | Route::Metrics => 0,
+        Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => 0,
         _ => BODY_BYTES_MAX,
     }
 }
@@ -285,7 +345,6 @@ fn is_user_route(r: Route) -> bool {
             | Route::UserPassword
     )
 }
-
 
 /// The answer for a body over the route's cap.
 pub fn too_large(head: &RequestHead) -> Response {
@@ -341,6 +400,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             Err(reason) => error(503, &reason),
         },
         Route::Metrics => crate::metrics::api_port_response(node).await,
+        Route::OpenApi => openapi::response(),
         Route::TopicsCreate => {
             topics::create(node, &req, caller.username().map(String::from)).await
         }
@@ -353,6 +413,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ProduceBatch => messages::produce_batch(node, &req, t).await,
         Route::Consume => messages::consume(node, &req, t).await,
         Route::Ack => messages::ack(node, &req, t).await,
+        Route::ChildrenAttach => children::attach(node, &req, t).await,
+        Route::ChildrenList => children::list(node, &req, t).await,
+        Route::ChildDetach => match args.get(1).map(|c| percent_decode_segment(c)) {
+            Some(Ok(c)) => children::detach(node, &req, t, &c).await,
+            _ => Response::text(404, "404 page not found\n"),
+        },
         Route::UsersCreate => users::create(node, &req, &caller).await,
         Route::UsersList => users::list(node, &caller),
         Route::UserGet => users::get(node, &caller, t),

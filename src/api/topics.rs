@@ -154,7 +154,7 @@ fn partitions_for_create(v: Option<i64>, default: u32, max: u32) -> Result<u32, 
     }
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: getrandom writes at most b.len() bytes into our buffer.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
@@ -239,17 +239,28 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
     if body.fanout_delay_ms.is_some() && body.parent.is_none() {
         return invalid("fanout_delay_ms requires parent".into());
     }
-    if body.parent.is_some() {
-        return invalid("fan-out children are not supported by this build yet".into());
-    }
+    let link = match super::children::link_for_create(
+        node,
+        &name,
+        body.parent.as_deref(),
+        body.fanout_delay_ms,
+    )
+    .await
+    {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
     if body.schema.is_some() {
         schemas = tri!(schema_v1(body.schema.as_deref()));
     }
-    let partitions =
-        match partitions_for_create(body.partitions, d.default_partitions, d.max_partitions) {
-            Ok(p) => p,
-            Err(r) => return r,
-        };
+    let partitions = match partitions_for_create(
+        body.partitions,
+        link.as_ref().map_or(d.default_partitions, |l| l.partitions),
+        d.max_partitions,
+    ) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
     let retention_ms = match retention(body.retention_ms) {
         Ok(r) => r.unwrap_or(d.default_retention_age_ms),
         Err(r) => return r,
@@ -296,11 +307,11 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         created_at_s,
         owner,
         schemas: Vec::new(),
-        parent: None,
+        parent: link.as_ref().map(|l| l.parent.clone()),
         children: Vec::new(),
-        attach_epoch: None,
-        fanout_delay_ms: 0,
-        attach_offsets: Vec::new(),
+        attach_epoch: link.as_ref().map(|l| l.epoch.clone()),
+        fanout_delay_ms: link.as_ref().map_or(0, |l| l.delay_ms),
+        attach_offsets: link.map(|l| l.offsets).unwrap_or_default(),
     };
     if let Err(e) = node
         .propose(MetaCommand::CreateTopic(TopicMeta { schemas, ..meta }))

@@ -1,0 +1,572 @@
+//! Fan-out copying (SEMANTICS.md §10–12): every record committed to a parent partition after a
+//! child's attach point is copied into that child, immediately or (delay children) once
+//! `parent commit time + delay` has passed.
+//!
+//! Owns: one cursor per (parent partition owned by this shard × attached child × attach epoch),
+//! the task that drives it, and this shard's cursor file (`narad_io::fanout_cursor`). Never
+//! appends to a child partition itself: copies go through the [`Sink`] the binary gives it,
+//! which is the same append path a produce takes (routing to the child partition's owner shard,
+//! and later node). So a cursor never assumes where its child partitions live. Never reads the
+//! metadata: the binary hands it the current [`Link`]s on every metadata change.
+//!
+//! Driving: a cursor copies while its parent partition has records past it, then parks on the
+//! partition's commit notification (`ShardLog::on_commit`), re-checking at least every
+//! [`FANOUT_IDLE_RECHECK`]. A delay cursor stops at the first record not yet due and sleeps until
+//! it is due (at most [`FANOUT_DUE_SLEEP_MAX`]). A failed copy is retried after
+//! [`FANOUT_RETRY_BACKOFF`] with the same records. The parent's producers never wait for a
+//! cursor: the parent log is the buffer, and a cursor holds at most one slab
+//! ([`FANOUT_BATCH_RECORDS_MAX`] records / [`FANOUT_BATCH_BYTES_MAX`] bytes) in memory. A cursor
+//! that falls behind the parent's retention skips the deleted offsets and counts them
+//! (`dropped`, metric `narad_fanout_child_dropped_messages`).
+//!
+//! # Crash-safety argument (duplicates possible, gaps never)
+//! 1. A cursor's in-memory position `next` moves past a slab only after the sink answered that
+//!    every record of the slab is durable in the child (the produce contract: fsynced and
+//!    verified on the child partition's owner).
+//! 2. The cursor file is written from the in-memory positions, atomically (temp, fdatasync,
+//!    rename, directory fsync), a little after they move. So the durable position is always at
+//!    or behind the copied position: the file never claims a record that is not in the child.
+//! 3. After a crash each cursor restarts at its durable position, or at its attach point
+//!    (`attach_offsets` in the replicated metadata) when none is stored for its epoch. Every
+//!    record between the durable position and the crash is copied again (duplicates); nothing
+//!    at or after the durable position is skipped, so the child has no gaps.
+//! 4. A re-attach has a new epoch, so an old position is never resumed for a new attach.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use narad_io::fanout_cursor::{self, CursorEntry};
+use narad_io::log::{AppendRecord, ReadError, ShardLog, StoredRecord};
+use narad_io::rt::{self, Notify, Semaphore};
+use narad_io::types::{
+    owner_shard, Offset, PartitionId, PartitionKey, ShardId, TopicId, UnixMillis,
+};
+
+/// Records one copy step moves at most (`fanout.max_batch_records`).
+pub const FANOUT_BATCH_RECORDS_MAX: usize = 4096;
+/// Bytes one copy step moves at most (`fanout.max_batch_bytes`); the first record always goes.
+pub const FANOUT_BATCH_BYTES_MAX: usize = 4 << 20;
+/// Wait before retrying a copy the sink refused (child owner down, disk full, ...).
+pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
+/// An idle cursor re-checks its parent this often even without a commit notification.
+pub const FANOUT_IDLE_RECHECK: Duration = Duration::from_secs(1);
+/// Longest sleep of a delay cursor waiting for its next record to become due.
+pub const FANOUT_DUE_SLEEP_MAX: Duration = Duration::from_secs(30);
+/// Cursor positions are written this long after they first move (coalesces many steps into one
+/// file write).
+pub const CURSOR_PERSIST_DELAY: Duration = Duration::from_millis(50);
+
+/// Future of one sink call.
+pub type SinkFuture = Pin<Box<dyn Future<Output = Result<(), String>>>>;
+/// Appends copies durably (Ok only when every record is durable in its child partition).
+pub type Sink = Rc<dyn Fn(Vec<AppendRecord>) -> SinkFuture>;
+/// The produce path's key → partition function (so a copy lands where a produce would).
+pub type KeyRoute = fn(&[u8], u32) -> u32;
+
+/// One attached child, as the metadata says now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub parent: TopicId,
+    pub parent_partitions: u32,
+    pub child: TopicId,
+    pub child_partitions: u32,
+    /// The attach epoch (16 hex chars in the metadata) as a number.
+    pub epoch: u64,
+    /// 0 for an immediate child.
+    pub delay_ms: u64,
+    /// Attach point per parent partition.
+    pub attach_offsets: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct CursorId {
+    parent: PartitionKey,
+    child: TopicId,
+    epoch: u64,
+}
+
+struct Cursor {
+    id: CursorId,
+    delay_ms: u64,
+    parent_partitions: Cell<u32>,
+    child_partitions: Cell<u32>,
+    /// Next parent offset to copy; every offset below is durable in the child.
+    next: Cell<Offset>,
+    /// Round-robin position for keyless records when partition counts differ.
+    rr: Cell<u32>,
+    stopped: Cell<bool>,
+    /// The parent partition's commit notification.
+    wake: Rc<Notify>,
+}
+
+/// Counters of one shard's fan-out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FanoutCounters {
+    /// Records copied into children.
+    pub copied: u64,
+    /// Parent offsets skipped because retention deleted them before they were copied.
+    pub dropped: u64,
+    /// Parent records skipped because they could not be read (damaged).
+    pub unreadable: u64,
+    /// Copy attempts the sink refused (retried).
+    pub failed_copies: u64,
+}
+
+/// The lag of one child over the parent partitions of this shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChildLag {
+    pub child: TopicId,
+    /// Σ max(0, parent high watermark − cursor next offset).
+    pub lag_messages: u64,
+    /// Cursors that reported (one per parent partition owned here).
+    pub cursors: u32,
+}
+
+enum Step {
+    /// Copied or skipped something: go again.
+    Progress,
+    /// Nothing past the cursor.
+    Idle,
+    /// The next record is due in this many milliseconds.
+    NotDue(u64),
+    /// The copy failed: back off and retry.
+    Retry,
+}
+
+pub struct Fanout {
+    shard: ShardId,
+    shards: u32,
+    log: ShardLog,
+    sink: Sink,
+    route: KeyRoute,
+    path: PathBuf,
+    cursors: RefCell<HashMap<CursorId, Rc<Cursor>>>,
+    /// Positions found in the cursor file at start, claimed by the cursors reconcile creates.
+    loaded: RefCell<HashMap<CursorId, Offset>>,
+    /// Commit notification per parent partition with cursors.
+    parents: RefCell<HashMap<PartitionKey, Rc<Notify>>>,
+    dirty: Cell<bool>,
+    persist_wake: Notify,
+    /// One cursor file write at a time.
+    persist_lock: Semaphore,
+    closed: Cell<bool>,
+    counters: Cell<FanoutCounters>,
+}
+
+impl Fanout {
+    /// Loads this shard's cursor file and hooks the log's commit notifications. No cursor runs
+    /// before the first [`Fanout::reconcile`].
+    pub fn new(
+        shard: ShardId,
+        shards: u32,
+        data_dir: &std::path::Path,
+        log: ShardLog,
+        sink: Sink,
+        route: KeyRoute,
+    ) -> Rc<Fanout> {
+        let path = fanout_cursor::cursor_path(data_dir, shard);
+        let loaded = fanout_cursor::load(&path)
+            .into_iter()
+            .map(|e| {
+                (
+                    CursorId {
+                        parent: e.parent,
+                        child: e.child,
+                        epoch: e.epoch,
+                    },
+                    e.next,
+                )
+            })
+            .collect();
+        let fan = Rc::new(Fanout {
+            shard,
+            shards,
+            log,
+            sink,
+            route,
+            path,
+            cursors: RefCell::new(HashMap::new()),
+            loaded: RefCell::new(loaded),
+            parents: RefCell::new(HashMap::new()),
+            dirty: Cell::new(false),
+            persist_wake: Notify::new(),
+            persist_lock: Semaphore::new(1),
+            closed: Cell::new(false),
+            counters: Cell::new(FanoutCounters::default()),
+        });
+        let weak = Rc::downgrade(&fan);
+        fan.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
+            let Some(f) = weak.upgrade() else { return };
+            let hit: Vec<Rc<Notify>> = {
+                let parents = f.parents.borrow();
+                if parents.is_empty() {
+                    return;
+                }
+                keys.iter()
+                    .filter_map(|k| parents.get(k).cloned())
+                    .collect()
+            };
+            for n in hit {
+                n.notify_waiters();
+            }
+        }));
+        let f = fan.clone();
+        rt::spawn(async move { f.run_persister().await }).detach();
+        fan
+    }
+
+    pub fn counters(&self) -> FanoutCounters {
+        self.counters.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut FanoutCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+
+    /// Makes the running cursors match `links`: starts cursors for new (parent partition owned
+    /// here × child × epoch), stops those no longer linked, and updates partition counts.
+    pub fn reconcile(self: &Rc<Self>, links: &[Link]) {
+        if self.closed.get() {
+            return;
+        }
+        let mut want: HashMap<CursorId, (&Link, u32)> = HashMap::new();
+        for l in links {
+            for p in 0..l.parent_partitions {
+                let key = PartitionKey {
+                    topic: l.parent,
+                    partition: PartitionId(p),
+                };
+                if owner_shard(key, self.shards) != self.shard {
+                    continue;
+                }
+                let id = CursorId {
+                    parent: key,
+                    child: l.child,
+                    epoch: l.epoch,
+                };
+                want.insert(id, (l, p));
+            }
+        }
+        let removed: Vec<Rc<Cursor>> = {
+            let mut cursors = self.cursors.borrow_mut();
+            let gone: Vec<CursorId> = cursors
+                .keys()
+                .filter(|id| !want.contains_key(id))
+                .copied()
+                .collect();
+            gone.iter().filter_map(|id| cursors.remove(id)).collect()
+        };
+        for c in &removed {
+            c.stopped.set(true);
+            c.wake.notify_waiters();
+        }
+        let mut started = Vec::new();
+        for (id, (l, p)) in want {
+            if let Some(c) = self.cursors.borrow().get(&id) {
+                c.parent_partitions.set(l.parent_partitions);
+                c.child_partitions.set(l.child_partitions.max(1));
+                continue;
+            }
+            let attach = Offset(l.attach_offsets.get(p as usize).copied().unwrap_or(0));
+            let stored = self.loaded.borrow_mut().remove(&id);
+            let next = stored.map_or(attach, |s| s.max(attach));
+            let wake = self
+                .parents
+                .borrow_mut()
+                .entry(id.parent)
+                .or_insert_with(|| Rc::new(Notify::new()))
+                .clone();
+            let c = Rc::new(Cursor {
+                id,
+                delay_ms: l.delay_ms,
+                parent_partitions: Cell::new(l.parent_partitions),
+                child_partitions: Cell::new(l.child_partitions.max(1)),
+                next: Cell::new(next),
+                rr: Cell::new(p),
+                stopped: Cell::new(false),
+                wake,
+            });
+            self.cursors.borrow_mut().insert(id, c.clone());
+            started.push(c);
+        }
+        // Parent partitions without cursors no longer need commit notifications.
+        {
+            let cursors = self.cursors.borrow();
+            self.parents
+                .borrow_mut()
+                .retain(|k, _| cursors.keys().any(|id| id.parent == *k));
+        }
+        if !removed.is_empty() {
+            self.mark_dirty();
+        }
+        for c in started {
+            let f = self.clone();
+            rt::spawn(async move { f.run_cursor(c).await }).detach();
+        }
+    }
+
+    /// Lag per child of `parent` over the cursors on this shard.
+    pub fn lag(&self, parent: TopicId) -> Vec<ChildLag> {
+        let mut out: Vec<ChildLag> = Vec::new();
+        for c in self.cursors.borrow().values() {
+            if c.id.parent.topic != parent {
+                continue;
+            }
+            let hwm = self.log.high_watermark(c.id.parent);
+            let lag = hwm.0.saturating_sub(c.next.get().0);
+            match out.iter_mut().find(|l| l.child == c.id.child) {
+                Some(l) => {
+                    l.lag_messages += lag;
+                    l.cursors += 1;
+                }
+                None => out.push(ChildLag {
+                    child: c.id.child,
+                    lag_messages: lag,
+                    cursors: 1,
+                }),
+            }
+        }
+        out
+    }
+
+    /// Number of cursors running on this shard.
+    pub fn cursor_count(&self) -> usize {
+        self.cursors.borrow().len()
+    }
+
+    /// Stops every cursor and writes their positions one last time (graceful shutdown).
+    pub async fn close(&self) {
+        self.closed.set(true);
+        let all: Vec<Rc<Cursor>> = self.cursors.borrow().values().cloned().collect();
+        for c in &all {
+            c.stopped.set(true);
+            c.wake.notify_waiters();
+        }
+        self.persist_wake.notify_waiters();
+        if let Err(e) = self.persist_now().await {
+            tracing::error!(error = %e, "writing fan-out cursors at shutdown failed");
+        }
+    }
+
+    fn mark_dirty(&self) {
+        if !self.dirty.replace(true) {
+            self.persist_wake.notify_waiters();
+        }
+    }
+
+    /// Writes every running cursor's position to the cursor file, durably.
+    pub async fn persist_now(&self) -> std::io::Result<()> {
+        let _permit = self.persist_lock.acquire().await;
+        self.dirty.set(false);
+        let entries: Vec<CursorEntry> = self
+            .cursors
+            .borrow()
+            .values()
+            .map(|c| CursorEntry {
+                parent: c.id.parent,
+                child: c.id.child,
+                epoch: c.id.epoch,
+                next: c.next.get(),
+            })
+            .collect();
+        let r = fanout_cursor::store(self.path.clone(), entries).await;
+        if r.is_err() {
+            // Try again later; the stored positions stay behind the copies meanwhile.
+            self.dirty.set(true);
+        }
+        r
+    }
+
+    async fn run_persister(self: Rc<Self>) {
+        loop {
+            let wake = self.persist_wake.notified();
+            if self.closed.get() {
+                return;
+            }
+            if !self.dirty.get() {
+                wake.await;
+                continue;
+            }
+            drop(wake);
+            rt::sleep(CURSOR_PERSIST_DELAY).await;
+            if let Err(e) = self.persist_now().await {
+                tracing::error!(error = %e, path = %self.path.display(),
+                    "writing fan-out cursors failed; retrying (a crash now copies more duplicates)");
+                rt::sleep(FANOUT_RETRY_BACKOFF).await;
+            }
+        }
+    }
+
+    async fn run_cursor(self: Rc<Self>, c: Rc<Cursor>) {
+        loop {
+            if c.stopped.get() || self.closed.get() {
+                return;
+            }
+            let wake = c.wake.clone();
+            let notified = wake.notified();
+            match self.step(&c).await {
+                Step::Progress => {
+                    drop(notified);
+                    rt::yield_if_needed().await;
+                }
+                Step::Idle => {
+                    let _ = rt::timeout(FANOUT_IDLE_RECHECK, notified).await;
+                }
+                Step::NotDue(ms) => {
+                    drop(notified);
+                    let d = Duration::from_millis(ms.max(1)).min(FANOUT_DUE_SLEEP_MAX);
+                    // Sleep until due; a stop (detach, shutdown) rings the notification too.
+                    let _ = rt::timeout(d, async {
+                        loop {
+                            let n = wake.notified();
+                            if c.stopped.get() {
+                                break;
+                            }
+                            n.await;
+                        }
+                    })
+                    .await;
+                }
+                Step::Retry => {
+                    drop(notified);
+                    rt::sleep(FANOUT_RETRY_BACKOFF).await;
+                }
+            }
+        }
+    }
+
+    /// One copy step of cursor `c`.
+    async fn step(&self, c: &Cursor) -> Step {
+        let key = c.id.parent;
+        let next = c.next.get();
+        if next >= self.log.high_watermark(key) {
+            return Step::Idle;
+        }
+        let recs = match self
+            .log
+            .read(key, next, FANOUT_BATCH_RECORDS_MAX, FANOUT_BATCH_BYTES_MAX)
+            .await
+        {
+            Ok(r) => r,
+            Err(ReadError::BelowRetention { oldest }) => {
+                let lost = oldest.0.saturating_sub(next.0);
+                tracing::error!(parent = %key.topic, partition = key.partition.0, child = %c.id.child,
+                    lost, "fan-out cursor fell behind the parent's retention; records skipped for this child");
+                self.count(|k| k.dropped += lost);
+                c.next.set(oldest.max(next));
+                self.mark_dirty();
+                return Step::Progress;
+            }
+            Err(ReadError::Corrupt { offset }) if offset <= next => {
+                tracing::error!(parent = %key.topic, partition = key.partition.0, offset = next.0,
+                    "unreadable parent record skipped by fan-out");
+                self.count(|k| k.unreadable += 1);
+                c.next.set(Offset(next.0 + 1));
+                self.mark_dirty();
+                return Step::Progress;
+            }
+            Err(ReadError::Corrupt { offset }) => {
+                // Copy what comes before the damaged record first.
+                let n = (offset.0 - next.0) as usize;
+                match self.log.read(key, next, n, FANOUT_BATCH_BYTES_MAX).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = ?e, "fan-out read failed; retrying");
+                        return Step::Retry;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(parent = %key.topic, partition = key.partition.0, error = ?e,
+                    "fan-out read failed; retrying");
+                return Step::Retry;
+            }
+        };
+        let Some(first) = recs.first() else {
+            return Step::Idle;
+        };
+        if first.offset > next {
+            // Retention raced the read: the records before `first` are gone.
+            let lost = first.offset.0 - next.0;
+            self.count(|k| k.dropped += lost);
+            c.next.set(first.offset);
+        }
+        let due_count = if c.delay_ms == 0 {
+            recs.len()
+        } else {
+            let now = UnixMillis::now().0;
+            let n = recs
+                .iter()
+                .take_while(|r| r.commit_ms.0.saturating_add(c.delay_ms) <= now)
+                .count();
+            if n == 0 {
+                return Step::NotDue(first.commit_ms.0 + c.delay_ms - now);
+            }
+            n
+        };
+        let mut recs = recs;
+        recs.truncate(due_count);
+        let last = recs.last().map_or(next, |r| r.offset);
+        let copies = self.copies(c, recs);
+        let n = copies.len() as u64;
+        match (self.sink)(copies).await {
+            Ok(()) => {
+                // Never move backwards (a concurrent skip may have moved it further).
+                if c.next.get() <= last {
+                    c.next.set(Offset(last.0 + 1));
+                }
+                self.count(|k| k.copied += n);
+                self.mark_dirty();
+                Step::Progress
+            }
+            Err(e) => {
+                self.count(|k| k.failed_copies += 1);
+                if !c.stopped.get() {
+                    tracing::warn!(parent = %key.topic, partition = key.partition.0, child = %c.id.child,
+                        error = %e, "fan-out copy failed; retrying");
+                }
+                Step::Retry
+            }
+        }
+    }
+
+    /// The child records for `recs`: key kept; keyed records hash over the child's partition
+    /// count, keyless ones go to the same index when the counts match, else round-robin.
+    fn copies(&self, c: &Cursor, recs: Vec<StoredRecord>) -> Vec<AppendRecord> {
+        let cp = c.child_partitions.get().max(1);
+        let same_index = cp == c.parent_partitions.get();
+        recs.into_iter()
+            .map(|r| {
+                let p = match r.msg_key.as_deref() {
+                    Some(k) if !k.is_empty() => (self.route)(k, cp),
+                    _ if same_index => c.id.parent.partition.0,
+                    _ => {
+                        let p = c.rr.get().wrapping_add(1);
+                        c.rr.set(p);
+                        p % cp
+                    }
+                };
+                AppendRecord {
+                    key: PartitionKey {
+                        topic: c.id.child,
+                        partition: PartitionId(p % cp),
+                    },
+                    msg_key: r.msg_key,
+                    payload: r.payload,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The attach epoch's 16 hex characters as a number (0 when malformed, which apply refuses).
+pub fn epoch_from_hex(s: &str) -> u64 {
+    u64::from_str_radix(s, 16).unwrap_or(0)
+}
