@@ -566,3 +566,36 @@ fn separate_metrics_listener_serves_only_metrics_and_health() {
     assert_eq!((r.status, r.text().as_str()), (404, "404 page not found\n"));
     assert_eq!(m.request("POST", "/metrics", &[], b"").status, 405);
 }
+
+#[test]
+fn metrics_on_the_api_port_take_basic_auth_with_security_on() {
+    // Proves API.md §15.3 with security on and no separate listener: /metrics needs the API's
+    // Basic credentials (401 with the challenge without them, 200 with them, any user), and
+    // `http.metrics_unauthenticated=true` opens it without credentials.
+    let pw = "metrics-admin-password-1";
+    let env = vec![("NARAD_ADMIN_PASSWORD".to_string(), pw.to_string())];
+    let dir = TempDir::new("mauth");
+    let s = Server::start_secure(dir.0.join("data"), env.clone());
+    let mut c = s.client();
+    let r = c.get("/metrics");
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(r.header("www-authenticate"), Some("Basic realm=\"narad\""));
+    let auth = common::basic_auth("admin", pw);
+    let r = c.request("GET", "/metrics", &[("Authorization", &auth)], b"");
+    assert_eq!(r.status, 200, "{}", r.text());
+    parse(&r.text()).unwrap();
+    drop(s);
+
+    let dir = TempDir::new("mopen");
+    let mut env = env;
+    env.push((
+        "NARAD_HTTP_METRICS_UNAUTHENTICATED".to_string(),
+        "true".to_string(),
+    ));
+    let s = Server::start_secure(dir.0.join("data"), env);
+    let mut c = s.client();
+    let r = c.get("/metrics");
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The rest of /v1 still needs credentials.
+    assert_eq!(c.get("/v1/topics").status, 401);
+}
