@@ -132,7 +132,7 @@ impl NodeAuth {
             .pool
             .submit(move || verify::hash_blocking(&password))
             .map_err(|_| busy())?;
-        match slot.wait().await {
+        match slot.wait_bounded().await {
             Some(Ok(h)) => Ok(h),
             _ => Err(crate::api::error(500, "hashing the password failed")),
         }
@@ -149,7 +149,7 @@ impl NodeAuth {
             .pool
             .submit(move || verify::verify_blocking(&password, &hash))
             .map_err(|_| busy())?;
-        match slot.wait().await {
+        match slot.wait_bounded().await {
             Some(Ok(ok)) => Ok(ok),
             _ => Err(crate::api::error(500, UNAVAILABLE)),
         }
@@ -187,7 +187,9 @@ impl NodeAuth {
                     let slot = Arc::new(verify::Slot::new());
                     let (s2, u2, h2) = (slot.clone(), user.to_string(), hash.to_string());
                     let job = Box::new(move || {
-                        let r = verify::verify_blocking(&password, &h2);
+                        let r =
+                            std::panic::catch_unwind(|| verify::verify_blocking(&password, &h2))
+                                .unwrap_or_else(|_| Err("bcrypt panicked".to_string()));
                         node_auth().finish(tag, &u2, &h2, r, &s2);
                     });
                     if self.pool.submit_job(job).is_err() {
@@ -199,7 +201,7 @@ impl NodeAuth {
                 }
             }
         };
-        match slot.wait().await {
+        match slot.wait_bounded().await {
             Some(Outcome::Ok) => Ok(true),
             Some(Outcome::Bad) => Ok(false),
             Some(Outcome::Unavailable) | None => Err(crate::api::error(500, UNAVAILABLE)),

@@ -21,6 +21,9 @@ pub const VERIFY_THREADS: usize = 4;
 pub const VERIFY_QUEUE_MAX: usize = 1024;
 /// Wakers kept per slot; beyond it, waiters are woken at once and poll again later.
 const SLOT_WAKERS_MAX: usize = 4096;
+/// Longest a shard task waits for a helper thread's answer (a full queue of checks at the
+/// slowest cost clears well within it).
+pub const SLOT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 /// bcrypt cost of new hashes: Go's `bcrypt.DefaultCost`, the original's "default cost".
 pub const BCRYPT_COST: u32 = 10;
 
@@ -74,7 +77,13 @@ impl Pool {
     {
         let slot = Arc::new(Slot::new());
         let s2 = slot.clone();
-        self.submit_job(Box::new(move || s2.complete(f())))?;
+        self.submit_job(Box::new(move || {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(v) => s2.complete(v),
+                // A bug in the job: its waiters get `None` instead of waiting forever.
+                Err(_) => s2.abandon(),
+            }
+        }))?;
         Ok(slot)
     }
 
@@ -157,6 +166,14 @@ impl<T: Clone> Slot<T> {
     /// Waits for the value; `None` if the job was abandoned.
     pub fn wait(self: &Arc<Self>) -> SlotWait<T> {
         SlotWait(self.clone())
+    }
+
+    /// Waits at most [`SLOT_WAIT_MAX`]; `None` if the job was abandoned or is that late.
+    pub async fn wait_bounded(self: &Arc<Self>) -> Option<T> {
+        narad_io::rt::timeout(SLOT_WAIT_MAX, self.wait())
+            .await
+            .ok()
+            .flatten()
     }
 }
 
