@@ -1214,7 +1214,8 @@ fn server_report_sums_every_topic() {
 #[test]
 fn version_and_completion() {
     // Proves `version` prints `narad dev (...)` for this non-release build and `completion`
-    // writes a script for each shell that knows the subcommands; an unknown shell exits 2.
+    // writes a script for each shell that knows the subcommands, without panicking when its
+    // reader goes away; an unknown shell exits 2.
     let v = ok(narad_raw(&["version"], b"", &[]));
     assert!(v.stdout.starts_with("narad dev ("), "{}", v.stdout);
     for shell in ["bash", "zsh", "fish", "powershell"] {
@@ -1226,6 +1227,22 @@ fn version_and_completion() {
         );
     }
     assert_eq!(narad_raw(&["completion", "tcsh"], b"", &[]).code, 2);
+    // A reader that stops early (`| head`) must not make it panic (exit 101).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["completion", "zsh"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(101),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -189,8 +189,10 @@ pub fn print_completion(shell: CompletionShell, mut command: clap::Command) -> E
         CompletionShell::Fish => Shell::Fish,
         CompletionShell::Powershell => Shell::PowerShell,
     };
-    clap_complete::generate(shell, &mut command, "narad", &mut std::io::stdout());
-    ExitCode::SUCCESS
+    // Into memory first: the generator panics on a failed write (say, a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command, "narad", &mut script);
+    exit(print_text(&String::from_utf8_lossy(&script)))
 }
 
 fn exit(r: Result<(), CliError>) -> ExitCode {
