@@ -1372,3 +1372,83 @@ fn user_commands_against_a_secured_broker() {
     assert_eq!(gone.code, 1, "{}", gone.stderr);
     assert!(gone.stderr.contains("(HTTP 401)"), "{}", gone.stderr);
 }
+
+#[test]
+fn fan_out_and_schema_commands_against_a_real_broker() {
+    // Proves against a real broker: topic attach makes the parent a parent and the child
+    // receives what the parent gets; topic children lists it; detach unlinks it (a second
+    // detach exits 1); topic add --schema registers version 1, topic schema --current prints
+    // it, a payload it rejects makes pub exit 1, and edit --schema --schema-base-version adds
+    // version 2.
+    let (_d, s) = server("cli-fanout");
+    ok(narad(&s, &["topic", "add", "orders"], b""));
+    ok(narad(&s, &["topic", "add", "audit"], b""));
+    let p = json(&ok(narad(&s, &["topic", "attach", "orders", "audit"], b"")));
+    assert_eq!(p["role"], "parent");
+    assert_eq!(p["children"], serde_json::json!(["audit"]));
+    ok(narad(&s, &["pub", "orders", "copied"], b""));
+    let got = ok(narad(
+        &s,
+        &["sub", "audit", "--count", "1", "--raw", "--wait", "20s"],
+        b"",
+    ));
+    assert_eq!(got.stdout, "copied\n");
+    let c = json(&ok(narad(&s, &["topic", "children", "orders"], b"")));
+    assert_eq!(c["parent"], "orders");
+    assert_eq!(c["children"][0]["name"], "audit");
+    ok(narad(&s, &["topic", "detach", "orders", "audit"], b""));
+    let c = json(&ok(narad(&s, &["topic", "children", "orders"], b"")));
+    assert_eq!(c["children"], serde_json::json!([]));
+    let again = narad(&s, &["topic", "detach", "orders", "audit"], b"");
+    assert_eq!(again.code, 1, "{}", again.stderr);
+    assert!(again.stderr.contains("(HTTP 404)"), "{}", again.stderr);
+
+    let schema = r#"{"type":"object","required":["id"]}"#;
+    ok(narad(
+        &s,
+        &["topic", "add", "typed", "--schema", schema],
+        b"",
+    ));
+    let cur = json(&ok(narad(
+        &s,
+        &["topic", "schema", "typed", "--current"],
+        b"",
+    )));
+    assert_eq!(
+        cur,
+        serde_json::from_str::<serde_json::Value>(schema).unwrap()
+    );
+    ok(narad(&s, &["pub", "typed", r#"{"id":1}"#], b""));
+    let bad = narad(&s, &["pub", "typed"], b"{\"name\":\"x\"}\n");
+    assert_eq!(bad.code, 1, "{}", bad.stderr);
+    ok(narad(
+        &s,
+        &[
+            "topic",
+            "edit",
+            "typed",
+            "--schema",
+            r#"{"type":"object"}"#,
+            "--schema-base-version",
+            "1",
+        ],
+        b"",
+    ));
+    let h = json(&ok(narad(&s, &["topic", "schema", "typed"], b"")));
+    assert_eq!(h["version"], 2, "{h}");
+    let stale = narad(
+        &s,
+        &[
+            "topic",
+            "edit",
+            "typed",
+            "--schema",
+            r#"{"type":"object","title":"t"}"#,
+            "--schema-base-version",
+            "1",
+        ],
+        b"",
+    );
+    assert_eq!(stale.code, 1, "{}", stale.stderr);
+    assert!(stale.stderr.contains("(HTTP 409)"), "{}", stale.stderr);
+}
