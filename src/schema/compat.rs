@@ -113,6 +113,7 @@ pub fn check(old: &Value, new: &Value) -> Result<(), Incompatible> {
         new_root: new,
         legacy_ref,
         seen: HashSet::new(),
+        seen_log: Vec::new(),
         steps: 0,
     };
     c.schema(old, new, "")
@@ -149,6 +150,8 @@ struct Compare<'a> {
     legacy_ref: bool,
     /// Pairs (old, new) already being compared: assumed compatible (recursive schemas).
     seen: HashSet<(usize, usize)>,
+    /// Insertion order of `seen`, so a failed `anyOf` attempt can take its assumptions back.
+    seen_log: Vec<(usize, usize)>,
     steps: usize,
 }
 
@@ -180,6 +183,14 @@ fn json_eq(a: &Value, b: &Value) -> bool {
                     .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
         }
         _ => a == b,
+    }
+}
+
+/// A text that equal JSON values share; top-level numbers compare by value.
+fn canonical(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) if v.is_number() => format!("n:{f}"),
+        _ => v.to_string(),
     }
 }
 
@@ -279,12 +290,11 @@ impl<'a> Compare<'a> {
             Value::Object(m) => m,
             _ => return err(loc, "not a schema"),
         };
-        if !self
-            .seen
-            .insert((old as *const Value as usize, new as *const Value as usize))
-        {
+        let pair = (old as *const Value as usize, new as *const Value as usize);
+        if !self.seen.insert(pair) {
             return Ok(());
         }
+        self.seen_log.push(pair);
         // Draft 4–7 ignore every keyword beside `$ref`.
         if self.legacy_ref {
             if let Some(r) = om.get("$ref").and_then(Value::as_str) {
@@ -429,8 +439,10 @@ impl<'a> Compare<'a> {
         let Some(old_vals) = allowed_values(om) else {
             return err(loc, format!("{kw} added"));
         };
+        // A set of canonical texts keeps large enums linear (`1` and `1.0` share one text).
+        let new_set: HashSet<String> = new_vals.iter().map(|v| canonical(v)).collect();
         for v in old_vals {
-            if !new_vals.iter().any(|n| json_eq(n, v)) {
+            if !new_set.contains(&canonical(v)) {
                 return err(loc, format!("{kw}: value {v} no longer allowed"));
             }
         }
@@ -655,12 +667,17 @@ impl<'a> Compare<'a> {
         for (i, ob) in old_branches.into_iter().enumerate() {
             let mut covered = false;
             for (j, b) in nb.iter().enumerate() {
-                let saved = self.seen.clone();
+                let mark = self.seen_log.len();
                 if self.schema(ob, b, &format!("{loc}/anyOf/{j}")).is_ok() {
                     covered = true;
                     break;
                 }
-                self.seen = saved;
+                if self.steps > COMPARE_STEPS_MAX {
+                    return err(loc, "schemas too complex to compare; refused");
+                }
+                for pair in self.seen_log.drain(mark..) {
+                    self.seen.remove(&pair);
+                }
             }
             if !covered {
                 return err(
@@ -864,6 +881,22 @@ mod tests {
     }
 
     #[test]
+    fn large_enums_compare_quickly() {
+        // Proves a 50,000-value enum grown by one value is compared in linear time.
+        let vals: Vec<Value> = (0..50_000).map(|i| json!(format!("v{i}"))).collect();
+        let mut grown = vals.clone();
+        grown.push(json!(1.0));
+        let t = std::time::Instant::now();
+        ok(json!({ "enum": vals.clone() }), json!({ "enum": grown }));
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        bad(
+            json!({ "enum": vals.clone() }),
+            json!({ "enum": vals[1..].to_vec() }),
+        );
+        ok(json!({"enum": [1]}), json!({"enum": [1.0, 2]}));
+    }
+
+    #[test]
     fn comparison_work_is_bounded() {
         // Proves a pathological anyOf fan-out stops at COMPARE_STEPS_MAX instead of running on.
         let branches: Vec<Value> = (0..400).map(|i| json!({"const": i})).collect();
@@ -871,8 +904,16 @@ mod tests {
         let mut rev = branches;
         rev.reverse();
         let n = json!({"anyOf": rev});
-        // 400 x 400 pair checks would exceed the budget only if each took many steps; this one
-        // must still answer (either way) without hanging.
-        let _ = check(&o, &n);
+        let t = std::time::Instant::now();
+        if let Err(e) = check(&o, &n) {
+            assert!(e.reason.contains("too complex"), "{e}");
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        // 500 old branches each tried against 500 non-matching new ones: past the budget.
+        let old: Vec<Value> = (0..500).map(|i| json!({ "const": i })).collect();
+        let mut new: Vec<Value> = (1000..1500).map(|i| json!({ "const": i })).collect();
+        new.extend(old.iter().cloned());
+        let e = check(&json!({ "anyOf": old }), &json!({ "anyOf": new })).unwrap_err();
+        assert!(e.reason.contains("too complex"), "{e}");
     }
 }
