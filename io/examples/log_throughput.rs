@@ -2,7 +2,9 @@
 //! seconds, then records/s, WAL fsyncs/s, records per fsync and p50/p99 append latency, next to
 //! the bare WAL (same appenders, same records, no partition files) measured in the same run.
 //!
-//! `cargo run -p narad-io --example log_throughput -- [appenders=64] [seconds=3] [dir=/tmp]`
+//! `cargo run --release -p narad-io --example log_throughput -- [appenders=64] [seconds=3]
+//! [dir=/tmp] [batches_in_flight=2] [records_per_append=1]`: the last two compare pipelining depths
+//! (1 = one batch at a time) and single against batch appends in one binary.
 
 use std::cell::RefCell;
 use std::path::PathBuf;
@@ -28,9 +30,25 @@ fn pct(v: &mut [u64], q: f64) -> u64 {
         .unwrap_or(0)
 }
 
-async fn run_log(dir: PathBuf, appenders: u64, secs: u64) -> (u64, u64, Vec<u64>) {
+/// What one run does: appenders, seconds, pipelining depth, records per append.
+#[derive(Clone, Copy)]
+struct Load {
+    appenders: u64,
+    secs: u64,
+    depth: usize,
+    per_append: u64,
+}
+
+async fn run_log(dir: PathBuf, load: Load) -> (u64, u64, Vec<u64>) {
+    let Load {
+        appenders,
+        secs,
+        depth,
+        per_append,
+    } = load;
     let mut cfg = LogConfig::new(dir, ShardId(0), 1);
     cfg.checkpoint_interval_ms = 1000;
+    cfg.wal_batches_in_flight_max = depth;
     let (log, _, _) = ShardLog::open(cfg).await.unwrap();
     let lat: Rc<RefCell<Vec<u64>>> = Rc::default();
     let stop = Instant::now() + Duration::from_secs(secs);
@@ -40,14 +58,17 @@ async fn run_log(dir: PathBuf, appenders: u64, secs: u64) -> (u64, u64, Vec<u64>
         tasks.push(rt::spawn(async move {
             while Instant::now() < stop {
                 let t = Instant::now();
-                log.append(vec![AppendRecord {
-                    key: key(a),
-                    msg_key: None,
-                    payload: vec![a as u8; 256],
-                }])
-                .await
-                .unwrap();
-                lat.borrow_mut().push(t.elapsed().as_micros() as u64);
+                let recs = (0..per_append)
+                    .map(|_| AppendRecord {
+                        key: key(a),
+                        msg_key: None,
+                        payload: vec![a as u8; 256],
+                    })
+                    .collect();
+                log.append(recs).await.unwrap();
+                let us = t.elapsed().as_micros() as u64;
+                lat.borrow_mut()
+                    .extend(std::iter::repeat_n(us, per_append as usize));
             }
         }));
     }
@@ -60,8 +81,18 @@ async fn run_log(dir: PathBuf, appenders: u64, secs: u64) -> (u64, u64, Vec<u64>
     (lat.len() as u64, fsyncs, lat)
 }
 
-async fn run_wal(dir: PathBuf, appenders: u64, secs: u64) -> (u64, u64, Vec<u64>) {
-    let (wal, _, _) = Wal::open(WalConfig::new(dir)).await.unwrap();
+async fn run_wal(dir: PathBuf, load: Load) -> (u64, u64, Vec<u64>) {
+    let Load {
+        appenders,
+        secs,
+        depth,
+        per_append,
+    } = load;
+    let cfg = WalConfig {
+        batches_in_flight_max: depth,
+        ..WalConfig::new(dir)
+    };
+    let (wal, _, _) = Wal::open(cfg).await.unwrap();
     let lat: Rc<RefCell<Vec<u64>>> = Rc::default();
     let stop = Instant::now() + Duration::from_secs(secs);
     let mut tasks = Vec::new();
@@ -71,16 +102,20 @@ async fn run_wal(dir: PathBuf, appenders: u64, secs: u64) -> (u64, u64, Vec<u64>
             let mut i = 0;
             while Instant::now() < stop {
                 let t = Instant::now();
-                let r = WalRecord::Message {
-                    key: key(a),
-                    offset: Offset(i),
-                    commit_ms: UnixMillis(0),
-                    msg_key: None,
-                    payload: vec![a as u8; 256],
-                };
-                wal.append(vec![r]).await.unwrap();
-                lat.borrow_mut().push(t.elapsed().as_micros() as u64);
-                i += 1;
+                let recs = (0..per_append)
+                    .map(|j| WalRecord::Message {
+                        key: key(a),
+                        offset: Offset(i + j),
+                        commit_ms: UnixMillis(0),
+                        msg_key: None,
+                        payload: vec![a as u8; 256],
+                    })
+                    .collect();
+                wal.append(recs).await.unwrap();
+                let us = t.elapsed().as_micros() as u64;
+                lat.borrow_mut()
+                    .extend(std::iter::repeat_n(us, per_append as usize));
+                i += per_append;
             }
         }));
     }
@@ -98,18 +133,29 @@ fn main() {
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(3);
     let base = PathBuf::from(args.get(3).cloned().unwrap_or_else(|| "/tmp".into()))
         .join(format!("narad-log-tp-{}", std::process::id()));
+    let depth: usize = args
+        .get(4)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(narad_io::wal::BATCHES_IN_FLIGHT_DEFAULT);
+    let per_append: u64 = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+    let load = Load {
+        appenders,
+        secs,
+        depth,
+        per_append,
+    };
     let _ = std::fs::remove_dir_all(&base);
     for (name, which) in [("bare WAL ", 0), ("ShardLog ", 1)] {
         let dir = base.join(name.trim());
         let (n, fsyncs, mut lat) = rt::block_on(async move {
             if which == 0 {
-                run_wal(dir, appenders, secs).await
+                run_wal(dir, load).await
             } else {
-                run_log(dir, appenders, secs).await
+                run_log(dir, load).await
             }
         });
         println!(
-            "{name} appenders={appenders} record=256B secs={secs}: {:.0} rec/s, {:.0} fsyncs/s, {:.1} rec/fsync, p50 {} us, p99 {} us",
+            "{name} appenders={appenders} x{per_append} record=256B secs={secs} in_flight={depth}: {:.0} rec/s, {:.0} fsyncs/s, {:.1} rec/fsync, p50 {} us, p99 {} us",
             n as f64 / secs as f64,
             fsyncs as f64 / secs as f64,
             n as f64 / fsyncs.max(1) as f64,
