@@ -96,6 +96,18 @@ fn produce_is_validated_and_rejections_store_nothing() {
             r.error()
         );
     }
+    // Order of API.md §10.1: schema before the partition range.
+    let r = c.post_client(
+        "/v1/topics/payments/produce?partition=7",
+        br#"{"amount":5}"#,
+    );
+    assert!(
+        r.error().ends_with("missing property 'id'"),
+        "{}",
+        r.error()
+    );
+    let r = c.post_client("/v1/topics/payments/produce?partition=7", br#"{"id":"x"}"#);
+    assert_eq!(r.error(), "invalid argument: partition out of range");
     assert_eq!(
         stored(&mut c, "payments"),
         2,

@@ -111,7 +111,9 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
-    let pinned = match partition_param(&q, t.partitions) {
+    // Syntax errors of `partition` answer here; its range is checked after the schema, in the
+    // order of API.md §10.1.
+    let pinned = match partition_param(&q, u32::MAX) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -120,6 +122,9 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     }
     if let Err(r) = crate::schema::check_produce(t, &req.body).await {
         return r.response();
+    }
+    if pinned.is_some_and(|p| p >= t.partitions) {
+        return error(400, "invalid argument: partition out of range");
     }
     let p = pick_partition(node, t, key.as_deref(), pinned);
     let rec = AppendRecord {
