@@ -1452,3 +1452,34 @@ fn fan_out_and_schema_commands_against_a_real_broker() {
     assert_eq!(stale.code, 1, "{}", stale.stderr);
     assert!(stale.stderr.contains("(HTTP 409)"), "{}", stale.stderr);
 }
+
+#[test]
+fn pub_falls_back_to_single_produces_without_the_batch_route() {
+    // Proves that against a server without `POST .../produce/batch` (404 page not found), pub
+    // of lines sends each line as one produce, with the key and partition as query parameters,
+    // and counts them all.
+    let mut answers = vec![(404, "404 page not found".to_string())];
+    answers.extend((0..3).map(|_| (202, String::new())));
+    let (url, h) = fake_server_full(answers);
+    let o = ok(narad_env(
+        &url,
+        &["pub", "t", "-k", "k 1", "--partition", "2"],
+        b"a\n{\"b\":1}\nc\n",
+        &[],
+    ));
+    assert!(o.stderr.contains("no batch produce"), "{}", o.stderr);
+    assert!(o.stderr.contains("accepted 3 message(s)"), "{}", o.stderr);
+    let seen = h.join().unwrap();
+    assert_eq!(seen.len(), 4);
+    assert!(seen[0]
+        .0
+        .starts_with("POST /v1/topics/t/produce/batch HTTP/1.1"));
+    let bodies: Vec<&str> = seen[1..].iter().map(|(_, b)| b.as_str()).collect();
+    assert_eq!(bodies, ["a", "{\"b\":1}", "c"]);
+    for (head, _) in &seen[1..] {
+        assert!(
+            head.starts_with("POST /v1/topics/t/produce?key=k%201&partition=2 HTTP/1.1"),
+            "{head}"
+        );
+    }
+}

@@ -185,13 +185,23 @@ fn produce_request(
     content_type: &str,
     body: &[u8],
 ) -> Result<Response, CliError> {
+    ok(produce_answer(client, path, content_type, body)?)
+}
+
+/// As `produce_request`, but hands back the final answer whatever its status.
+fn produce_answer(
+    client: &mut Client,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<Response, CliError> {
     let mut attempt = 1;
     loop {
         let r = client.request("POST", path, Some(content_type), body, Duration::ZERO)?;
         let nothing_stored =
             r.status == 429 || (r.status == 503 && r.header("retry-after").is_some());
         if !nothing_stored || attempt >= PRODUCE_ATTEMPTS_MAX {
-            return ok(r);
+            return Ok(r);
         }
         let pause = r
             .header("retry-after")
@@ -211,15 +221,7 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
         ));
     }
     if let Some(message) = &a.message {
-        let mut path = topic_path(&a.topic, "/produce");
-        let mut sep = '?';
-        if let Some(k) = &a.key {
-            path.push_str(&format!("{sep}key={}", escape(k)));
-            sep = '&';
-        }
-        if let Some(p) = a.partition {
-            path.push_str(&format!("{sep}partition={p}"));
-        }
+        let path = single_produce_path(&a);
         let count = a.count.unwrap_or(1);
         let started = Instant::now();
         let mut progress = Progress::new(true);
@@ -262,7 +264,22 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
     result
 }
 
-/// Turns lines into batch produces.
+/// The single-produce route with the key and partition of `a` as query parameters.
+fn single_produce_path(a: &PubArgs) -> String {
+    let mut path = topic_path(&a.topic, "/produce");
+    let mut sep = '?';
+    if let Some(k) = &a.key {
+        path.push_str(&format!("{sep}key={}", escape(k)));
+        sep = '&';
+    }
+    if let Some(p) = a.partition {
+        path.push_str(&format!("{sep}partition={p}"));
+    }
+    path
+}
+
+/// Turns lines into batch produces (or, against a server without the batch route, one
+/// produce per line: API.md §10.2 asks clients to fall back).
 struct Batcher {
     path: String,
     /// JSON prefix of every element: `{"key":...,"partition":N,` (may be just `{`).
@@ -279,6 +296,13 @@ struct Batcher {
     batch_max: usize,
     rate: Option<f64>,
     started: Instant,
+    /// The payloads of the batch being built, end to end, and where each ends: kept for the
+    /// fallback to single produces.
+    raw: Vec<u8>,
+    raw_ends: Vec<usize>,
+    single_path: String,
+    /// The server has no batch route: one request per message.
+    single: bool,
 }
 
 impl Batcher {
@@ -308,6 +332,10 @@ impl Batcher {
             }),
             rate: a.rate,
             started: Instant::now(),
+            raw: Vec::new(),
+            raw_ends: Vec::new(),
+            single_path: single_produce_path(a),
+            single: false,
         }
     }
 
@@ -371,6 +399,8 @@ impl Batcher {
         }
         self.in_body += 1;
         self.body_payload_bytes += line.len() as u64;
+        self.raw.extend_from_slice(line);
+        self.raw_ends.push(self.raw.len());
     }
 
     fn flush(&mut self, client: &mut Client) -> Result<(), CliError> {
@@ -379,7 +409,16 @@ impl Batcher {
         }
         self.body.extend_from_slice(b"]}");
         pace(self.started, self.accepted, self.rate);
-        let r = produce_request(client, &self.path, "application/json", &self.body)?;
+        if self.single {
+            return self.flush_singly(client);
+        }
+        let r = produce_answer(client, &self.path, "application/json", &self.body)?;
+        if r.is_route_missing() {
+            eprintln!("narad: this server has no batch produce; sending one request per message");
+            self.single = true;
+            return self.flush_singly(client);
+        }
+        let r = ok(r)?;
         #[derive(Deserialize)]
         struct Accepted {
             accepted: u64,
@@ -400,10 +439,38 @@ impl Batcher {
         self.progress
             .show(|| format!("{accepted} message(s) accepted"));
         self.batches += 1;
+        self.finish_batch();
+        Ok(())
+    }
+
+    fn finish_batch(&mut self) {
         self.bytes += self.body_payload_bytes;
         self.body.clear();
         self.in_body = 0;
         self.body_payload_bytes = 0;
+        self.raw.clear();
+        self.raw_ends.clear();
+    }
+
+    /// Sends the batch being built as single produces (octet-stream: the server stores JSON
+    /// as JSON whatever the content type).
+    fn flush_singly(&mut self, client: &mut Client) -> Result<(), CliError> {
+        let mut start = 0;
+        for i in 0..self.raw_ends.len() {
+            let end = self.raw_ends[i];
+            produce_request(
+                client,
+                &self.single_path,
+                "application/octet-stream",
+                &self.raw[start..end],
+            )?;
+            start = end;
+            self.accepted += 1;
+        }
+        let accepted = self.accepted;
+        self.progress
+            .show(|| format!("{accepted} message(s) accepted"));
+        self.finish_batch();
         Ok(())
     }
 }
