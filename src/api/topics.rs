@@ -235,7 +235,6 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
             "topic name {name:?} must be 1-200 characters of A-Z a-z 0-9 . _ - and not \".\" or \"..\""
         ));
     }
-    let mut schemas = Vec::new();
     if body.fanout_delay_ms.is_some() && body.parent.is_none() {
         return invalid("fanout_delay_ms requires parent".into());
     }
@@ -250,9 +249,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         Ok(l) => l,
         Err(r) => return r,
     };
-    if body.schema.is_some() {
-        schemas = tri!(schema_v1(body.schema.as_deref()));
-    }
+    let schemas = tri!(schema_v1(body.schema.as_deref()));
     let partitions = match partitions_for_create(
         body.partitions,
         link.as_ref().map_or(d.default_partitions, |l| l.partitions),
@@ -306,17 +303,14 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         max_acked_ahead_per_partition: max_acked_ahead,
         created_at_s,
         owner,
-        schemas: Vec::new(),
+        schemas,
         parent: link.as_ref().map(|l| l.parent.clone()),
         children: Vec::new(),
         attach_epoch: link.as_ref().map(|l| l.epoch.clone()),
         fanout_delay_ms: link.as_ref().map_or(0, |l| l.delay_ms),
         attach_offsets: link.map(|l| l.offsets).unwrap_or_default(),
     };
-    if let Err(e) = node
-        .propose(MetaCommand::CreateTopic(TopicMeta { schemas, ..meta }))
-        .await
-    {
+    if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
         return propose_error(e);
     }
     match node.topic(&name) {
