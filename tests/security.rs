@@ -565,3 +565,76 @@ fn dev_mode_is_open_on_loopback_only() {
         "dev mode must not listen beyond 127.0.0.1"
     );
 }
+
+#[test]
+fn fanout_children_routes_need_ownership() {
+    // Proves API.md §16 for the fan-out routes: attaching needs ownership of parent and child,
+    // listing children needs a grant on the parent, detaching needs ownership of either; the
+    // owner of both may attach.
+    let dir = TempDir::new("sec-children");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    let bob = ("bob", "bob-pw");
+    let r = create_user(
+        &mut c,
+        ROOT,
+        "bob",
+        "bob-pw",
+        r#"[{"action":"create","patterns":["bob.*"]}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", bob, r#"{"name":"bob.p"}"#).status,
+        201
+    );
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", bob, r#"{"name":"bob.c"}"#).status,
+        201
+    );
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"theirs"}"#).status,
+        201
+    );
+    const NOT_OWNER: &str = "only the topic owner or an admin may modify this topic";
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/bob.p/children",
+        bob,
+        r#"{"child":"theirs"}"#,
+    );
+    assert_eq!((r.status, r.error()), (403, NOT_OWNER.into()));
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/theirs/children",
+        bob,
+        r#"{"child":"bob.c"}"#,
+    );
+    assert_eq!((r.status, r.error()), (403, NOT_OWNER.into()));
+    let r = call(&mut c, "GET", "/v1/topics/theirs/children", bob, "");
+    assert_eq!(
+        (r.status, r.error()),
+        (403, "no grant on this topic".into())
+    );
+    let r = call(
+        &mut c,
+        "DELETE",
+        "/v1/topics/theirs/children/theirs",
+        bob,
+        "",
+    );
+    assert_eq!((r.status, r.error()), (403, NOT_OWNER.into()));
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/bob.p/children",
+        bob,
+        r#"{"child":"bob.c"}"#,
+    );
+    assert_ne!(r.status, 403, "the owner of both may attach: {}", r.text());
+    assert_eq!(
+        call(&mut c, "GET", "/v1/topics/bob.p/children", bob, "").status,
+        200
+    );
+}

@@ -271,10 +271,7 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
 
 /// The cross-site guard of API.md §3: true when a state-changing request may pass.
 fn guard_passes(headers: &Headers) -> bool {
-    if headers
-        .get("x-narad-client")
-        .is_some_and(|v| !v.is_empty())
-    {
+    if headers.get("x-narad-client").is_some_and(|v| !v.is_empty()) {
         return true;
     }
     let Some(ct) = headers.get("content-type") else {
@@ -384,7 +381,8 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
     let _cap = tri!(identity_cap(node, &caller, r, &req));
     // Authorization (step 7, API.md §16); user routes check their own rules.
-    if let Some(denied) = authorize(node, &caller, r, t, &req) {
+    let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
+    if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req) {
         return denied;
     }
     match r {
@@ -481,12 +479,27 @@ fn batch_len(body: &[u8]) -> usize {
     serde_json::from_slice::<Batch>(body).map_or(1, |b| b.messages.len().max(1))
 }
 
-/// The grant checks of API.md §16 that precede a topic handler; `None` lets it run.
-fn authorize(node: &Node, c: &Caller, r: Route, t: &str, req: &Request) -> Option<Response> {
+/// The grant checks of API.md §16 that precede a handler; `None` lets it run. `t` is the first
+/// path parameter (topic or parent), `second` the second (child). Exhaustive on purpose: a new
+/// route must say here who may call it.
+fn authorize(
+    node: &Node,
+    c: &Caller,
+    r: Route,
+    t: &str,
+    second: Option<&str>,
+    req: &Request,
+) -> Option<Response> {
     if c.open() {
         return None;
     }
     let deny = |msg: &str| Some(error(403, msg));
+    const NOT_MANAGER: &str = "only the topic owner or an admin may modify this topic";
+    let manages = |name: &str| node.topic(name).is_none_or(|topic| c.may_manage(&topic));
+    let reads = |name: &str| match node.topic(name) {
+        Some(topic) => c.may_read(&topic),
+        None => c.user().is_some_and(|u| auth::rbac::may_any(u, name)),
+    };
     match r {
         Route::TopicsCreate => {
             #[derive(serde::Deserialize)]
@@ -510,21 +523,44 @@ fn authorize(node: &Node, c: &Caller, r: Route, t: &str, req: &Request) -> Optio
             }
             None
         }
-        Route::TopicGet | Route::TopicSchema => {
-            let readable = match node.topic(t) {
-                Some(topic) => c.may_read(&topic),
-                None => c.user().is_some_and(|u| auth::rbac::may_any(u, t)),
-            };
-            if readable {
+        Route::TopicGet | Route::TopicSchema | Route::ChildrenList => {
+            if reads(t) {
                 None
             } else {
                 deny("no grant on this topic")
             }
         }
-        Route::TopicPatch | Route::TopicDelete => match node.topic(t) {
-            Some(topic) if !c.may_manage(&topic) => {
-                deny("only the topic owner or an admin may modify this topic")
+        Route::ChildrenAttach => {
+            #[derive(serde::Deserialize)]
+            struct Attach {
+                child: Option<serde_json::Value>,
+                remote: Option<serde_json::Value>,
             }
+            // Owner of parent and child; a remote child needs admin (API.md §16).
+            let body: Option<Attach> = serde_json::from_slice(&req.body).ok();
+            let child = body.as_ref().and_then(|b| match &b.child {
+                Some(serde_json::Value::String(s)) => Some(s.as_str()),
+                _ => None,
+            });
+            let remote = body.as_ref().is_some_and(|b| b.remote.is_some());
+            if (remote && !c.is_admin()) || !manages(t) || child.is_some_and(|ch| !manages(ch)) {
+                deny(NOT_MANAGER)
+            } else {
+                None
+            }
+        }
+        Route::ChildDetach => {
+            let owns_either = |name: &str| node.topic(name).is_some_and(|x| c.may_manage(&x));
+            let either_missing =
+                node.topic(t).is_none() || second.is_none_or(|ch| node.topic(ch).is_none());
+            if c.is_admin() || either_missing || owns_either(t) || second.is_some_and(owns_either) {
+                None
+            } else {
+                deny(NOT_MANAGER)
+            }
+        }
+        Route::TopicPatch | Route::TopicDelete => match node.topic(t) {
+            Some(topic) if !c.may_manage(&topic) => deny(NOT_MANAGER),
             _ => None,
         },
         Route::Produce | Route::ProduceBatch if !c.may(auth::rbac::ACTION_PRODUCE, t) => {
@@ -533,7 +569,17 @@ fn authorize(node: &Node, c: &Caller, r: Route, t: &str, req: &Request) -> Optio
         Route::Consume | Route::Ack if !c.may(auth::rbac::ACTION_CONSUME, t) => {
             deny("consume not allowed on this topic")
         }
-        _ => None,
+        Route::Produce | Route::ProduceBatch | Route::Consume | Route::Ack => None,
+        // Any authenticated caller; user routes apply their own rules (API.md §11).
+        Route::TopicsList | Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => {
+            None
+        }
+        Route::UsersCreate
+        | Route::UsersList
+        | Route::UserGet
+        | Route::UserDelete
+        | Route::UserGrants
+        | Route::UserPassword => None,
     }
 }
 
