@@ -570,3 +570,171 @@ impl Fanout {
 pub fn epoch_from_hex(s: &str) -> u64 {
     u64::from_str_radix(s, 16).unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_io::log::LogConfig;
+
+    /// Bound on the polls of a wait in these tests (10 ms each).
+    const WAIT_POLLS_MAX: u32 = 1000;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "narad-fanout-{tag}-{}-{}",
+            std::process::id(),
+            UnixMillis::now().0
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn key(topic: u64, p: u32) -> PartitionKey {
+        PartitionKey {
+            topic: TopicId(topic),
+            partition: PartitionId(p),
+        }
+    }
+
+    fn rec(k: PartitionKey, msg_key: Option<&str>, i: u64) -> AppendRecord {
+        AppendRecord {
+            key: k,
+            msg_key: msg_key.map(|s| s.as_bytes().to_vec()),
+            payload: format!("m{i}").into_bytes(),
+        }
+    }
+
+    fn sink_into(log: &ShardLog) -> Sink {
+        let log = log.clone();
+        Rc::new(move |recs| {
+            let log = log.clone();
+            Box::pin(async move {
+                log.append(recs)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        })
+    }
+
+    fn by_len(k: &[u8], n: u32) -> u32 {
+        k.len() as u32 % n
+    }
+
+    fn link(epoch: u64, delay_ms: u64, attach_offsets: Vec<u64>) -> Link {
+        Link {
+            parent: TopicId(1),
+            parent_partitions: 2,
+            child: TopicId(2),
+            child_partitions: 2,
+            epoch,
+            delay_ms,
+            attach_offsets,
+        }
+    }
+
+    async fn wait_for(log: &ShardLog, k: PartitionKey, hwm: u64) {
+        for _ in 0..WAIT_POLLS_MAX {
+            if log.high_watermark(k) >= Offset(hwm) {
+                return;
+            }
+            rt::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{k:?} never reached {hwm}: {:?}", log.high_watermark(k));
+    }
+
+    #[test]
+    fn copies_after_the_attach_point_and_resumes_from_the_cursor_file() {
+        // Proves: only records at or after the attach point are copied; keyed copies are routed
+        // by the key function, keyless ones keep their partition index; after a restart the
+        // cursor resumes at its stored position (nothing copied twice without a crash, nothing
+        // skipped); a new epoch ignores the old position and starts at its own attach point.
+        let dir = temp_dir("resume");
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 1);
+        let d = dir.clone();
+        rt::block_on(async move {
+            let dir = d;
+            let (log, _, _) = ShardLog::open(cfg.clone()).await.unwrap();
+            for i in 0..5 {
+                log.append(vec![rec(key(1, 0), None, i)]).await.unwrap();
+            }
+            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            f.reconcile(&[link(7, 0, vec![5, 0])]);
+            for i in 0..10 {
+                log.append(vec![
+                    rec(key(1, 0), None, i),
+                    rec(key(1, 1), Some("abc"), i),
+                ])
+                .await
+                .unwrap();
+            }
+            // Keyless from parent 0 → child 0; key "abc" (length 3) → child 1.
+            wait_for(&log, key(2, 0), 10).await;
+            wait_for(&log, key(2, 1), 10).await;
+            let first = log.read(key(2, 0), Offset(0), 1, usize::MAX).await.unwrap();
+            assert_eq!(
+                first[0].payload, b"m0",
+                "record 5 of the parent is the first copied"
+            );
+            let k = log.read(key(2, 1), Offset(0), 1, usize::MAX).await.unwrap();
+            assert_eq!(k[0].msg_key.as_deref(), Some(&b"abc"[..]), "key kept");
+            assert_eq!(f.counters().copied, 20);
+            f.close().await;
+            log.close().await.unwrap();
+
+            let (log, _, _) = ShardLog::open(cfg.clone()).await.unwrap();
+            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            f.reconcile(&[link(7, 0, vec![5, 0])]);
+            log.append(vec![rec(key(1, 0), None, 99)]).await.unwrap();
+            wait_for(&log, key(2, 0), 11).await;
+            rt::sleep(Duration::from_millis(100)).await;
+            assert_eq!(
+                log.high_watermark(key(2, 0)),
+                Offset(11),
+                "resumed, not restarted"
+            );
+            assert_eq!(f.lag(TopicId(1))[0].lag_messages, 0);
+            assert_eq!(f.lag(TopicId(1))[0].cursors, 2);
+
+            // Re-attach (new epoch) at the tail: nothing old is copied again.
+            f.reconcile(&[link(8, 0, vec![16, 10])]);
+            log.append(vec![rec(key(1, 0), None, 100)]).await.unwrap();
+            wait_for(&log, key(2, 0), 12).await;
+            rt::sleep(Duration::from_millis(100)).await;
+            assert_eq!(log.high_watermark(key(2, 0)), Offset(12));
+            // Detach: the cursors stop.
+            f.reconcile(&[]);
+            assert_eq!(f.cursor_count(), 0);
+            log.append(vec![rec(key(1, 0), None, 101)]).await.unwrap();
+            rt::sleep(Duration::from_millis(100)).await;
+            assert_eq!(log.high_watermark(key(2, 0)), Offset(12));
+            f.close().await;
+            log.close().await.unwrap();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn delay_cursor_copies_only_when_due() {
+        // Proves a delay cursor leaves a record in the parent until its commit time + delay has
+        // passed, then copies it.
+        let dir = temp_dir("delay");
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 1);
+        let d = dir.clone();
+        rt::block_on(async move {
+            let dir = d;
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            f.reconcile(&[link(9, 300, vec![0, 0])]);
+            let before = std::time::Instant::now();
+            log.append(vec![rec(key(1, 0), None, 1)]).await.unwrap();
+            rt::sleep(Duration::from_millis(150)).await;
+            assert_eq!(log.high_watermark(key(2, 0)), Offset(0), "copied early");
+            wait_for(&log, key(2, 0), 1).await;
+            assert!(before.elapsed() >= Duration::from_millis(300));
+            f.close().await;
+            log.close().await.unwrap();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
