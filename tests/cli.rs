@@ -1483,3 +1483,43 @@ fn pub_falls_back_to_single_produces_without_the_batch_route() {
         );
     }
 }
+
+#[test]
+fn password_stdin_takes_the_first_line_and_pub_the_rest() {
+    // Proves --password-stdin reads the password from the first stdin line only: the lines
+    // after it are still the messages of pub, and every request carries the credentials.
+    let (url, h) = fake_server_full(vec![(202, r#"{"accepted":2}"#.into())]);
+    ok(narad_env(
+        &url,
+        &["-u", "bob", "--password-stdin", "pub", "t"],
+        b"pw-stdin\none\ntwo\n",
+        &[],
+    ));
+    let seen = h.join().unwrap();
+    // base64("bob:pw-stdin")
+    assert!(
+        seen[0]
+            .0
+            .contains("Authorization: Basic Ym9iOnB3LXN0ZGlu\r\n"),
+        "{}",
+        seen[0].0
+    );
+    assert_eq!(
+        seen[0].1,
+        r#"{"messages":[{"payload":"b25l","payload_encoding":"base64"},{"payload":"dHdv","payload_encoding":"base64"}]}"#
+    );
+    let o = narad_env(
+        &url,
+        &["-u", "bob", "--password-stdin", "topic", "ls"],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = narad_env(
+        &url,
+        &["-p", "x", "--password-stdin", "topic", "ls"],
+        b"x\n",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+}
