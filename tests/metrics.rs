@@ -134,7 +134,7 @@ fn parse(text: &str) -> Result<Exposition, String> {
         }
         // name [{labels}] value [timestamp]
         let name_end = line
-            .find(|c: char| c == '{' || c == ' ')
+            .find(['{', ' '])
             .ok_or_else(|| err("no value".into()))?;
         let name = &line[..name_end];
         if !is_name(name, true) {

@@ -479,6 +479,8 @@ fn available_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised `s`.
     let s = unsafe { s.assume_init() };
+    // The field types are 32-bit on some targets.
+    #[allow(clippy::unnecessary_cast)]
     Some((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
 }
 
