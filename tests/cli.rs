@@ -1523,3 +1523,47 @@ fn password_stdin_takes_the_first_line_and_pub_the_rest() {
     );
     assert_eq!(o.code, 2, "{}", o.stderr);
 }
+
+#[test]
+fn peek_refuses_while_an_owner_is_down_and_remote_credentials_warn() {
+    // Proves sub --peek does not start when the topic's describe shows a partition owner as
+    // unavailable (exit 1, naming the partition), and that credentials sent to a host other
+    // than loopback draw a warning on stderr while loopback draws none.
+    let described = r#"{"name":"t","partitions":2,"partition_stats":[
+        {"index":0,"oldest_offset":0,"high_watermark":3,"size_bytes":1,"status":"ok"},
+        {"index":1,"oldest_offset":0,"high_watermark":0,"size_bytes":0,"status":"owner_unavailable","owner_liveness":"dead"}]}"#;
+    let (url, h) = fake_server_full(vec![(200, described.into())]);
+    let o = narad_env(&url, &["sub", "t", "--peek"], b"", &[]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("partition 1") && o.stderr.contains("(dead)"),
+        "{}",
+        o.stderr
+    );
+    h.join().unwrap();
+
+    let empty = r#"{"topics":[],"next_page_token":""}"#.to_string();
+    let (url, h) = fake_server(vec![empty.clone(), empty]);
+    let o = ok(narad_env(
+        &url,
+        &["-u", "a", "-p", "b", "topic", "ls"],
+        b"",
+        &[],
+    ));
+    assert!(!o.stderr.contains("warning"), "{}", o.stderr);
+    // 0.0.0.0 reaches this machine on Linux but is not a loopback address.
+    let port = url.rsplit(':').next().unwrap();
+    let o = ok(narad_env(
+        &format!("http://0.0.0.0:{port}"),
+        &["-u", "a", "-p", "b", "topic", "ls"],
+        b"",
+        &[],
+    ));
+    assert!(
+        o.stderr
+            .contains("warning: sending credentials over plain http:// to 0.0.0.0"),
+        "{}",
+        o.stderr
+    );
+    h.join().unwrap();
+}
