@@ -638,3 +638,71 @@ fn fanout_children_routes_need_ownership() {
         200
     );
 }
+
+#[test]
+fn audit_lines_and_no_passwords_in_logs() {
+    // Proves SEMANTICS.md §15 audit and API.md §2 secrecy: user create, grants, password and
+    // delete changes and failed logins write `component=audit` lines with event, actor and
+    // target, and no password (root's, a user's, a wrong one) appears in the log or in any answer.
+    let dir = TempDir::new("sec-audit");
+    let log = dir.0.join("server.log");
+    let env = vec![
+        ("NARAD_ADMIN_PASSWORD".to_string(), ROOT_PW.to_string()),
+        ("NARAD_LOG_LEVEL".to_string(), "info".to_string()),
+    ];
+    let s = Server::start_secure_logged(dir.0.join("data"), env, Some(&log));
+    let mut c = s.client();
+    let secrets = ["Frank-Secret-1", "Frank-Secret-2", "Wrong-Secret-3"];
+    let r = create_user(&mut c, ROOT, "frank", secrets[0], "[]");
+    assert_eq!(r.status, 201);
+    let r = call(
+        &mut c,
+        "PUT",
+        "/v1/users/frank/grants",
+        ROOT,
+        r#"{"grants":[{"action":"consume","patterns":["x"]}]}"#,
+    );
+    assert_eq!(r.status, 200);
+    let body = format!(r#"{{"new_password":"{}"}}"#, secrets[1]);
+    assert_eq!(
+        call(&mut c, "PUT", "/v1/users/frank/password", ROOT, &body).status,
+        204
+    );
+    let r = call(&mut c, "GET", "/v1/topics", ("frank", secrets[2]), "");
+    assert_eq!(r.status, 401);
+    assert!(!r.text().contains(secrets[2]));
+    let listed = call(&mut c, "GET", "/v1/users", ROOT, "").text();
+    assert!(
+        !listed.contains("$2"),
+        "no bcrypt hash in answers: {listed}"
+    );
+    assert_eq!(
+        call(&mut c, "DELETE", "/v1/users/frank", ROOT, "").status,
+        204
+    );
+    drop(c);
+    drop(s);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let audit: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(r#""component":"audit""#))
+        .collect();
+    for event in [
+        "user.create",
+        "user.grants",
+        "user.password",
+        "user.delete",
+        "auth.failure",
+    ] {
+        assert!(
+            audit
+                .iter()
+                .any(|l| l.contains(&format!(r#""event":"{event}""#)) && l.contains("frank")),
+            "no audit line for {event} in:\n{text}"
+        );
+    }
+    assert!(audit.iter().any(|l| l.contains(r#""actor":"admin""#)));
+    for secret in secrets.iter().chain([&ROOT_PW]) {
+        assert!(!text.contains(secret), "a password reached the log");
+    }
+}

@@ -345,6 +345,15 @@ impl Server {
     /// fresh port pair, and `extra_env` (e.g. `NARAD_ADMIN_PASSWORD`). `restart` of such a
     /// server starts it in dev mode: use `start_secure` again on the same data directory.
     pub fn start_secure(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
+        Server::start_secure_logged(data_dir, extra_env, None)
+    }
+
+    /// [`Server::start_secure`] with the server's stderr (its log) appended to `log`, if given.
+    pub fn start_secure_logged(
+        data_dir: PathBuf,
+        extra_env: Vec<(String, String)>,
+        log: Option<&Path>,
+    ) -> Server {
         let port = free_port_pair();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
         cmd.args([
@@ -362,6 +371,14 @@ impl Server {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
+        if let Some(log) = log {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .expect("open the server log");
+            cmd.stderr(Stdio::from(f));
+        }
         for (k, v) in &extra_env {
             cmd.env(k, v);
         }
