@@ -51,6 +51,9 @@ pub const COSTLY_SCHEMA_BYTES_MIN: usize = 16 << 10;
 pub const COSTLY_SUBSCHEMAS_MIN: usize = 256;
 /// Longest wait for the validation slot before `503`.
 pub const SLOT_WAIT: Duration = Duration::from_secs(5);
+/// Largest compiled pattern (`pattern`, `patternProperties`): the linear-time engine's cost per
+/// byte grows with the program size, so huge repetitions (`(a{1000}){1000}`) are refused.
+pub const PATTERN_BYTES_MAX: usize = 2 << 20;
 /// Compiled validators kept per shard; the least recently used is dropped beyond it.
 pub const VALIDATORS_CACHED_MAX: usize = 256;
 
@@ -135,7 +138,7 @@ pub fn compile(doc: &Value) -> Result<jsonschema::Validator, String> {
         .offline()
         .should_validate_formats(true)
         .should_ignore_unknown_formats(true)
-        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_BYTES_MAX))
         .build(doc)
         .map_err(|e| e.to_string())
 }
@@ -583,6 +586,8 @@ mod tests {
         assert!(check_document(&json!({"pattern":"(?=a)"})).is_err());
         assert!(check_document(&json!({"pattern":"(a)\\1"})).is_err());
         assert!(check_document(&json!({"pattern":"^[a-z]+$"})).is_ok());
+        assert!(check_document(&json!({"pattern":"(\\w{1000}){1000}"})).is_err());
+        assert!(check_document(&json!({"patternProperties":{"(?<=x)":{}}})).is_err());
         assert!(check_document(&json!({"type": 5})).is_err());
         assert!(check_document(&json!({"$schema":"http://example.com/custom"})).is_err());
     }
