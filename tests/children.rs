@@ -290,14 +290,43 @@ fn fanout_survives_kill9_midway_without_gaps() {
         );
     }
     const N: u64 = 10_000;
-    produce_ids(&mut c, "src", 0, N / 2);
-    // Close the client first so the port is free for the restart at once.
+    // A producer sends batches 0..100 of 100 ids while the broker is killed once half of them
+    // were answered 202; the batches not answered are sent again after the restart.
     drop(c);
+    let addr = srv.addr();
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let a = acked.clone();
+    let producer = std::thread::spawn(move || {
+        let mut p = Client::connect(addr).unwrap();
+        for b in 0..N / 100 {
+            let msgs: Vec<String> = (b * 100..(b + 1) * 100)
+                .map(|n| format!(r#"{{"key":"k{}","payload":{{"i":{n}}}}}"#, n % 13))
+                .collect();
+            let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
+            match p.try_request(
+                "POST",
+                "/v1/topics/src/produce/batch",
+                &client_hdr(),
+                body.as_bytes(),
+            ) {
+                Ok(r) if r.status == 202 => a.store(b + 1, std::sync::atomic::Ordering::SeqCst),
+                _ => return,
+            }
+        }
+    });
+    let deadline = Instant::now() + CATCH_UP_MAX;
+    while acked.load(std::sync::atomic::Ordering::SeqCst) < N / 200 {
+        assert!(Instant::now() < deadline, "producer stalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     srv.kill9();
+    producer.join().unwrap();
+    let done = acked.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(done < N / 100, "the kill came after the last batch");
     wait_port_free(srv.port);
     srv.restart();
     let mut c = srv.client();
-    produce_ids(&mut c, "src", N / 2, N);
+    produce_ids(&mut c, "src", done * 100, N);
     for name in ["x", "y", "z"] {
         let seen = drain_until_complete(&mut c, name, N);
         let missing: Vec<u64> = (0..N).filter(|i| !seen.contains(i)).take(10).collect();
