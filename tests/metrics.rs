@@ -425,11 +425,37 @@ fn metrics_parse_and_move_with_traffic() {
         // The scrape itself is in flight on the shard that answers it.
         assert!(m.sum("narad_http_requests_in_flight", &[]) >= 1.0);
     }
+    // Consume waits by outcome: the five consumes above could not wait; a long-poll on an empty
+    // topic times out.
+    c.create_topic("idle", 3);
+    let r = c.get("/v1/topics/idle/consume?wait=100ms");
+    assert_eq!(r.status, 204);
+    let m = scrape(&mut c);
+    let wait = "narad_consume_wait_seconds_count";
+    assert_eq!(
+        m.sum(wait, &[("topic", "orders"), ("outcome", "no_wait")]),
+        5.0
+    );
+    assert_eq!(
+        m.sum(wait, &[("topic", "idle"), ("outcome", "timeout")]),
+        1.0
+    );
+    let waited = m.sum("narad_consume_wait_seconds_sum", &[("topic", "idle")]);
+    assert!((0.09..5.0).contains(&waited), "{waited}");
+    assert_eq!(
+        m.sum("narad_consume_empty_total", &[("topic", "idle")]),
+        1.0
+    );
+    assert!(m.sum("narad_metastore_applied_index", &[]) >= 2.0);
     // A deleted topic's series disappear.
     let r = c.request("DELETE", "/v1/topics/orders", &[], b"");
     assert_eq!(r.status, 204, "{}", r.text());
     let m = scrape(&mut c);
-    assert_eq!(m.count("narad_messages_produced_total"), 0);
+    assert_eq!(
+        m.sum("narad_messages_produced_total", &[("topic", "orders")]),
+        0.0
+    );
+    assert_eq!(m.count("narad_messages_produced_total"), 3);
 }
 
 /// Starts `narad serve` (security off) with extra arguments and env; stderr lines go to a channel.

@@ -385,6 +385,7 @@ async fn queue_consume(
         None => (0..t.partitions).map(PartitionId).collect(),
     };
     let n = max.unwrap_or(1);
+    let waited = crate::metrics::ConsumeWait::start(local_only || wait.is_zero());
     let deadline = now_ms()
         + if local_only {
             0
@@ -400,10 +401,11 @@ async fn queue_consume(
             }
         };
         if !leased.is_empty() {
+            waited.hit(&node.metrics, t.id);
             return deliver(node, t, leased, max.is_some()).await;
         }
         if now_ms() >= deadline || node.shutting_down() {
-            node.metrics.consume_empty(t.id);
+            waited.empty(&node.metrics, t.id, node.shutting_down());
             return Response::empty(204);
         }
         node.wait_for_work(t.id, deadline).await;

@@ -23,7 +23,7 @@
 //! `narad_wal_batch_records{shard}` (records per group commit). Added series (no spec name
 //! covers them): `narad_messages_acked_total{topic}`, `narad_shard_*{shard}` queue depths.
 //! Not yet present (their features are not built): schema, fan-out, remote, Raft and cluster
-//! series (§9.3, §9.4, §9.6), `narad_consume_wait_seconds`, status `499`.
+//! series (§9.3, §9.4, most of §9.6), status `499`.
 
 pub mod expo;
 pub mod listener;
@@ -125,6 +125,8 @@ pub struct Metrics {
     in_flight: Cell<u64>,
     traffic: RefCell<HashMap<PartitionKey, Traffic>>,
     topics: RefCell<HashMap<TopicId, TopicCounters>>,
+    /// `narad_consume_wait_seconds` by (topic, outcome).
+    consume_wait: RefCell<HashMap<(TopicId, &'static str), Histogram>>,
     next_request: Cell<u64>,
     /// (when measured, data directory bytes) on the shard that answers scrapes.
     data_dir_size: Cell<Option<(Instant, u64)>>,
@@ -137,6 +139,7 @@ impl Default for Metrics {
             in_flight: Cell::new(0),
             traffic: RefCell::new(HashMap::new()),
             topics: RefCell::new(HashMap::new()),
+            consume_wait: RefCell::new(HashMap::new()),
             next_request: Cell::new(0),
             data_dir_size: Cell::new(None),
         }
@@ -277,11 +280,56 @@ impl Metrics {
         self.topic(topic, |c| c.consume_empty += 1);
     }
 
+    fn consume_waited(&self, topic: TopicId, outcome: &'static str, waited: Duration) {
+        let mut m = self.consume_wait.borrow_mut();
+        let key = (topic, outcome);
+        if !m.contains_key(&key) && m.len() >= TOPIC_SERIES_MAX {
+            return;
+        }
+        m.entry(key)
+            .or_insert_with(|| Histogram::new(&HTTP_DURATION_BOUNDS_US))
+            .record(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
+    }
+
     /// A fresh request id, unique within this process: shard in the top byte, then a counter.
     fn next_request_id(&self, shard: u32) -> u64 {
         let n = self.next_request.get().wrapping_add(1);
         self.next_request.set(n);
         (u64::from(shard & 0xff) << 56) | (n & ((1 << 56) - 1))
+    }
+}
+
+/// One queue consume's wait, for `narad_consume_wait_seconds{topic,outcome}`: `no_wait` when it
+/// was not allowed to wait, else `hit` (delivered), `timeout` (nothing within the wait) or
+/// `cancelled` (ended by shutdown).
+pub struct ConsumeWait {
+    t0: Instant,
+    no_wait: bool,
+}
+
+impl ConsumeWait {
+    pub fn start(no_wait: bool) -> ConsumeWait {
+        ConsumeWait {
+            t0: Instant::now(),
+            no_wait,
+        }
+    }
+
+    /// The consume delivered records.
+    pub fn hit(&self, m: &Metrics, topic: TopicId) {
+        let outcome = if self.no_wait { "no_wait" } else { "hit" };
+        m.consume_waited(topic, outcome, self.t0.elapsed());
+    }
+
+    /// The consume answers `204` (also counted in `narad_consume_empty_total`).
+    pub fn empty(&self, m: &Metrics, topic: TopicId, cancelled: bool) {
+        let outcome = match (self.no_wait, cancelled) {
+            (true, _) => "no_wait",
+            (false, true) => "cancelled",
+            (false, false) => "timeout",
+        };
+        m.consume_waited(topic, outcome, self.t0.elapsed());
+        m.consume_empty(topic);
     }
 }
 
@@ -341,6 +389,7 @@ pub struct ShardMetrics {
     pub in_flight: u64,
     pub traffic: Vec<(PartitionKey, Traffic)>,
     pub topics: Vec<(TopicId, TopicCounters)>,
+    pub consume_wait: Vec<((TopicId, &'static str), Histogram)>,
     pub partitions: Vec<(PartitionKey, PartitionGauges)>,
     pub wal_fsync_us: Histogram,
     pub wal_batch_records: Histogram,
@@ -361,6 +410,9 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         .borrow_mut()
         .retain(|k, _| live.contains(&k.topic));
     m.topics.borrow_mut().retain(|k, _| live.contains(k));
+    m.consume_wait
+        .borrow_mut()
+        .retain(|k, _| live.contains(&k.0));
     let mut partitions = Vec::new();
     for t in meta.topics.values() {
         for p in 0..t.partitions {
@@ -400,6 +452,12 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         in_flight: m.in_flight.get(),
         traffic: m.traffic.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
         topics: m.topics.borrow().iter().map(|(k, v)| (*k, *v)).collect(),
+        consume_wait: m
+            .consume_wait
+            .borrow()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect(),
         partitions,
         wal_fsync_us: Histogram::from_counts(
             &narad_io::stats::FSYNC_BUCKET_BOUNDS_US,
@@ -491,6 +549,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut traffic: HashMap<PartitionKey, Traffic> = HashMap::new();
     let mut topics: HashMap<TopicId, TopicCounters> = HashMap::new();
     let mut gauges: HashMap<PartitionKey, PartitionGauges> = HashMap::new();
+    let mut consume_wait: HashMap<(TopicId, &'static str), Histogram> = HashMap::new();
     let mut in_flight = 0u64;
     let mut wal_failed = false;
     let mut open_logs = 0u64;
@@ -526,6 +585,14 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         }
         for (k, v) in &s.partitions {
             gauges.insert(*k, *v);
+        }
+        for (k, v) in &s.consume_wait {
+            match consume_wait.get_mut(k) {
+                Some(h) => h.merge(v),
+                None => {
+                    consume_wait.insert(*k, v.clone());
+                }
+            }
         }
     }
     let mut e = Expo::new();
@@ -672,6 +739,24 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         }
     }
 
+    e.family(
+        "narad_consume_wait_seconds",
+        Kind::Histogram,
+        "Time a queue consume waited, by outcome (hit, timeout, cancelled, no_wait).",
+    );
+    for t in meta.topics.values() {
+        for outcome in ["hit", "timeout", "cancelled", "no_wait"] {
+            if let Some(h) = consume_wait.get(&(t.id, outcome)) {
+                e.histogram(
+                    "narad_consume_wait_seconds",
+                    &[("topic", &t.name), ("outcome", outcome)],
+                    h,
+                    1e6,
+                );
+            }
+        }
+    }
+
     // §9.2 queue health and §9.5 storage, per partition from its owner shard.
     type GaugeSeries = (&'static str, &'static str, fn(&PartitionGauges) -> u64);
     let per_partition_gauges: [GaugeSeries; 5] = [
@@ -729,6 +814,12 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             .sum();
         e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
     }
+    e.family(
+        "narad_metastore_applied_index",
+        Kind::Gauge,
+        "Raft log index of the last metadata change applied on this node.",
+    );
+    e.int("narad_metastore_applied_index", &[], meta.applied_index);
     e.family("narad_topics_total", Kind::Gauge, "Topics.");
     e.int("narad_topics_total", &[], meta.topics.len() as u64);
     e.family(
