@@ -737,4 +737,63 @@ mod tests {
         });
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn a_cursor_behind_retention_skips_and_counts_the_lost_records() {
+        // Proves drop-behind (SEMANTICS.md §10): while the child refuses copies the cursor
+        // retries without moving; when retention deletes parent segments it has not copied, it
+        // skips them, counts them as dropped, and copies everything still retained.
+        let dir = temp_dir("behind");
+        let cfg = LogConfig {
+            partition_segment_bytes_max: 4096,
+            ..LogConfig::new(dir.clone(), ShardId(0), 1)
+        };
+        let d = dir.clone();
+        rt::block_on(async move {
+            let dir = d;
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let open = Rc::new(Cell::new(false));
+            let (l2, o2) = (log.clone(), open.clone());
+            let sink: Sink = Rc::new(move |recs| {
+                let (log, open) = (l2.clone(), o2.get());
+                Box::pin(async move {
+                    if !open {
+                        return Err("child unavailable".to_string());
+                    }
+                    log.append(recs)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            });
+            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink, by_len);
+            f.reconcile(&[link(3, 0, vec![0, 0])]);
+            let pad = "x".repeat(500);
+            for i in 0..40u64 {
+                log.append(vec![AppendRecord {
+                    key: key(1, 0),
+                    msg_key: None,
+                    payload: format!("{i}{pad}").into_bytes(),
+                }])
+                .await
+                .unwrap();
+            }
+            rt::sleep(Duration::from_millis(50)).await;
+            assert_eq!(log.high_watermark(key(2, 0)), Offset(0));
+            assert!(f.counters().failed_copies > 0);
+            let later = UnixMillis(UnixMillis::now().0 + 7_200_000);
+            log.enforce_retention(TopicId(1), 3_600_000, later)
+                .await
+                .unwrap();
+            let oldest = log.oldest_offset(key(1, 0));
+            assert!(oldest > Offset(0), "retention deleted nothing");
+            open.set(true);
+            wait_for(&log, key(2, 0), 40 - oldest.0).await;
+            assert_eq!(f.counters().dropped, oldest.0);
+            assert_eq!(log.high_watermark(key(2, 0)), Offset(40 - oldest.0));
+            f.close().await;
+            log.close().await.unwrap();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
