@@ -1567,3 +1567,107 @@ fn peek_refuses_while_an_owner_is_down_and_remote_credentials_warn() {
     );
     h.join().unwrap();
 }
+
+#[test]
+fn remote_child_verbs_and_topic_wait() {
+    // Proves topic pause/resume/skip send the v3.2 requests of API.md §9.4-9.6, and topic wait
+    // --lag-zero returns once a real child has caught up, exits 1 for a topic that is not a
+    // child, and exits 1 on timeout while the lag stays above zero.
+    let stub = r#"{"name":"c","role":"child","parent":"p"}"#;
+    let (url, h) = fake_server_full(vec![
+        (200, stub.into()),
+        (200, stub.into()),
+        (200, stub.into()),
+    ]);
+    let run = |args: &[&str]| ok(narad_env(&url, args, b"", &[]));
+    run(&["topic", "pause", "p", "c", "--reason", "maintenance"]);
+    run(&["topic", "resume", "p", "c", "--accept-target"]);
+    run(&[
+        "topic",
+        "skip",
+        "p",
+        "c",
+        "--partition",
+        "1",
+        "--offset",
+        "42",
+    ]);
+    let seen = h.join().unwrap();
+    let got: Vec<(String, String)> = seen
+        .iter()
+        .map(|(h, b)| (h.lines().next().unwrap().to_string(), b.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "POST /v1/topics/p/children/c/pause HTTP/1.1".to_string(),
+                r#"{"reason":"maintenance"}"#.to_string()
+            ),
+            (
+                "POST /v1/topics/p/children/c/resume HTTP/1.1".into(),
+                r#"{"accept_target":true}"#.into()
+            ),
+            (
+                "POST /v1/topics/p/children/c/skip HTTP/1.1".into(),
+                r#"{"offset":42,"partition":1}"#.into()
+            ),
+        ]
+    );
+
+    let lagging = r#"{"parent":"p","children":[{"name":"c","delay_ms":0,"lag_messages":5,"lag_complete":true}]}"#;
+    let (url, _h) = fake_server_full(vec![(200, lagging.into()); 50]);
+    let start = Instant::now();
+    let o = narad_env(
+        &url,
+        &[
+            "topic",
+            "wait",
+            "p",
+            "c",
+            "--lag-zero",
+            "--timeout",
+            "500ms",
+            "--interval",
+            "100ms",
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(o.stderr.contains("timed out"), "{}", o.stderr);
+    assert!(start.elapsed() < Duration::from_secs(10));
+
+    let (_d, s) = server("cli-wait");
+    ok(narad(&s, &["topic", "add", "p"], b""));
+    ok(narad(&s, &["topic", "add", "c"], b""));
+    ok(narad(&s, &["topic", "attach", "p", "c"], b""));
+    let lines: String = (0..200).map(|i| format!("m{i}\n")).collect();
+    ok(narad(&s, &["pub", "p"], lines.as_bytes()));
+    let w = ok(narad(
+        &s,
+        &[
+            "topic",
+            "wait",
+            "p",
+            "c",
+            "--lag-zero",
+            "--timeout",
+            "30s",
+            "--interval",
+            "100ms",
+        ],
+        b"",
+    ));
+    assert!(w.stderr.contains("lag zero"), "{}", w.stderr);
+    let all = ok(narad(&s, &["sub", "c", "--raw", "--wait", "2s"], b""));
+    assert_eq!(all.stdout.lines().count(), 200);
+    let not = narad(
+        &s,
+        &["topic", "wait", "p", "x", "--lag-zero", "--timeout", "1s"],
+        b"",
+    );
+    assert_eq!(not.code, 1, "{}", not.stderr);
+    assert!(not.stderr.contains("is not a child"), "{}", not.stderr);
+    assert_eq!(narad(&s, &["topic", "wait", "p", "c"], b"").code, 2);
+}

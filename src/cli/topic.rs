@@ -130,7 +130,58 @@ pub enum TopicCommand {
         #[arg(long)]
         partitions: bool,
     },
+    /// Pause shipping to a remote child (prints the child, JSON).
+    Pause {
+        parent: String,
+        child: String,
+        /// Why (shown to admins).
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume shipping to a remote child (prints the child, JSON).
+    Resume {
+        parent: String,
+        child: String,
+        /// Accept a target topic that was recreated on the remote.
+        #[arg(long = "accept-target")]
+        accept_target: bool,
+    },
+    /// Skip the one record a remote child's partition is stuck on (prints the child, JSON).
+    Skip {
+        parent: String,
+        child: String,
+        #[arg(long)]
+        partition: u32,
+        #[arg(long)]
+        offset: u64,
+    },
+    /// Wait until a child's lag is zero or its source is drained; exit 1 on timeout.
+    Wait {
+        parent: String,
+        child: String,
+        /// Wait for lag_messages 0 with every partition reporting.
+        #[arg(long = "lag-zero", required_unless_present = "source_drained")]
+        lag_zero: bool,
+        /// Wait for source_drained (remote children).
+        #[arg(long = "source-drained", conflicts_with = "lag_zero")]
+        source_drained: bool,
+        /// The condition must hold this long, e.g. `10s` (default 0).
+        #[arg(long)]
+        stable: Option<String>,
+        /// Give up after this long (default 10m).
+        #[arg(long)]
+        timeout: Option<String>,
+        /// Time between checks (default 2s).
+        #[arg(long)]
+        interval: Option<String>,
+    },
 }
+
+/// `topic wait` defaults.
+const WAIT_TIMEOUT_DEFAULT_MS: u64 = 600_000;
+const WAIT_INTERVAL_DEFAULT_MS: u64 = 2_000;
+/// Shortest `--interval` accepted, so a wait never hammers the server.
+const WAIT_INTERVAL_MIN_MS: u64 = 100;
 
 /// Body of `POST /v1/topics` (API.md §6.1).
 #[derive(Serialize, Default)]
@@ -322,6 +373,65 @@ pub fn run(client: &mut Client, cmd: TopicCommand) -> Result<(), CliError> {
             eprintln!("detached \"{child}\" from \"{parent}\"");
             Ok(())
         }
+        TopicCommand::Pause {
+            parent,
+            child,
+            reason,
+        } => {
+            let body = match reason {
+                Some(r) => serde_json::json!({ "reason": r }),
+                None => serde_json::json!({}),
+            };
+            let path = format!("{}/children/{}/pause", topic_path(&parent), escape(&child));
+            print_pretty(&send(client, "POST", &path, &body)?)
+        }
+        TopicCommand::Resume {
+            parent,
+            child,
+            accept_target,
+        } => {
+            let body = serde_json::json!({ "accept_target": accept_target });
+            let path = format!("{}/children/{}/resume", topic_path(&parent), escape(&child));
+            print_pretty(&send(client, "POST", &path, &body)?)
+        }
+        TopicCommand::Skip {
+            parent,
+            child,
+            partition,
+            offset,
+        } => {
+            let body = serde_json::json!({ "partition": partition, "offset": offset });
+            let path = format!("{}/children/{}/skip", topic_path(&parent), escape(&child));
+            print_pretty(&send(client, "POST", &path, &body)?)
+        }
+        TopicCommand::Wait {
+            parent,
+            child,
+            lag_zero: _,
+            source_drained,
+            stable,
+            timeout,
+            interval,
+        } => {
+            let ms = |flag: &str, v: Option<String>, default: u64| match v {
+                Some(v) => duration_flag(flag, &v, false),
+                None => Ok(default),
+            };
+            let stable = Duration::from_millis(ms("stable", stable, 0)?);
+            let timeout = Duration::from_millis(ms("timeout", timeout, WAIT_TIMEOUT_DEFAULT_MS)?);
+            let interval = Duration::from_millis(
+                ms("interval", interval, WAIT_INTERVAL_DEFAULT_MS)?.max(WAIT_INTERVAL_MIN_MS),
+            );
+            wait_child(
+                client,
+                &parent,
+                &child,
+                source_drained,
+                stable,
+                timeout,
+                interval,
+            )
+        }
         TopicCommand::Children { parent, partitions } => {
             let mut path = format!("{}/children", topic_path(&parent));
             if partitions {
@@ -330,6 +440,61 @@ pub fn run(client: &mut Client, cmd: TopicCommand) -> Result<(), CliError> {
             let r = call(client, "GET", &path, None)?;
             print_pretty(&r)
         }
+    }
+}
+
+/// Polls the parent's children until `child` meets the condition for `stable`, or `timeout`.
+fn wait_child(
+    client: &mut Client,
+    parent: &str,
+    child: &str,
+    source_drained: bool,
+    stable: Duration,
+    timeout: Duration,
+    interval: Duration,
+) -> Result<(), CliError> {
+    let started = std::time::Instant::now();
+    let path = format!("{}/children", topic_path(parent));
+    let mut held_since: Option<std::time::Instant> = None;
+    // Bounded by the timeout: each round sleeps at least WAIT_INTERVAL_MIN_MS.
+    loop {
+        let v = json_body(&call(client, "GET", &path, None)?)?;
+        let entry = v["children"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"].as_str() == Some(child)))
+            .ok_or_else(|| {
+                CliError::Failed(format!("\"{child}\" is not a child of \"{parent}\""))
+            })?;
+        let holds = if source_drained {
+            entry["source_drained"].as_bool() == Some(true)
+        } else {
+            entry["lag_messages"].as_u64() == Some(0)
+                && entry["lag_complete"].as_bool() == Some(true)
+        };
+        if holds {
+            let since = *held_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= stable {
+                eprintln!(
+                    "\"{child}\": {} after {:.1} s",
+                    if source_drained {
+                        "source drained"
+                    } else {
+                        "lag zero"
+                    },
+                    started.elapsed().as_secs_f64()
+                );
+                return Ok(());
+            }
+        } else {
+            held_since = None;
+        }
+        if started.elapsed() >= timeout {
+            return Err(CliError::Failed(format!(
+                "\"{child}\": timed out after {timeout:?} (lag_messages {}, lag_complete {}, source_drained {})",
+                entry["lag_messages"], entry["lag_complete"], entry["source_drained"]
+            )));
+        }
+        std::thread::sleep(interval);
     }
 }
 
