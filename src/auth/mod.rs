@@ -179,6 +179,8 @@ impl NodeAuth {
             match s.inflight.get(&tag) {
                 Some(slot) => slot.clone(),
                 None => {
+                    // Usernames without recent failures are checked first (API.md §2).
+                    let urgent = !s.throttle.has_recent_failures(user, now);
                     if s.throttle.take(user, now).is_err() {
                         drop(s);
                         audit_login_failure(user, "throttled");
@@ -192,7 +194,7 @@ impl NodeAuth {
                                 .unwrap_or_else(|_| Err("bcrypt panicked".to_string()));
                         node_auth().finish(tag, &u2, &h2, r, &s2);
                     });
-                    if self.pool.submit_job(job).is_err() {
+                    if self.pool.submit_job(urgent, job).is_err() {
                         s.throttle.give_back(user, now);
                         return Err(busy());
                     }

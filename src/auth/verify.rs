@@ -1,18 +1,20 @@
 //! The bcrypt helper threads: password hashing and verification never run on a shard thread
-//! (a check costs 50-250 ms). A fixed pool of [`VERIFY_THREADS`] threads takes jobs from a queue
-//! of at most [`VERIFY_QUEUE_MAX`]; a full queue is refused at once (the caller answers `503`),
-//! never waited on. A job's answer travels back in a [`Slot`]: a cross-thread one-shot that any
+//! (a check costs 50-250 ms). A fixed pool of [`VERIFY_THREADS`] threads takes jobs from two
+//! queues holding at most [`VERIFY_QUEUE_MAX`] jobs together: the urgent one first (hashing, and
+//! checks for usernames without recent failures, so a password-guessing storm on some accounts
+//! does not delay everyone else's logins, API.md §2). A full queue is refused at once (the caller
+//! answers `503`), never waited on. A job's answer travels back in a [`Slot`]: a cross-thread one-shot that any
 //! number of shard tasks may await (concurrent identical login attempts share one check).
 //!
 //! This is one of the two places outside `narad_io::rt` where state crosses threads (the other
 //! is [`super::NodeAuth`]): a mutex guards the slot's value and waker list, held only to store
 //! or take them, never across an `.await`.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 /// bcrypt checks running at once per node (API.md §2).
@@ -33,8 +35,26 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Busy;
 
+#[derive(Default)]
+struct Queues {
+    urgent: VecDeque<Job>,
+    later: VecDeque<Job>,
+}
+
+impl Queues {
+    fn len(&self) -> usize {
+        self.urgent.len() + self.later.len()
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    queues: Mutex<Queues>,
+    ready: Condvar,
+}
+
 pub struct Pool {
-    tx: SyncSender<Job>,
+    shared: Arc<Shared>,
     queued: Arc<AtomicUsize>,
 }
 
@@ -49,19 +69,18 @@ impl Pool {
     /// Starts the helper threads. A thread that cannot start leaves the pool smaller (at least
     /// one must start, or jobs are never run and every check times out as `Busy`).
     pub fn new() -> Pool {
-        let (tx, rx) = sync_channel::<Job>(VERIFY_QUEUE_MAX);
-        let rx = Arc::new(Mutex::new(rx));
+        let shared = Arc::new(Shared::default());
         let queued = Arc::new(AtomicUsize::new(0));
         for i in 0..VERIFY_THREADS {
-            let (rx, queued) = (rx.clone(), queued.clone());
+            let (shared, queued) = (shared.clone(), queued.clone());
             let r = std::thread::Builder::new()
                 .name(format!("narad-bcrypt-{i}"))
-                .spawn(move || worker(&rx, &queued));
+                .spawn(move || worker(&shared, &queued));
             if let Err(e) = r {
                 tracing::error!(error = %e, "starting a bcrypt helper thread failed");
             }
         }
-        Pool { tx, queued }
+        Pool { shared, queued }
     }
 
     /// Jobs waiting or running (the `narad_auth_verify_queued` gauge).
@@ -77,26 +96,35 @@ impl Pool {
     {
         let slot = Arc::new(Slot::new());
         let s2 = slot.clone();
-        self.submit_job(Box::new(move || {
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-                Ok(v) => s2.complete(v),
-                // A bug in the job: its waiters get `None` instead of waiting forever.
-                Err(_) => s2.abandon(),
-            }
-        }))?;
+        self.submit_job(
+            true,
+            Box::new(move || {
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                    Ok(v) => s2.complete(v),
+                    // A bug in the job: its waiters get `None` instead of waiting forever.
+                    Err(_) => s2.abandon(),
+                }
+            }),
+        )?;
         Ok(slot)
     }
 
-    /// Queues a job that completes its own slot.
-    pub fn submit_job(&self, job: Job) -> Result<(), Busy> {
-        self.queued.fetch_add(1, Ordering::Relaxed);
-        match self.tx.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-                Err(Busy)
+    /// Queues a job that completes its own slot; `urgent` jobs run before the others.
+    pub fn submit_job(&self, urgent: bool, job: Job) -> Result<(), Busy> {
+        {
+            let mut q = lock(&self.shared.queues);
+            if q.len() >= VERIFY_QUEUE_MAX {
+                return Err(Busy);
+            }
+            if urgent {
+                q.urgent.push_back(job);
+            } else {
+                q.later.push_back(job);
             }
         }
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        self.shared.ready.notify_one();
+        Ok(())
     }
 }
 
@@ -106,10 +134,20 @@ impl Default for Pool {
     }
 }
 
-fn worker(rx: &Mutex<Receiver<Job>>, queued: &AtomicUsize) {
+fn worker(shared: &Shared, queued: &AtomicUsize) {
     loop {
-        let job = lock(rx).recv();
-        let Ok(job) = job else { return };
+        let job = {
+            let mut q = lock(&shared.queues);
+            loop {
+                if let Some(j) = q.urgent.pop_front().or_else(|| q.later.pop_front()) {
+                    break j;
+                }
+                q = match shared.ready.wait(q) {
+                    Ok(g) => g,
+                    Err(p) => p.into_inner(),
+                };
+            }
+        };
         // A panicking job (a bug in bcrypt) must not kill the thread: its slot is dropped
         // uncompleted and its waiters see `None`.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
@@ -229,6 +267,57 @@ mod tests {
         let slot = pool.submit(|| 6 * 7).unwrap();
         let v = futures_lite::future::block_on(slot.wait());
         assert_eq!(v, Some(42));
+    }
+
+    #[test]
+    fn urgent_jobs_run_first_and_the_queue_is_bounded() {
+        // Proves the queue order (urgent before later) and the bound: past VERIFY_QUEUE_MAX
+        // queued jobs, submit answers Busy at once. Every helper is held busy while the queue
+        // fills, then one is freed so it alone takes the queue in order.
+        type Gate = Arc<(Mutex<bool>, Condvar)>;
+        let pool = Pool::new();
+        let gates: Vec<Gate> = (0..VERIFY_THREADS)
+            .map(|_| Arc::new((Mutex::new(false), Condvar::new())))
+            .collect();
+        let open = |g: &Gate| {
+            *lock(&g.0) = true;
+            g.1.notify_all();
+        };
+        let blockers: Vec<_> = gates
+            .iter()
+            .map(|g| {
+                let g = g.clone();
+                pool.submit(move || {
+                    let mut o = lock(&g.0);
+                    while !*o {
+                        o = g.1.wait(o).unwrap_or_else(|p| p.into_inner());
+                    }
+                })
+                .unwrap()
+            })
+            .collect();
+        while lock(&pool.shared.queues).len() > 0 {
+            std::thread::yield_now();
+        }
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (o1, o2) = (order.clone(), order.clone());
+        pool.submit_job(false, Box::new(move || lock(&o1).push("later")))
+            .unwrap();
+        pool.submit_job(true, Box::new(move || lock(&o2).push("urgent")))
+            .unwrap();
+        for _ in 0..VERIFY_QUEUE_MAX - 2 {
+            pool.submit_job(false, Box::new(|| {})).unwrap();
+        }
+        assert_eq!(pool.submit_job(true, Box::new(|| {})), Err(Busy));
+        open(&gates[0]);
+        while lock(&order).len() < 2 {
+            std::thread::yield_now();
+        }
+        assert_eq!(*lock(&order), vec!["urgent", "later"]);
+        gates.iter().for_each(open);
+        for b in blockers {
+            futures_lite::future::block_on(b.wait());
+        }
     }
 
     #[test]
