@@ -14,7 +14,7 @@ use super::walk;
 /// Most distinct paths at one instance location from one subschema to another.
 pub const PATHS_TO_ONE_MAX: u32 = 64;
 /// Most (subschema, reachable subschema) pairs the analysis keeps before refusing as too costly.
-pub const PATH_ENTRIES_MAX: usize = 1 << 20;
+pub const PATH_ENTRIES_MAX: usize = 1 << 18;
 
 /// `Err` names the shape and where it is.
 pub fn check(doc: &Value) -> Result<(), String> {
@@ -134,6 +134,26 @@ mod tests {
         assert!(check(&chain(5)).is_ok());
         let e = check(&chain(8)).unwrap_err();
         assert!(e.contains("more than 64 paths"), "{e}");
+    }
+
+    #[test]
+    fn long_same_level_chains_hit_the_entry_bound() {
+        // Proves PATH_ENTRIES_MAX: a 500-link allOf chain (each link reaching every later one)
+        // is refused as too costly, while a 100-link chain passes.
+        let chain = |n: usize| {
+            let mut defs = serde_json::Map::new();
+            defs.insert(format!("a{n}"), json!({"type": "string"}));
+            for i in 0..n {
+                defs.insert(
+                    format!("a{i}"),
+                    json!({"allOf": [{"$ref": format!("#/$defs/a{}", i + 1)}]}),
+                );
+            }
+            json!({"$defs": defs, "$ref": "#/$defs/a0"})
+        };
+        assert!(check(&chain(100)).is_ok());
+        let e = check(&chain(500)).unwrap_err();
+        assert!(e.contains("too costly"), "{e}");
     }
 
     #[test]
