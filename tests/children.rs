@@ -445,6 +445,25 @@ fn replica_create_and_reattach_epochs() {
         404
     );
     assert_eq!(create(&mut c, r#"{"name":"x","parent":"x"}"#).status, 400);
+    let r = create(
+        &mut c,
+        r#"{"name":"x","parent":"main","fanout_delay_ms":-1}"#,
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (400, "invalid argument: fanout_delay_ms must be >= 0".into())
+    );
+    let r = attach(&mut c, "main", r#"{"child":"main","delay_ms":31536000001}"#);
+    assert_eq!(r.status, 400, "self-attach or delay over a year");
+    c.create_topic("y", 3);
+    let r = attach(&mut c, "main", r#"{"child":"y","delay_ms":31536000001}"#);
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            400,
+            "invalid argument: delay_ms must be <= 31536000000".into()
+        )
+    );
     let r = create(&mut c, r#"{"name":"x","parent":"main-replica"}"#);
     assert_eq!(r.status, 409, "a child cannot be a parent: {}", r.text());
     assert_eq!(c.get("/v1/topics/x").status, 404, "rolled back");

@@ -51,10 +51,13 @@ async fn attach_point(node: &Node, parent: &TopicMeta) -> Result<Vec<u64>, Respo
     })
 }
 
-fn delay(field: &str, v: Option<i64>) -> Result<u64, Response> {
+/// A delay field: 0 ≤ d ≤ one year. `create` selects the create texts (`invalid argument: `
+/// prefix on the negative case too).
+fn delay(field: &str, v: Option<i64>, create: bool) -> Result<u64, Response> {
+    let pre = if create { "invalid argument: " } else { "" };
     match v {
         None => Ok(0),
-        Some(n) if n < 0 => Err(error(400, &format!("{field} must be >= 0"))),
+        Some(n) if n < 0 => Err(error(400, &format!("{pre}{field} must be >= 0"))),
         Some(n) if n > DELAY_MS_MAX => Err(error(
             400,
             &format!("invalid argument: {field} must be <= {DELAY_MS_MAX}"),
@@ -80,7 +83,7 @@ pub async fn link_for_create(
             "invalid argument: a topic cannot be its own parent",
         ));
     }
-    let delay_ms = delay("invalid argument: fanout_delay_ms", fanout_delay_ms)?;
+    let delay_ms = delay("fanout_delay_ms", fanout_delay_ms, true)?;
     let Some(p) = node.topic(parent) else {
         return Err(error(404, "topic not found"));
     };
@@ -132,7 +135,7 @@ pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
     if child == parent {
         return error(400, "invalid argument: a topic cannot be its own parent");
     }
-    let delay_ms = match delay("delay_ms", body.delay_ms) {
+    let delay_ms = match delay("delay_ms", body.delay_ms, false) {
         Ok(d) => d,
         Err(r) => return r,
     };
