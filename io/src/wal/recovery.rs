@@ -17,10 +17,10 @@
 //! log continues at the hole.
 //!
 //! Pipelining: every batch records how many earlier batches were in flight when it started. A
-//! hole of exactly one missing batch k followed by valid batches k+1 … k+m, each k+i started
-//! while k was still in flight (in flight before it ≥ i), is held *tentative*. If nothing valid
-//! follows them, the hole was the batch in flight whose completed but unsynced write a power loss
-//! dropped while its successors' writes survived; none of them was acknowledged (acknowledgements
+//! hole where batches k … k+m−1 are missing, followed by valid batches k+m, k+m+1, …, each k+i
+//! started while k was still in flight (in flight before it ≥ i), is held *tentative*. If
+//! nothing valid follows them, the hole was the batches in flight whose completed but unsynced
+//! writes a power loss dropped while their successors' writes survived; none of them was acknowledged (acknowledgements
 //! are in order), so the hole and those batches are the torn tail, truncated together. If
 //! anything valid follows, the hole is corruption in the middle as above and the tentative
 //! batches are kept. (Bit rot in an acknowledged batch k whose only successors are such batches
@@ -46,18 +46,33 @@ struct Hole {
     bad_records: u64,
 }
 
-/// Valid pipelined batches after a hole of exactly one missing batch, not yet known to be the
-/// torn tail or to follow corruption in the middle.
-struct Tentative {
+/// One hole of a tentative run and the valid batches after it.
+struct TentativePart {
     hole: Hole,
-    /// Sequence number of the missing batch.
-    missing_seq: u64,
-    /// Where the first pipelined batch starts.
+    /// Sequence number expected at the hole (its first missing batch).
+    expected: u64,
+    /// Sequence number and start of the first valid batch after the hole.
+    first_seq: u64,
     first_at: WalPosition,
     records: Vec<(WalPosition, WalRecord)>,
+}
+
+/// Valid pipelined batches after a hole of missing in-flight batches (possibly with more such
+/// holes between them: several writes in flight lost), not yet known to be the torn tail or to
+/// follow corruption in the middle.
+struct Tentative {
+    /// At least one; the first part's hole is where the run starts.
+    parts: Vec<TentativePart>,
     batches: u64,
     /// End of the last pipelined batch.
     end: WalPosition,
+}
+
+impl Tentative {
+    /// Sequence number of the first missing batch.
+    fn missing_seq(&self) -> u64 {
+        self.parts[0].expected
+    }
 }
 
 /// Feed segments with [`Scanner::feed`] in increasing order, then call [`Scanner::finish`].
@@ -149,7 +164,9 @@ impl Scanner {
                         self.stats.batches += 1;
                         match (held, self.tentative.as_mut()) {
                             (true, Some(t)) => {
-                                t.records.extend(recs);
+                                if let Some(part) = t.parts.last_mut() {
+                                    part.records.extend(recs);
+                                }
                                 t.end = end;
                             }
                             _ => self.records.extend(recs),
@@ -218,32 +235,54 @@ impl Scanner {
         in_flight_before: u8,
     ) -> bool {
         if let Some(t) = &mut self.tentative {
-            // Started while the missing batch was still in flight.
-            let extends = self.hole.is_none()
-                && self.expected == Some(seq)
-                && at == t.end
-                && u64::from(in_flight_before) >= seq - t.missing_seq;
-            if extends {
+            // Started while the first missing batch was still in flight.
+            let in_flight = u64::from(in_flight_before) >= seq.saturating_sub(t.missing_seq());
+            let contiguous = self.hole.is_none() && self.expected == Some(seq) && at == t.end;
+            if in_flight && contiguous {
+                t.batches += 1;
+                return true;
+            }
+            // More batches in flight were lost between the pipelined ones.
+            let after_lost = self
+                .hole
+                .as_ref()
+                .is_some_and(|h| h.at.segment == at.segment && at.segment == t.end.segment)
+                && self.expected.is_some_and(|e| seq > e);
+            if in_flight && after_lost && (t.parts.len() as u64) < PIPELINED_TAIL_BATCHES_MAX {
+                let hole = self.hole.take().expect("checked above");
+                t.parts.push(TentativePart {
+                    hole,
+                    expected: self.expected.expect("checked above"),
+                    first_seq: seq,
+                    first_at: at,
+                    records: Vec::new(),
+                });
                 t.batches += 1;
                 return true;
             }
             self.commit_tentative();
         }
-        let lost_one_in_flight = self.hole.as_ref().is_some_and(|hole| {
-            in_flight_before >= 1
-                && hole.bad_batches <= 1
+        // Batches expected..seq are missing; all of them were in flight when this one started.
+        // Nothing valid before the hole: a new log whose first batches (from seq 1) were lost.
+        let missing = seq.saturating_sub(self.expected.unwrap_or(1));
+        let lost_in_flight = self.hole.as_ref().is_some_and(|hole| {
+            missing >= 1
+                && u64::from(in_flight_before) >= missing
+                && hole.bad_batches <= missing
                 // The lost batch may have opened a new segment: the hole then starts in the
                 // zeros at the end of the previous one.
                 && (hole.at.segment == at.segment || hole.at.segment + 1 == at.segment)
-                && self.expected.is_some_and(|e| e + 1 == seq)
         });
-        if lost_one_in_flight {
+        if lost_in_flight {
             let hole = self.hole.take().expect("checked above");
             self.tentative = Some(Tentative {
-                hole,
-                missing_seq: seq - 1,
-                first_at: at,
-                records: Vec::new(),
+                parts: vec![TentativePart {
+                    hole,
+                    expected: seq - missing,
+                    first_seq: seq,
+                    first_at: at,
+                    records: Vec::new(),
+                }],
                 batches: 1,
                 end,
             });
@@ -253,13 +292,20 @@ impl Scanner {
         false
     }
 
-    /// Something valid follows the tentative run: its hole was corruption in the middle.
+    /// Something valid follows the tentative run: its holes were corruption in the middle.
     fn commit_tentative(&mut self) {
         let Some(t) = self.tentative.take() else {
             return;
         };
-        self.report_corruption(t.hole, t.first_at, t.missing_seq + 1, Some(t.missing_seq));
-        self.records.extend(t.records);
+        for part in t.parts {
+            self.report_corruption(
+                part.hole,
+                part.first_at,
+                part.first_seq,
+                Some(part.expected),
+            );
+            self.records.extend(part.records);
+        }
     }
 
     /// A valid batch with sequence `seq` at `at`: closes an open hole.
@@ -320,32 +366,36 @@ impl Scanner {
         if let Some(t) = self.tentative.take() {
             // Nothing valid after the pipelined batches: the hole was in flight at the crash and
             // so were they; none was acknowledged. Zero through their end and any damage after.
-            let later_dirty = self
+            let missing_seq = t.missing_seq();
+            let seg = t.parts[0].hole.at.segment;
+            let mut end = self
                 .hole
                 .take()
-                .filter(|h| h.at.segment == t.hole.at.segment)
+                .filter(|h| h.at.segment == seg)
                 .map_or(0, |h| h.dirty_end);
+            for part in &t.parts {
+                if part.hole.at.segment == seg {
+                    end = end.max(part.hole.dirty_end);
+                }
+            }
             // Pipelined batches in the next segment go with it (`remove_segments`).
-            let in_hole_segment = if t.end.segment == t.hole.at.segment {
-                t.end.byte
-            } else {
-                0
-            };
-            let end = in_hole_segment.max(t.hole.dirty_end).max(later_dirty);
+            if t.end.segment == seg {
+                end = end.max(t.end.byte);
+            }
             self.stats.batches -= t.batches;
+            let first = t.parts.into_iter().next().expect("at least one part").hole;
             tracing::warn!(
-                segment = t.hole.at.segment,
-                byte = t.hole.at.byte,
-                bytes = self.stats.torn_bytes,
+                segment = first.at.segment,
+                byte = first.at.byte,
                 pipelined_batches = t.batches,
-                "write-ahead log ends in a lost in-flight batch and the pipelined batches after it (never acknowledged): truncating"
+                "write-ahead log ends in lost in-flight batches and the pipelined batches after them (never acknowledged): truncating"
             );
             self.hole = Some(Hole {
                 dirty_end: end,
                 bad: true,
-                ..t.hole
+                ..first
             });
-            self.expected = Some(t.missing_seq);
+            self.expected = Some(missing_seq);
         }
         let write_at = match self.hole.take() {
             Some(hole) => {
@@ -570,6 +620,28 @@ mod tests {
             };
             assert_eq!(r.write_at, Some(at));
             assert_eq!(r.truncate, Some((at, spans[4].1 as u64)));
+        }
+        // Deeper pipelines: seq 3 and 4 both lost, seq 5 started with both in flight; or seq 3
+        // lost and seq 4 and 5 kept, each started while seq 3 was in flight: both are the torn
+        // tail from seq 3 on. (Lost batches between kept ones are covered by `wal::sim`.)
+        for (lost, marks) in [(vec![2, 3], vec![(4, 2)]), (vec![2], vec![(3, 1), (4, 2)])] {
+            let mut img = img.clone();
+            for (i, n) in marks {
+                mark_in_flight(&mut img, spans[i], n);
+            }
+            for i in lost {
+                img[spans[i].0..spans[i].1].fill(0);
+            }
+            let r = scan(&[(0, &img)]);
+            assert_eq!(
+                r.stats.corrupt_batches + r.stats.lost_batches,
+                0,
+                "{:?}",
+                r.stats
+            );
+            assert_eq!(r.records.len(), batches[..2].concat().len());
+            assert_eq!(r.next_seq, 3);
+            assert_eq!(r.truncate.map(|t| t.1), Some(spans[4].1 as u64));
         }
         // Batch 4 (seq 5) started after seq 3 resolved (only seq 4 in flight): seq 3 was
         // acknowledged, its loss is corruption, batches 3 and 4 are kept.
