@@ -635,6 +635,37 @@ mod tests {
     }
 
     #[test]
+    fn cache_is_bounded() {
+        // Proves VALIDATORS_CACHED_MAX: validators of more topics than the bound evict the least
+        // recently used, and the one in use stays.
+        let topic = |i: u64| TopicMeta {
+            name: format!("t{i}"),
+            id: TopicId(1_000 + i),
+            partitions: 3,
+            retention_ms: 0,
+            visibility_timeout_ms: 1,
+            max_in_flight_per_partition: 1,
+            max_acked_ahead_per_partition: 1,
+            created_at_s: 0,
+            owner: None,
+            schemas: vec![json!({"type": "integer"})],
+            parent: None,
+            children: vec![],
+            attach_epoch: None,
+            fanout_delay_ms: 0,
+            attach_offsets: vec![],
+        };
+        let hot = topic(0);
+        let first = for_topic(&hot).unwrap().unwrap();
+        for i in 1..(VALIDATORS_CACHED_MAX as u64 + 50) {
+            for_topic(&topic(i)).unwrap();
+            for_topic(&hot).unwrap();
+        }
+        assert!(cached_validators() <= VALIDATORS_CACHED_MAX);
+        assert!(Rc::ptr_eq(&first, &for_topic(&hot).unwrap().unwrap()));
+    }
+
+    #[test]
     fn busy_slot_answers_503() {
         // Proves a large payload waiting longer than its bound for the shard's slot gets the
         // exact 503 text, and gets through once the slot is free.
