@@ -8,7 +8,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod node;
-pub mod server;
 pub mod schema;
+pub mod server;
 pub mod service;
 pub mod wire;
