@@ -1671,3 +1671,133 @@ fn remote_child_verbs_and_topic_wait() {
     assert!(not.stderr.contains("is not a child"), "{}", not.stderr);
     assert_eq!(narad(&s, &["topic", "wait", "p", "c"], b"").code, 2);
 }
+
+#[test]
+fn remote_commands_send_the_remotes_api_requests() {
+    // Proves remote add/set/rm/ls/test/reencrypt send the v3.2 requests of API.md §14: the
+    // password only from stdin, the CA file's PEM, limit flags as milliseconds; set without a
+    // change and add without --remote-password-stdin are usage errors (exit 2).
+    let dir = TempDir::new("cli-remote");
+    let ca = dir.0.join("ca.pem");
+    std::fs::write(
+        &ca,
+        "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let ca_s = ca.display().to_string();
+    let remote = r#"{"name":"b","url":"https://b.example"}"#;
+    let (url, h) = fake_server_full(vec![
+        (201, remote.into()),
+        (200, remote.into()),
+        (200, remote.into()),
+        (204, String::new()),
+        (200, r#"{"remotes":[]}"#.into()),
+        (200, r#"{"remote":"b","result":"pass","checks":[]}"#.into()),
+        (200, r#"{"key_version":"k","reencrypted":[]}"#.into()),
+    ]);
+    let add = ok(narad_env(
+        &url,
+        &[
+            "remote",
+            "add",
+            "b",
+            "--url",
+            "https://b.example",
+            "--username",
+            "repl",
+            "--remote-password-stdin",
+            "--ca-file",
+            &ca_s,
+            "--max-in-flight",
+            "32",
+            "--request-timeout",
+            "10s",
+            "--compression",
+            "zstd",
+        ],
+        b"a-long-replicator-password-123\n",
+        &[],
+    ));
+    assert!(!add.stdout.contains("a-long-replicator"), "{}", add.stdout);
+    let run = |args: &[&str], stdin: &[u8]| ok(narad_env(&url, args, stdin, &[]));
+    run(
+        &[
+            "remote",
+            "set",
+            "b",
+            "--no-ca",
+            "--remote-password-stdin",
+            "--check-interval",
+            "2m",
+        ],
+        b"another-long-password-4567890\n",
+    );
+    run(&["remote", "set", "b", "--conn-max-age", "10m"], b"");
+    run(&["remote", "rm", "b", "--force"], b"");
+    run(&["remote", "ls", "--no-nodes"], b"");
+    run(
+        &[
+            "remote", "test", "b", "--topic", "orders", "--source", "orders",
+        ],
+        b"",
+    );
+    run(&["remote", "reencrypt"], b"");
+    let seen = h.join().unwrap();
+    let got: Vec<(String, serde_json::Value)> = seen
+        .iter()
+        .map(|(h, b)| {
+            (
+                h.lines().next().unwrap().to_string(),
+                if b.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::from_str(b).unwrap()
+                },
+            )
+        })
+        .collect();
+    assert_eq!(got[0].0, "POST /v1/remotes HTTP/1.1");
+    assert_eq!(
+        got[0].1,
+        serde_json::json!({"name":"b","url":"https://b.example","username":"repl",
+            "password":"a-long-replicator-password-123",
+            "ca_pem":"-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+            "limits":{"max_in_flight":32,"request_timeout_ms":10000,"compression":"zstd"}})
+    );
+    assert_eq!(got[1].0, "PATCH /v1/remotes/b HTTP/1.1");
+    assert_eq!(
+        got[1].1,
+        serde_json::json!({"ca_pem":"","password":"another-long-password-4567890",
+            "limits":{"check_interval_ms":120000}})
+    );
+    assert_eq!(
+        got[2].1,
+        serde_json::json!({"limits":{"conn_max_age_ms":600000}})
+    );
+    assert_eq!(got[3].0, "DELETE /v1/remotes/b?force=true HTTP/1.1");
+    assert_eq!(got[4].0, "GET /v1/remotes?nodes=false HTTP/1.1");
+    assert_eq!(got[5].0, "POST /v1/remotes/b/test HTTP/1.1");
+    assert_eq!(
+        got[5].1,
+        serde_json::json!({"topic":"orders","source":"orders"})
+    );
+    assert_eq!(got[6].0, "POST /v1/cluster/reencrypt-remotes HTTP/1.1");
+    assert_eq!(got[6].1, serde_json::json!({}));
+    let o = narad_env(&url, &["remote", "set", "b"], b"", &[]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = narad_env(
+        &url,
+        &[
+            "remote",
+            "add",
+            "b",
+            "--url",
+            "https://x",
+            "--username",
+            "u",
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+}

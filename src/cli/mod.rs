@@ -1,5 +1,5 @@
 //! The `narad` CLI as an HTTP client of a broker (OPERATIONS.md §1): `topic`, `pub`, `sub`,
-//! `replay`, `bench`, `user`, `cluster`, `ctx`, `server report`, `version` and `completion`, with
+//! `replay`, `bench`, `user`, `remote`, `cluster`, `ctx`, `server report`, `version` and `completion`, with
 //! the global connection flags `-s/-u/-p/--password-stdin/--ctx` and their environment variables
 //! and contexts (§1.2).
 //!
@@ -18,13 +18,14 @@
 //!
 //! Modules: `client` (blocking keep-alive HTTP/1.1), `context` (contexts.json and connection
 //! settings), `topic` (topic admin and fan-out children), `pubsub` (`pub`, `sub`, `replay`),
-//! `user`, `cluster`, `report` (`server report`), `format` (durations, times, payloads).
+//! `user`, `remote`, `cluster`, `report` (`server report`), `format` (durations, times, payloads).
 
 pub mod client;
 pub mod cluster;
 pub mod context;
 pub mod format;
 pub mod pubsub;
+pub mod remote;
 pub mod report;
 pub mod topic;
 pub mod user;
@@ -85,6 +86,11 @@ pub enum ClientCommand {
     User {
         #[command(subcommand)]
         command: user::UserCommand,
+    },
+    /// Remote clusters that remote children ship to (admin, security on).
+    Remote {
+        #[command(subcommand)]
+        command: remote::RemoteCommand,
     },
     /// Cluster administration (admin).
     Cluster {
@@ -245,6 +251,7 @@ fn dispatch(conn: ConnArgs, command: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Replay(a) => pubsub::replay(&mut client, a),
         ClientCommand::User { command } => user::run(&mut client, command),
         ClientCommand::Cluster { command } => cluster::run(&mut client, command),
+        ClientCommand::Remote { command } => remote::run(&mut client, command),
         ClientCommand::Bench(mut a) => {
             if a.url.is_none() {
                 let e = client.endpoint();
