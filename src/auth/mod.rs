@@ -455,7 +455,7 @@ enum Fast {
 fn exempt(node: &Node, path: &str) -> bool {
     match path {
         "/healthz" | "/readyz" => true,
-        "/metrics" => node.config.http.metrics_unauthenticated,
+        "/metrics" => !crate::metrics::api_port_needs_credentials(&node.config),
         _ => false,
     }
 }
