@@ -609,7 +609,10 @@ fn metrics_on_the_api_port_take_basic_auth_with_security_on() {
     let auth = common::basic_auth("admin", pw);
     let r = c.request("GET", "/metrics", &[("Authorization", &auth)], b"");
     assert_eq!(r.status, 200, "{}", r.text());
-    parse(&r.text()).unwrap();
+    let m = parse(&r.text()).unwrap();
+    // No verification is waiting once the scrape's own check is done.
+    assert_eq!(m.sum("narad_auth_verify_queued", &[]), 0.0);
+    assert_eq!(m.types["narad_auth_verify_queued"], "gauge");
     drop(s);
 
     let dir = TempDir::new("mopen");
@@ -624,4 +627,160 @@ fn metrics_on_the_api_port_take_basic_auth_with_security_on() {
     assert_eq!(r.status, 200, "{}", r.text());
     // The rest of /v1 still needs credentials.
     assert_eq!(c.get("/v1/topics").status, 401);
+}
+
+/// Scrapes until `ok` holds for the exposition (bounded: 15 s), returning the last one.
+fn scrape_until(c: &mut Client, what: &str, ok: impl Fn(&Exposition) -> bool) -> Exposition {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let m = scrape(c);
+        if ok(&m) {
+            return m;
+        }
+        assert!(Instant::now() < deadline, "no {what} within 15 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn lapsed_leases_and_nacks_are_counted_per_topic() {
+    // Proves `narad_lease_expired_total{topic}`: a lease left past its 1 s visibility timeout
+    // counts once (whether the sweep or the next consume finds it), the redelivery counts again
+    // in `narad_messages_consumed_total`, a nack counts in `narad_nack_total` and not as a lapse,
+    // and other topics stay at zero.
+    let dir = TempDir::new("m-expire");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"l","partitions":3,"visibility_timeout_ms":1000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    c.create_topic("other", 3);
+    assert_eq!(
+        c.post_client("/v1/topics/l/produce?partition=1", b"one")
+            .status,
+        202
+    );
+    let m = scrape(&mut c);
+    assert_eq!(m.sum("narad_lease_expired_total", &[("topic", "l")]), 0.0);
+    assert_eq!(m.count("narad_lease_expired_total"), 2, "one per topic");
+    let first = c.get("/v1/topics/l/consume");
+    assert_eq!(first.status, 200, "{}", first.text());
+    std::thread::sleep(Duration::from_millis(1300));
+    let again = c.get("/v1/topics/l/consume?wait=2s");
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.json()["offset"], first.json()["offset"]);
+    let m = scrape(&mut c);
+    assert_eq!(m.sum("narad_lease_expired_total", &[("topic", "l")]), 1.0);
+    assert_eq!(
+        m.sum("narad_messages_consumed_total", &[("topic", "l")]),
+        2.0
+    );
+    // A nack releases at once: counted as a nack, not as a lapse.
+    let h = again.json()["receipt_handle"].as_str().unwrap().to_string();
+    let r = c.post_client(
+        &format!("/v1/topics/l/ack?receipt_handle={h}&extend=0"),
+        b"",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let m = scrape(&mut c);
+    assert_eq!(m.sum("narad_nack_total", &[("topic", "l")]), 1.0);
+    assert_eq!(m.sum("narad_lease_expired_total", &[("topic", "l")]), 1.0);
+    assert_eq!(
+        m.sum("narad_lease_expired_total", &[("topic", "other")]),
+        0.0
+    );
+    assert_eq!(m.types["narad_lease_expired_total"], "counter");
+}
+
+#[test]
+fn schema_rejections_are_counted_by_reason() {
+    // Proves the §9.3 series: one valid produce, one schema violation, one non-JSON payload and
+    // one over-deep payload give validations 4 and rejections invalid 1, malformed 1, depth 1,
+    // busy 0, with nothing left in flight; on every shard's connection alike (node-wide merge).
+    let dir = TempDir::new("m-schema");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    let body = r#"{"name":"pay","partitions":3,"schema":{"type":"object","required":["id"],"properties":{"id":{"type":"string"}}}}"#;
+    let r = c.post_json("/v1/topics", body);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let m = scrape(&mut c);
+    assert_eq!(m.sum("narad_schema_validations_total", &[]), 0.0);
+    assert_eq!(m.count("narad_schema_rejections_total"), 4);
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    for (payload, status) in [
+        (&br#"{"id":"a"}"#[..], 202),
+        (&br#"{"id":1}"#[..], 400),
+        (&b"not json"[..], 400),
+        (deep.as_bytes(), 400),
+    ] {
+        let mut p = s.client();
+        let r = p.post_client("/v1/topics/pay/produce", payload);
+        assert_eq!(r.status, status, "{}", r.text());
+    }
+    for _ in 0..3 {
+        let mut k = s.client();
+        let m = scrape(&mut k);
+        let reason = |r: &str| m.sum("narad_schema_rejections_total", &[("reason", r)]);
+        assert_eq!(m.sum("narad_schema_validations_total", &[]), 4.0);
+        assert_eq!(reason("invalid"), 1.0);
+        assert_eq!(reason("malformed"), 1.0);
+        assert_eq!(reason("depth"), 1.0);
+        assert_eq!(reason("busy"), 0.0);
+        assert_eq!(m.sum("narad_schema_validations_in_flight", &[]), 0.0);
+        assert_eq!(m.types["narad_schema_rejections_total"], "counter");
+        assert_eq!(m.types["narad_schema_validations_in_flight"], "gauge");
+    }
+}
+
+#[test]
+fn fanout_copies_and_lag_are_exported() {
+    // Proves the §9.4 local fan-out series: with an immediate child and a child delayed 60 s
+    // attached to a 3-partition parent, 20 produces give `narad_fanout_committed_total` 20 (only
+    // the immediate child copies), lag 0 for it and 20 for the delayed child (one series per
+    // (parent, child)), and no dropped, unreadable or failed copies. Also that the auth gauge
+    // is exported (0: security is off).
+    let dir = TempDir::new("m-fanout");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    for t in ["par", "kid", "late"] {
+        c.create_topic(t, 3);
+    }
+    let m = scrape(&mut c);
+    assert_eq!(m.count("narad_fanout_lag_messages"), 0, "no links yet");
+    assert_eq!(m.sum("narad_fanout_committed_total", &[]), 0.0);
+    for (child, delay) in [("kid", 0), ("late", 60_000)] {
+        let r = c.post_json(
+            "/v1/topics/par/children",
+            &format!(r#"{{"child":"{child}","delay_ms":{delay}}}"#),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    for i in 0..20 {
+        let r = c.post_client(&format!("/v1/topics/par/produce?key=k{i}"), b"{}");
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let lag = |m: &Exposition, child: &str| {
+        m.sum(
+            "narad_fanout_lag_messages",
+            &[("parent", "par"), ("child", child)],
+        )
+    };
+    let m = scrape_until(&mut c, "20 copies and settled lags", |m| {
+        m.sum("narad_fanout_committed_total", &[]) == 20.0
+            && lag(m, "kid") == 0.0
+            && lag(m, "late") == 20.0
+    });
+    assert_eq!(m.count("narad_fanout_lag_messages"), 2);
+    assert_eq!(m.sum("narad_fanout_child_dropped_messages", &[]), 0.0);
+    assert_eq!(m.sum("narad_fanout_unreadable_skipped_total", &[]), 0.0);
+    assert_eq!(m.sum("narad_fanout_copy_failures_total", &[]), 0.0);
+    assert_eq!(m.types["narad_fanout_lag_messages"], "gauge");
+    assert_eq!(m.types["narad_fanout_child_dropped_messages"], "counter");
+    assert_eq!(m.count("narad_auth_verify_queued"), 1);
+    assert_eq!(m.sum("narad_auth_verify_queued", &[]), 0.0);
+    // The copies are in the child: its consumers see them.
+    let r = c.get("/v1/topics/kid/consume");
+    assert_eq!(r.status, 200, "{}", r.text());
 }

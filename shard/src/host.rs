@@ -78,6 +78,9 @@ pub struct Host {
     /// shards with parked long-polls on the topic).
     wake_hook: RefCell<Option<WakeHook>>,
     seed: std::cell::Cell<u64>,
+    /// Leases that lapsed (visibility timeout passed), per topic, since this host started: the
+    /// `/metrics` redelivery counter. One entry per topic with a queue here; dropped with it.
+    expired: RefCell<HashMap<TopicId, u64>>,
 }
 
 impl Host {
@@ -93,6 +96,7 @@ impl Host {
             wakers: RefCell::new(HashMap::new()),
             wake_hook: RefCell::new(None),
             seed: std::cell::Cell::new(seed | 1),
+            expired: RefCell::new(HashMap::new()),
         });
         let weak = Rc::downgrade(&host);
         host.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
@@ -140,6 +144,24 @@ impl Host {
         if let Some(hook) = self.wake_hook.borrow().as_ref() {
             hook(topic);
         }
+    }
+
+    /// Expires `q`'s lapsed leases as of `now` and counts them under `topic`.
+    fn expire_counted(&self, topic: TopicId, q: &mut LeaseTable, now: u64) -> usize {
+        let n = q.expire(now);
+        if n > 0 {
+            *self.expired.borrow_mut().entry(topic).or_default() += n as u64;
+        }
+        n
+    }
+
+    /// Leases that lapsed here since start, per topic (each one's message is redelivered).
+    pub fn leases_expired(&self) -> Vec<(TopicId, u64)> {
+        self.expired
+            .borrow()
+            .iter()
+            .map(|(t, n)| (*t, *n))
+            .collect()
     }
 
     fn next_seed(&self) -> u64 {
@@ -194,7 +216,7 @@ impl Host {
             let now = now_ms();
             let want = n - out.len();
             let leased = self.with_queue(key, |q| {
-                q.expire(now);
+                self.expire_counted(key.topic, q, now);
                 q.take(
                     hwm,
                     now,
@@ -303,7 +325,7 @@ impl Host {
                 partition: p,
             };
             let r = self.with_queue(key, |q| {
-                q.expire(now);
+                self.expire_counted(key.topic, q, now);
                 match kind {
                     SettleKind::Ack => q.ack(offset, nonce, now),
                     SettleKind::Extend => q.extend(offset, nonce, now, conf.visibility_ms),
@@ -371,6 +393,8 @@ impl Host {
             };
             let hwm = self.log.high_watermark(key);
             self.with_queue(key, |q| {
+                // Expired here (not inside the table) so the lapse is counted.
+                self.expire_counted(key.topic, q, now);
                 q.has_available(
                     hwm,
                     now,
@@ -395,7 +419,7 @@ impl Host {
         let now = now_ms();
         let mut topics = Vec::new();
         for (key, q) in self.queues.borrow_mut().iter_mut() {
-            if q.expire(now) > 0 {
+            if self.expire_counted(key.topic, q, now) > 0 {
                 topics.push(key.topic);
             }
         }
@@ -411,6 +435,7 @@ impl Host {
         self.queues.borrow_mut().retain(|k, _| k.topic != topic);
         self.recovered.borrow_mut().retain(|k, _| k.topic != topic);
         self.wakers.borrow_mut().remove(&topic);
+        self.expired.borrow_mut().remove(&topic);
         self.log.delete_topic(topic).await
     }
 

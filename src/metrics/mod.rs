@@ -21,9 +21,17 @@
 //! measures per-partition fsyncs of the original; here one WAL fsync per shard covers every
 //! partition of a batch, so it is exposed as `narad_wal_fsync_duration_seconds{shard}` with
 //! `narad_wal_batch_records{shard}` (records per group commit). Added series (no spec name
-//! covers them): `narad_messages_acked_total{topic}`, `narad_shard_*{shard}` queue depths.
-//! Not yet present (their features are not built): schema, fan-out, remote, Raft and cluster
-//! series (§9.3, §9.4, most of §9.6), status `499`.
+//! covers them): `narad_messages_acked_total{topic}`, `narad_shard_*{shard}` queue depths,
+//! `narad_lease_expired_total{topic}` (lapsed leases, each one a redelivery; nacks are
+//! `narad_nack_total`), `narad_schema_validations_total` (validation count; the spec's
+//! `narad_schema_validation_seconds` histogram needs timings the validator does not record),
+//! `narad_fanout_unreadable_skipped_total` and `narad_fanout_copy_failures_total`. The fan-out
+//! copy counters (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`) are
+//! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
+//! `parent`/`child` but no `partition`: the fan-out keeps its counters per shard and its lag per
+//! child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
+//! `invalid`, `busy`). Not yet present: `narad_produce_rejections_total`, remote, Raft and
+//! cluster series (§9.4 remote, most of §9.6), status `499`.
 
 pub mod expo;
 pub mod listener;
@@ -397,6 +405,14 @@ pub struct ShardMetrics {
     pub wal_failed: bool,
     pub open_partition_logs: u64,
     pub mesh_calls_pending: u64,
+    /// The shard's schema validation counters (thread-local in `crate::schema`).
+    pub schema: crate::schema::Counters,
+    /// The shard's fan-out copy counters.
+    pub fanout: narad_shard::fanout::FanoutCounters,
+    /// (parent, child, lag messages over the parent partitions whose cursors run here).
+    pub fanout_lag: Vec<(TopicId, TopicId, u64)>,
+    /// Leases that lapsed on this shard, per topic.
+    pub leases_expired: Vec<(TopicId, u64)>,
 }
 
 /// The calling shard's snapshot. `mesh_calls_pending`: calls from this shard waiting for another
@@ -438,6 +454,19 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             ));
         }
     }
+    let mut fanout_lag = Vec::new();
+    let mut parents: Vec<TopicId> = meta
+        .topics
+        .values()
+        .filter_map(|c| meta.topic(c.parent.as_deref()?).map(|p| p.id))
+        .collect();
+    parents.sort();
+    parents.dedup();
+    for parent in parents {
+        for l in node.local_fanout_lag(parent) {
+            fanout_lag.push((parent, l.child, l.lag_messages));
+        }
+    }
     let log = node.host.log();
     let wal = log.wal_stats();
     let fsync = narad_io::stats::wal_fsync();
@@ -469,6 +498,10 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         wal_failed: log.poisoned().is_some(),
         open_partition_logs: log.partitions().len() as u64,
         mesh_calls_pending: mesh_calls_pending as u64,
+        schema: crate::schema::counters(),
+        fanout: node.fanout_counters(),
+        fanout_lag,
+        leases_expired: node.host.leases_expired(),
     }
 }
 
@@ -553,10 +586,30 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut in_flight = 0u64;
     let mut wal_failed = false;
     let mut open_logs = 0u64;
+    let mut schema = crate::schema::Counters::default();
+    let mut fanout = narad_shard::fanout::FanoutCounters::default();
+    let mut fanout_lag: BTreeMap<(TopicId, TopicId), u64> = BTreeMap::new();
+    let mut expired: HashMap<TopicId, u64> = HashMap::new();
     for s in &shards {
         in_flight += s.in_flight;
         wal_failed |= s.wal_failed;
         open_logs += s.open_partition_logs;
+        schema.validations += s.schema.validations;
+        schema.rejected_depth += s.schema.rejected_depth;
+        schema.rejected_malformed += s.schema.rejected_malformed;
+        schema.rejected_invalid += s.schema.rejected_invalid;
+        schema.rejected_busy += s.schema.rejected_busy;
+        schema.in_flight += s.schema.in_flight;
+        fanout.copied += s.fanout.copied;
+        fanout.dropped += s.fanout.dropped;
+        fanout.unreadable += s.fanout.unreadable;
+        fanout.failed_copies += s.fanout.failed_copies;
+        for &(parent, child, lag) in &s.fanout_lag {
+            *fanout_lag.entry((parent, child)).or_default() += lag;
+        }
+        for &(topic, n) in &s.leases_expired {
+            *expired.entry(topic).or_default() += n;
+        }
         for (k, v) in &s.http {
             match http.get_mut(k) {
                 Some(e) => {
@@ -740,6 +793,16 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     }
 
     e.family(
+        "narad_lease_expired_total",
+        Kind::Counter,
+        "Leases whose visibility timeout passed (message released for redelivery), by topic.",
+    );
+    for t in meta.topics.values() {
+        let n = expired.get(&t.id).copied().unwrap_or(0);
+        e.int("narad_lease_expired_total", &[("topic", &t.name)], n);
+    }
+
+    e.family(
         "narad_consume_wait_seconds",
         Kind::Histogram,
         "Time a queue consume waited, by outcome (hit, timeout, cancelled, no_wait).",
@@ -814,6 +877,95 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             .sum();
         e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
     }
+    // §9.3 schema.
+    e.family(
+        "narad_schema_validations_total",
+        Kind::Counter,
+        "Produce payloads validated against a topic schema.",
+    );
+    e.int("narad_schema_validations_total", &[], schema.validations);
+    e.family(
+        "narad_schema_validations_in_flight",
+        Kind::Gauge,
+        "Payload validations running now.",
+    );
+    e.int("narad_schema_validations_in_flight", &[], schema.in_flight);
+    e.family(
+        "narad_schema_rejections_total",
+        Kind::Counter,
+        "Produces refused by schema validation, by reason.",
+    );
+    for (reason, n) in [
+        ("depth", schema.rejected_depth),
+        ("malformed", schema.rejected_malformed),
+        ("invalid", schema.rejected_invalid),
+        ("busy", schema.rejected_busy),
+    ] {
+        e.int("narad_schema_rejections_total", &[("reason", reason)], n);
+    }
+
+    // §9.4 fan-out (local children).
+    let names: HashMap<TopicId, &str> = meta
+        .topics
+        .values()
+        .map(|t| (t.id, t.name.as_str()))
+        .collect();
+    e.family(
+        "narad_fanout_lag_messages",
+        Kind::Gauge,
+        "Parent records not yet copied into the child, summed over the parent's partitions.",
+    );
+    for ((parent, child), lag) in &fanout_lag {
+        if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
+            e.int(
+                "narad_fanout_lag_messages",
+                &[("parent", p), ("child", c)],
+                *lag,
+            );
+        }
+    }
+    type FanoutSeries = (&'static str, &'static str, u64);
+    let fanout_series: [FanoutSeries; 4] = [
+        (
+            "narad_fanout_committed_total",
+            "Records copied into child topics (all links of the node).",
+            fanout.copied,
+        ),
+        (
+            "narad_fanout_child_dropped_messages",
+            "Parent records never copied because retention deleted them first.",
+            fanout.dropped,
+        ),
+        (
+            "narad_fanout_unreadable_skipped_total",
+            "Parent records skipped by fan-out because they could not be read.",
+            fanout.unreadable,
+        ),
+        (
+            "narad_fanout_copy_failures_total",
+            "Fan-out copy attempts the child refused (retried).",
+            fanout.failed_copies,
+        ),
+    ];
+    for (name, help, v) in fanout_series {
+        e.family(name, Kind::Counter, help);
+        e.int(name, &[], v);
+    }
+
+    // §9.6 auth.
+    e.family(
+        "narad_auth_verify_queued",
+        Kind::Gauge,
+        "Password verifications waiting or running on the helper threads.",
+    );
+    // With security off nothing is verified; asking would start the helper threads.
+    let queued = if node.config.security_enabled {
+        crate::auth::node_auth().verify_queued() as u64
+    } else {
+        0
+    };
+    e.int("narad_auth_verify_queued", &[], queued);
+
     e.family(
         "narad_metastore_applied_index",
         Kind::Gauge,
