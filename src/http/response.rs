@@ -164,16 +164,7 @@ pub fn imf_fixdate(secs: u64) -> [u8; 29] {
     ];
     let days = secs / 86_400;
     let sod = secs % 86_400;
-    // Civil-from-days (Howard Hinnant), valid for every u64 second count we can meet.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::wire::civil::civil_from_days(days as i64);
     let mut b = [b' '; 29];
     b[..3].copy_from_slice(DAYS[(days % 7) as usize]);
     b[3] = b',';

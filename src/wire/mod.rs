@@ -12,6 +12,7 @@
 
 pub mod base64;
 pub mod body;
+pub mod civil;
 pub mod duration;
 pub mod encoding;
 pub mod json;
