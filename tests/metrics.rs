@@ -699,6 +699,8 @@ fn schema_rejections_are_counted_by_reason() {
     // Proves the §9.3 series: one valid produce, one schema violation, one non-JSON payload and
     // one over-deep payload give validations 4 and rejections invalid 1, malformed 1, depth 1,
     // busy 0, with nothing left in flight; on every shard's connection alike (node-wide merge).
+    // Also `narad_produce_rejections_total{reason="schema"}` 3 for the topic (a refused batch
+    // counts once more), and `{reason="delayed_child"}` for a direct produce to a delay child.
     let dir = TempDir::new("m-schema");
     let s = Server::start(&dir);
     let mut c = s.client();
@@ -731,7 +733,39 @@ fn schema_rejections_are_counted_by_reason() {
         assert_eq!(m.sum("narad_schema_validations_in_flight", &[]), 0.0);
         assert_eq!(m.types["narad_schema_rejections_total"], "counter");
         assert_eq!(m.types["narad_schema_validations_in_flight"], "gauge");
+        let rejected = |r: &str| {
+            m.sum(
+                "narad_produce_rejections_total",
+                &[("topic", "pay"), ("reason", r)],
+            )
+        };
+        assert_eq!(rejected("schema"), 3.0);
+        assert_eq!(rejected("delayed_child"), 0.0);
     }
+    let r = c.post_json(
+        "/v1/topics/pay/produce/batch",
+        r#"{"messages":[{"payload":{"id":"ok"}},{"payload":{"id":2}}]}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    c.create_topic("later", 3);
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"lag","parent":"later","fanout_delay_ms":1000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.post_client("/v1/topics/lag/produce", br#"{"x":1}"#);
+    assert_eq!(r.status, 409, "{}", r.text());
+    let m = scrape(&mut c);
+    let rejected = |t: &str, r: &str| {
+        m.sum(
+            "narad_produce_rejections_total",
+            &[("topic", t), ("reason", r)],
+        )
+    };
+    assert_eq!(rejected("pay", "schema"), 4.0);
+    assert_eq!(rejected("lag", "delayed_child"), 1.0);
+    assert_eq!(rejected("later", "schema"), 0.0);
+    assert_eq!(m.types["narad_produce_rejections_total"], "counter");
 }
 
 #[test]

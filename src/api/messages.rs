@@ -48,9 +48,19 @@ fn store_failure(e: StoreError) -> Response {
     }
 }
 
+/// Counts a schema refusal (a 4xx; `503` busy is capacity, not a rejection of the payload).
+fn schema_rejected(node: &Node, t: &TopicMeta, status: u16) {
+    if status < 500 {
+        node.metrics
+            .produce_rejected(t.id, crate::metrics::ProduceRejection::Schema);
+    }
+}
+
 /// Refusals shared by single and batch produce once the topic is known.
-fn produce_refusal(t: &TopicMeta) -> Option<Response> {
+fn produce_refusal(node: &Node, t: &TopicMeta) -> Option<Response> {
     if t.parent.is_some() && t.fanout_delay_ms > 0 {
+        node.metrics
+            .produce_rejected(t.id, crate::metrics::ProduceRejection::DelayedChild);
         return Some(error(
             409,
             "direct produce to a delayed child topic is not allowed",
@@ -117,10 +127,11 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         Ok(p) => p,
         Err(r) => return r,
     };
-    if let Some(r) = produce_refusal(t) {
+    if let Some(r) = produce_refusal(node, t) {
         return r;
     }
     if let Err(r) = crate::schema::check_produce(t, &req.body).await {
+        schema_rejected(node, t, r.status);
         return r.response();
     }
     if pinned.is_some_and(|p| p >= t.partitions) {
@@ -174,7 +185,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
-    if let Some(r) = produce_refusal(t) {
+    if let Some(r) = produce_refusal(node, t) {
         return r;
     }
     // Pass two: schema, then partition range, per message; then every record goes to the log in
@@ -183,7 +194,10 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     let mut records = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.into_iter().enumerate() {
         if let Some(s) = &schema {
-            tri!(s.check(&m.payload).await.map_err(|r| r.at(i).response()));
+            tri!(s.check(&m.payload).await.map_err(|r| {
+                schema_rejected(node, t, r.status);
+                r.at(i).response()
+            }));
         }
         if let Some(p) = m.partition {
             if p.0 >= t.partitions {

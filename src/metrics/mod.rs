@@ -114,6 +114,17 @@ pub struct TopicCounters {
     pub nacked: u64,
     /// Queue consumes answered `204` (nothing available within the wait).
     pub consume_empty: u64,
+    /// Produces (a batch counts once) refused by the topic's schema.
+    pub rejected_schema: u64,
+    /// Produces refused because the topic is a delay child.
+    pub rejected_delayed_child: u64,
+}
+
+/// Why a produce was refused (`narad_produce_rejections_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProduceRejection {
+    Schema,
+    DelayedChild,
 }
 
 /// Queue and storage gauges of one partition, read on its owner shard.
@@ -280,6 +291,14 @@ impl Metrics {
             SettleKind::Ack => c.acked += ok,
             SettleKind::Extend => c.extended += ok,
             SettleKind::Nack => c.nacked += ok,
+        });
+    }
+
+    /// A produce (single or batch) refused for `reason`.
+    pub fn produce_rejected(&self, topic: TopicId, reason: ProduceRejection) {
+        self.topic(topic, |c| match reason {
+            ProduceRejection::Schema => c.rejected_schema += 1,
+            ProduceRejection::DelayedChild => c.rejected_delayed_child += 1,
         });
     }
 
@@ -635,6 +654,8 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             e.extended += v.extended;
             e.nacked += v.nacked;
             e.consume_empty += v.consume_empty;
+            e.rejected_schema += v.rejected_schema;
+            e.rejected_delayed_child += v.rejected_delayed_child;
         }
         for (k, v) in &s.partitions {
             gauges.insert(*k, *v);
@@ -789,6 +810,25 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         for t in meta.topics.values() {
             let v = topics.get(&t.id).unwrap_or(&none);
             e.int(name, &[("topic", &t.name)], get(v));
+        }
+    }
+
+    e.family(
+        "narad_produce_rejections_total",
+        Kind::Counter,
+        "Produces refused before storage, by topic and reason (a batch counts once).",
+    );
+    for t in meta.topics.values() {
+        let v = topics.get(&t.id).unwrap_or(&none);
+        for (reason, n) in [
+            ("schema", v.rejected_schema),
+            ("delayed_child", v.rejected_delayed_child),
+        ] {
+            e.int(
+                "narad_produce_rejections_total",
+                &[("topic", &t.name), ("reason", reason)],
+                n,
+            );
         }
     }
 
