@@ -1092,44 +1092,32 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             1.0,
         );
     }
-    e.family(
-        "narad_wal_bytes_written_total",
-        Kind::Counter,
-        "Bytes written by the shard's write-ahead log, padding included.",
-    );
-    for s in &shards {
-        let id = s.shard.to_string();
-        e.int(
+    type ShardSeries = (&'static str, Kind, &'static str, fn(&ShardMetrics) -> u64);
+    let per_shard: [ShardSeries; 3] = [
+        (
             "narad_wal_bytes_written_total",
-            &[("shard", &id)],
-            s.wal_bytes_written,
-        );
-    }
-    e.family(
-        "narad_shard_http_requests_in_flight",
-        Kind::Gauge,
-        "Requests being handled, by the shard that accepted them.",
-    );
-    for s in &shards {
-        let id = s.shard.to_string();
-        e.int(
+            Kind::Counter,
+            "Bytes written by the shard's write-ahead log, padding included.",
+            |s| s.wal_bytes_written,
+        ),
+        (
             "narad_shard_http_requests_in_flight",
-            &[("shard", &id)],
-            s.in_flight,
-        );
-    }
-    e.family(
-        "narad_shard_mesh_calls_pending",
-        Kind::Gauge,
-        "Calls from the shard to other shards waiting for an answer.",
-    );
-    for s in &shards {
-        let id = s.shard.to_string();
-        e.int(
+            Kind::Gauge,
+            "Requests being handled, by the shard that accepted them.",
+            |s| s.in_flight,
+        ),
+        (
             "narad_shard_mesh_calls_pending",
-            &[("shard", &id)],
-            s.mesh_calls_pending,
-        );
+            Kind::Gauge,
+            "Calls from the shard to other shards waiting for an answer.",
+            |s| s.mesh_calls_pending,
+        ),
+    ];
+    for (name, kind, help, get) in per_shard {
+        e.family(name, kind, help);
+        for s in &shards {
+            e.int(name, &[("shard", &s.shard.to_string())], get(s));
+        }
     }
     e.family(
         "narad_shards",
