@@ -326,26 +326,11 @@ impl Node {
     /// The committed high watermark of each partition (a fan-out attach point); `None` when an
     /// owner did not answer.
     pub async fn high_watermarks(&self, keys: &[PartitionKey]) -> Option<Vec<u64>> {
-        let mut out: Vec<Option<u64>> = vec![None; keys.len()];
-        let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
-        for (i, k) in keys.iter().enumerate() {
-            by_shard.entry(self.owner(*k)).or_default().push(i);
-        }
-        for (s, idx) in by_shard {
-            let ks: Vec<PartitionKey> = idx.iter().map(|&i| keys[i]).collect();
-            let rs = if s == self.shard {
-                local_stats(&self.host, &ks)
-            } else {
-                match self.mesh.call(s, ShardReq::Stats { keys: ks }).await {
-                    Ok(ShardResp::Stats(r)) => r,
-                    _ => return None,
-                }
-            };
-            for (i, r) in idx.into_iter().zip(rs) {
-                out[i] = Some(r.0.high_watermark.0);
-            }
-        }
-        out.into_iter().collect()
+        self.stats_by_owner(keys)
+            .await
+            .into_iter()
+            .map(|o| o.map(|r| r.0.high_watermark.0))
+            .collect()
     }
 
     /// Proposes a metadata change through shard 0; answers once every shard installed it.
@@ -592,11 +577,25 @@ impl Node {
         }
     }
 
-    /// Partition stats and queue gauges (in flight, acked ahead, frontier), in input order.
+    /// Partition stats and queue gauges (in flight, acked ahead, frontier), in input order; a
+    /// partition whose owner did not answer reads as empty.
     pub async fn stats(
         &self,
         keys: &[PartitionKey],
     ) -> Vec<(PartitionStats, usize, usize, Offset)> {
+        self.stats_by_owner(keys)
+            .await
+            .into_iter()
+            .map(|o| o.unwrap_or_default())
+            .collect()
+    }
+
+    /// [`Node::stats`] asked of each owner shard once, in input order; `None` for a partition
+    /// whose owner did not answer.
+    async fn stats_by_owner(
+        &self,
+        keys: &[PartitionKey],
+    ) -> Vec<Option<(PartitionStats, usize, usize, Offset)>> {
         let mut out: Vec<Option<(PartitionStats, usize, usize, Offset)>> = vec![None; keys.len()];
         let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
         for (i, k) in keys.iter().enumerate() {
@@ -616,7 +615,7 @@ impl Node {
                 out[i] = Some(r);
             }
         }
-        out.into_iter().map(|o| o.unwrap_or_default()).collect()
+        out
     }
 
     /// Parks until something may be available for `topic` on any shard, or `deadline_ms` passes.
