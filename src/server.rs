@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use narad_io::log::{LogConfig, ShardLog};
 use narad_io::rt::{self, MeshSetup, RuntimeConfig, ShutdownSignal, TcpListener};
-use narad_io::types::ShardId;
+use narad_io::types::{ShardId, PLACEMENT_VERSION};
 use narad_raft::{MetaConfig, MetaNode};
 use narad_shard::host::Host;
 
@@ -42,17 +42,35 @@ pub fn init_logging(config: &Config) {
     };
 }
 
-/// The shard count is fixed when the data directory is created and recorded in it.
+/// The shard count is fixed when the data directory is created and recorded in it (`shards`:
+/// the count, then `placement <v>`, the partition-to-shard placement of
+/// [`narad_io::types::owner_shard`]). A multi-shard directory laid out by another placement is
+/// refused: its partitions would be looked for on the wrong shards.
 fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
     let path = data_dir.join("shards");
     if let Ok(s) = std::fs::read_to_string(&path) {
-        let n: u32 = s
+        let mut lines = s.lines();
+        let n: u32 = lines
+            .next()
+            .unwrap_or("")
             .trim()
             .parse()
             .map_err(|_| format!("{}: not a shard count", path.display()))?;
         if wanted != 0 && wanted != n {
             return Err(format!(
                 "the data directory was created with {n} shards; NARAD_SHARDS={wanted} cannot change it"
+            ));
+        }
+        let placement = lines
+            .find_map(|l| l.trim().strip_prefix("placement "))
+            .map_or(Some(1), |v| v.trim().parse::<u32>().ok());
+        if n > 1 && placement != Some(PLACEMENT_VERSION) {
+            return Err(format!(
+                "{}: the data directory was laid out with partition placement {} by another \
+                 build; this build uses placement {PLACEMENT_VERSION}: start it with the build that \
+                 created it, or use a new data directory",
+                path.display(),
+                placement.map_or("(unreadable)".to_string(), |v| v.to_string()),
             ));
         }
         return Ok(n);
@@ -63,7 +81,8 @@ fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
         rt::available_cpus().len().max(1) as u32
     };
     let tmp = data_dir.join("shards.tmp");
-    std::fs::write(&tmp, format!("{n}\n")).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::write(&tmp, format!("{n}\nplacement {PLACEMENT_VERSION}\n"))
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(|e| e.to_string())?;
@@ -278,4 +297,36 @@ fn spawn_housekeeping(node: &Rc<Node>) {
         }
     })
     .detach();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_count_records_placement_and_refuses_other_layouts() {
+        // Proves a new directory records its count and placement and reopens with them, that a
+        // one-shard directory without a placement line still opens (placement cannot matter),
+        // and that a multi-shard directory of the earlier placement is refused with a message
+        // that says why instead of looking for its partitions on the wrong shards.
+        let dir = std::env::temp_dir().join(format!("narad-shards-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(shard_count(&dir, 3).unwrap(), 3);
+        let text = std::fs::read_to_string(dir.join("shards")).unwrap();
+        assert_eq!(text, format!("3\nplacement {PLACEMENT_VERSION}\n"));
+        assert_eq!(shard_count(&dir, 0).unwrap(), 3);
+        assert!(shard_count(&dir, 2)
+            .unwrap_err()
+            .contains("created with 3 shards"));
+        std::fs::write(dir.join("shards"), "1\n").unwrap();
+        assert_eq!(shard_count(&dir, 0).unwrap(), 1);
+        std::fs::write(dir.join("shards"), "2\n").unwrap();
+        let e = shard_count(&dir, 0).unwrap_err();
+        assert!(
+            e.contains("placement 1") && e.contains("new data directory"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -266,6 +266,11 @@ pub async fn sync_dir(path: &Path) -> io::Result<()> {
     d.close().await.map_err(io_err)
 }
 
+/// Renames a file (rename(2), atomic). The caller fsyncs the directory when it must persist.
+pub async fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    glommio::io::rename(from, to).await.map_err(io_err)
+}
+
 /// Removes a file (unlink). The caller fsyncs the directory when the removal must persist.
 pub async fn remove_file(path: &Path) -> io::Result<()> {
     glommio::io::remove(path).await.map_err(io_err)

@@ -38,6 +38,10 @@ pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:020}.wal"))
 }
 
+/// Where the next segment is prepared (pre-allocated, zero-filled, fdatasync'ed) before it is
+/// needed; renamed to its segment name at rollover. Not a segment name: recovery never reads it.
+pub const SPARE_NAME: &str = "next-segment.spare";
+
 fn parse_segment_name(name: &str) -> Option<u64> {
     let digits = name.strip_suffix(".wal")?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -65,6 +69,9 @@ struct Inner {
     /// was queued, so another batch may start.
     kick: Notify,
     segments_released: Cell<u64>,
+    /// The next segment, prepared and zero-filled in the background (see [`prepare_spare`]).
+    spare: RefCell<Option<DirectFile>>,
+    spare_running: Cell<bool>,
 }
 
 /// Handle to one shard's WAL. Clone-able; lives on one shard.
@@ -109,8 +116,14 @@ impl Wal {
             segments.remove(&s);
         }
         let write_at = rec.write_at.unwrap_or_default();
+        // A spare left by an earlier run may not be wholly zeroed: make a new one.
+        match file::remove_file(&cfg.dir.join(SPARE_NAME)).await {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(WalError::Io(e)),
+            _ => {}
+        }
         let path = segment_path(&cfg.dir, write_at.segment);
         let current = DirectFile::open_rw(&path, true, false).await?;
+        let old_size = current.file_size().await?;
         // Idempotent for an existing segment; reserves the space of a new or short one.
         if let Err(e) = current.pre_allocate(cfg.segment_bytes).await {
             return Err(if file::is_disk_full(&e) {
@@ -125,6 +138,11 @@ impl Wal {
                 "torn tail is where the log continues"
             );
             current.zero_range(at.byte, end).await?;
+        }
+        if old_size == 0 {
+            // A new segment: write its zeros now, so that its extents are initialised and each
+            // batch's fdatasync has no extent conversion to write (see `prepare_spare`).
+            zero_fill(&current, cfg.segment_bytes).await?;
         }
         current.fdatasync().await?;
         segments.insert(write_at.segment);
@@ -155,8 +173,12 @@ impl Wal {
             committer_running: Cell::new(false),
             kick: Notify::new(),
             segments_released: Cell::new(0),
+            spare: RefCell::new(None),
+            spare_running: Cell::new(false),
         };
-        Ok((Wal(Rc::new(inner)), rec.records, rec.stats))
+        let wal = Wal(Rc::new(inner));
+        start_spare(&wal.0);
+        Ok((wal, rec.records, rec.stats))
     }
 
     /// Group commit: all records of one call go into one batch, contiguous and in order. Resolves
@@ -457,24 +479,46 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
     Outcome::Durable
 }
 
-/// Creates, pre-allocates and syncs segment `id` (file and directory), then makes it current.
-/// On failure the partial file is removed and the current segment is unchanged.
+/// Makes segment `id` current: the prepared spare renamed to its name when one is ready (the
+/// usual case), else a file created and pre-allocated here. Either way the file and the directory
+/// are synced before the segment is used. On failure the partial file is removed and the current
+/// segment is unchanged.
 async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
     let path = segment_path(&inner.cfg.dir, id);
-    let f = DirectFile::open_rw(&path, true, false).await?;
-    let made = async {
-        f.pre_allocate(inner.cfg.segment_bytes).await?;
-        f.fdatasync().await?;
-        file::sync_dir(&inner.cfg.dir).await
-    }
-    .await;
-    if let Err(e) = made {
-        let _ = f.close().await;
-        if let Err(re) = file::remove_file(&path).await {
-            tracing::warn!(error = %re, path = %path.display(), "could not remove a half-made WAL segment");
+    let spare = inner.spare.borrow_mut().take();
+    let f = match spare {
+        Some(f) => {
+            let renamed = async {
+                file::rename(&inner.cfg.dir.join(SPARE_NAME), &path).await?;
+                file::sync_dir(&inner.cfg.dir).await
+            }
+            .await;
+            if let Err(e) = renamed {
+                let _ = f.close().await;
+                let _ = file::remove_file(&path).await;
+                return Err(e);
+            }
+            f
         }
-        return Err(e);
-    }
+        None => {
+            let f = DirectFile::open_rw(&path, true, false).await?;
+            let made = async {
+                f.pre_allocate(inner.cfg.segment_bytes).await?;
+                f.fdatasync().await?;
+                file::sync_dir(&inner.cfg.dir).await
+            }
+            .await;
+            if let Err(e) = made {
+                let _ = f.close().await;
+                if let Err(re) = file::remove_file(&path).await {
+                    tracing::warn!(error = %re, path = %path.display(), "could not remove a half-made WAL segment");
+                }
+                return Err(e);
+            }
+            f
+        }
+    };
+    start_spare(inner);
     inner.segments.borrow_mut().insert(id);
     let old = std::mem::replace(&mut *inner.current.borrow_mut(), Rc::new(f));
     // Every batch in the old segment is durable already; close it once no one else holds it.
@@ -482,6 +526,70 @@ async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
         if let Err(e) = old.close().await {
             tracing::warn!(error = %e, "closing a full WAL segment");
         }
+    }
+    Ok(())
+}
+
+/// Starts preparing the next segment in the background unless one is ready or being prepared.
+fn start_spare(inner: &Rc<Inner>) {
+    if inner.spare.borrow().is_some() || inner.spare_running.get() {
+        return;
+    }
+    inner.spare_running.set(true);
+    let weak = Rc::downgrade(inner);
+    crate::rt::spawn(async move {
+        let Some(inner) = weak.upgrade() else { return };
+        let path = inner.cfg.dir.join(SPARE_NAME);
+        let bytes = inner.cfg.segment_bytes;
+        drop(inner);
+        let made = prepare_spare(&path, bytes).await;
+        let Some(inner) = weak.upgrade() else { return };
+        inner.spare_running.set(false);
+        match made {
+            Ok(f) => *inner.spare.borrow_mut() = Some(f),
+            Err(e) => {
+                // Not fatal: rollover then creates the segment itself (fallocate only).
+                tracing::warn!(error = %e, path = %path.display(), "could not prepare the next WAL segment");
+                let _ = file::remove_file(&path).await;
+            }
+        }
+    })
+    .detach();
+}
+
+/// Prepares the next segment: created, pre-allocated (ENOSPC shows here), every byte written
+/// with zeros and fdatasync'ed. fallocate alone leaves *unwritten* extents: the first write into
+/// each then converts it, and that batch's fdatasync must also write the inode (measured here
+/// with 4 KiB O_DIRECT + O_DSYNC writes: 160–225 µs per write into fallocated space against
+/// 106 µs into written space). Zeroing costs one sequential write of the segment, off the
+/// produce path.
+async fn prepare_spare(path: &Path, bytes: u64) -> io::Result<DirectFile> {
+    let f = DirectFile::open_rw(path, true, false).await?;
+    let made = async {
+        f.truncate(0).await?;
+        f.pre_allocate(bytes).await?;
+        zero_fill(&f, bytes).await?;
+        f.fdatasync().await
+    }
+    .await;
+    match made {
+        Ok(()) => Ok(f),
+        Err(e) => {
+            let _ = f.close().await;
+            Err(e)
+        }
+    }
+}
+
+/// Writes zeros over `[0, bytes)` of `f`, yielding to other tasks between chunks.
+async fn zero_fill(f: &DirectFile, bytes: u64) -> io::Result<()> {
+    const STEP: u64 = 4 << 20;
+    let mut at = 0;
+    while at < bytes {
+        let to = (at + STEP).min(bytes);
+        f.zero_range(at, to).await?;
+        at = to;
+        crate::rt::yield_if_needed().await;
     }
     Ok(())
 }

@@ -25,6 +25,9 @@
 //! 2. Segments are created with fallocate, fdatasync'ed and their directory fsync'ed before the
 //!    first batch is written into them, so a durable batch never lives in a file whose size or
 //!    name could vanish. ENOSPC can only come from that allocation, before anything is written.
+//!    The next segment is prepared in the background under a name recovery never reads
+//!    (`next-segment.spare`: fallocate, zeros written over it, fdatasync) and renamed into place
+//!    (then the directory fsync'ed) at rollover; a spare found at open is deleted unread.
 //! 3. Recovery accepts a batch only if its header checksum, sequence number and payload checksum
 //!    are right. Garbage followed by a valid later batch is corruption of acknowledged data:
 //!    counted, logged with `tracing::error!`, the intact prefix of that batch kept, and the scan
@@ -42,7 +45,7 @@ pub mod sim;
 use std::path::PathBuf;
 
 pub use crate::codec::{WalPosition, WalRecord};
-pub use driver::Wal;
+pub use driver::{segment_path, Wal, SPARE_NAME};
 
 /// Default pipelining depth of the group commit.
 pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
