@@ -85,8 +85,10 @@ pub struct BenchArgs {
     /// Messages per batch produce (W2/W3 default 100, at most 1000; W4 default 1).
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Consumer connections (W3 and `--consume`).
-    #[arg(long, default_value_t = 16)]
+    /// Consumer connections (W3 and `--consume`). The default 10 keeps 10 x `--consume-max` 100
+    /// within the broker's per-identity consume cap (1024 records in flight per client IP with
+    /// security off, API.md §4): more would be answered 429 by design.
+    #[arg(long, default_value_t = 10)]
     pub consumers: usize,
     /// Records per batch consume (1..100).
     #[arg(long, default_value_t = 100)]
