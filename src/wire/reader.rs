@@ -14,6 +14,38 @@ pub const JSON_DEPTH_MAX: usize = 10_000;
 const DEPTH_WORDS: usize = JSON_DEPTH_MAX.div_ceil(64);
 
 /// Bytes that end a run of plain string content: `"`, `\\` and control characters.
+/// Length of the run of plain string content at the start of `b`: bytes up to (not including)
+/// the first `"`, `\\` or control character, or `b.len()` when there is none. Eight bytes per
+/// step (SWAR): a byte-at-a-time scan of 256-byte payloads was 7 % of the broker's CPU in
+/// batch produces.
+#[inline]
+pub(crate) fn plain_run(b: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while i + 8 <= b.len() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        let x = u64::from_le_bytes(w);
+        // A high bit marks a byte below 0x20, equal to '"' or equal to '\\'. Each test may also
+        // mark bytes above a true hit (borrows), never below one, so the lowest mark is exact.
+        let ctl = x.wrapping_sub(ONES * 0x20) & !x;
+        let q = x ^ (ONES * u64::from(b'"'));
+        let q = q.wrapping_sub(ONES) & !q;
+        let bs = x ^ (ONES * u64::from(b'\\'));
+        let bs = bs.wrapping_sub(ONES) & !bs;
+        let m = (ctl | q | bs) & HIGH;
+        if m != 0 {
+            return i + (m.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + b[i..]
+        .iter()
+        .position(|&c| STRING_STOP[c as usize])
+        .unwrap_or(b.len() - i)
+}
+
 const STRING_STOP: [bool; 256] = {
     let mut t = [false; 256];
     let mut i = 0;
@@ -238,10 +270,7 @@ impl<'a> Reader<'a> {
         loop {
             // Fast path: run over plain bytes.
             let rest = &self.buf[self.pos.min(self.buf.len())..];
-            self.pos += rest
-                .iter()
-                .position(|&c| STRING_STOP[c as usize])
-                .unwrap_or(rest.len());
+            self.pos += plain_run(rest);
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
@@ -296,28 +325,17 @@ impl<'a> Reader<'a> {
             return Err(self.error("looking for beginning of value"));
         }
         let start = self.pos + 1;
-        let mut p = start;
-        while let Some(&c) = self.buf.get(p) {
-            if c == b'"' {
-                self.pos = p + 1;
-                return Ok(Cow::Borrowed(&self.buf[start..p]));
-            }
-            if c == b'\\' || c < 0x20 {
-                break;
-            }
-            p += 1;
+        let p = start + plain_run(&self.buf[start.min(self.buf.len())..]);
+        if self.buf.get(p) == Some(&b'"') {
+            self.pos = p + 1;
+            return Ok(Cow::Borrowed(&self.buf[start..p]));
         }
         // Slow path: escapes present.
         self.pos = start;
         let mut out = Vec::with_capacity(p - start + 16);
         loop {
             let run = self.pos;
-            while let Some(&c) = self.buf.get(self.pos) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.pos += 1;
-            }
+            self.pos += plain_run(&self.buf[run.min(self.buf.len())..]);
             out.extend_from_slice(&self.buf[run..self.pos]);
             match self.peek() {
                 Some(b'"') => {
@@ -423,6 +441,43 @@ pub fn json_syntax_error(bytes: &[u8]) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn plain_run_matches_a_byte_scan() {
+        // Proves the 8-bytes-at-a-time scan finds exactly the first '"', '\\' or control byte
+        // (or none) at every position and alignment, including bytes >= 0x80 and 0x7f next to
+        // hits, against the plain byte-by-byte definition; seeded, prints the seed on failure.
+        let seed = 0x5eed_u64;
+        let mut x = seed;
+        let alphabet = [
+            b'a', b'"', b'\\', 0x00, 0x1f, 0x20, 0x21, 0x5b, 0x5d, 0x7f, 0x80, 0xff, 0xa2, b'#',
+        ];
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 40) as usize;
+            let mut b = vec![b'x'; len];
+            let mut y = x;
+            for c in b.iter_mut() {
+                y = y
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Mostly plain bytes, sometimes one from the interesting alphabet.
+                if (y >> 60) < 3 {
+                    *c = alphabet[((y >> 32) % alphabet.len() as u64) as usize];
+                } else {
+                    *c = 0x20 + ((y >> 40) % 0x60) as u8;
+                }
+            }
+            let want = b
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+                .unwrap_or(b.len());
+            assert_eq!(plain_run(&b), want, "seed {seed:#x} input {b:?}");
+        }
+    }
+
     use super::*;
 
     #[test]
