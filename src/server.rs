@@ -136,7 +136,8 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_PARTITION_SEGMENT_BYTES`: partition segment size (default 64 MiB, at least 4096);
 /// `NARAD_TEST_RETENTION_INTERVAL_MS`: how often retention runs (default 60 s);
 /// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
-/// much later (default 0).
+/// much later (default 0); `NARAD_TEST_WAL_BATCHES_IN_FLIGHT`: WAL batches in flight per shard
+/// (pipelined group commit depth, 1..7, default 2; for benchmarks).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -145,6 +146,9 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     let mut c = LogConfig::new(PathBuf::from(data_dir), shard, shards);
     if let Some(b) = test_knob("NARAD_TEST_PARTITION_SEGMENT_BYTES") {
         c.partition_segment_bytes_max = b.max(4096);
+    }
+    if let Some(n) = test_knob("NARAD_TEST_WAL_BATCHES_IN_FLIGHT") {
+        c.wal_batches_in_flight_max = n.clamp(1, 7) as usize;
     }
     c
 }
