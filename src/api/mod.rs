@@ -163,104 +163,138 @@ pub fn route_label(method: &str, path: &str) -> &'static str {
     }
 }
 
+/// The path arguments of a matched route (topic or user name, child name): at most two, kept
+/// inline so that matching a route allocates nothing (it runs for the body cap, the handler and
+/// the metrics label of every request).
+#[derive(Clone, Copy, Debug, Default)]
+struct Args<'a>([&'a str; 2], usize);
+
+impl<'a> Args<'a> {
+    const NONE: Args<'static> = Args(["", ""], 0);
+    fn one(a: &'a str) -> Args<'a> {
+        Args([a, ""], 1)
+    }
+    fn two(a: &'a str, b: &'a str) -> Args<'a> {
+        Args([a, b], 2)
+    }
+    fn first(&self) -> Option<&'a str> {
+        self.get(0)
+    }
+    fn get(&self, i: usize) -> Option<&'a str> {
+        (i < self.1).then(|| self.0[i])
+    }
+}
+
+/// Segments of the deepest route (`/v1/topics/{t}/children/{c}`) plus one, to tell deeper paths.
+const ROUTE_SEGMENTS_MAX: usize = 6;
+
 enum Match<'a> {
-    Found(Route, Vec<&'a str>),
+    Found(Route, Args<'a>),
     WrongMethod(&'static str),
     NotFound,
 }
 
 fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
-    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let mut buf = [""; ROUTE_SEGMENTS_MAX];
+    let mut n = 0;
+    for seg in path.trim_start_matches('/').split('/') {
+        if n == buf.len() {
+            return Match::NotFound;
+        }
+        buf[n] = seg;
+        n += 1;
+    }
+    let segs = &buf[..n];
     let get = method == "GET" || method == "HEAD";
     use Route::*;
     let found = |r, args| Match::Found(r, args);
-    match segs.as_slice() {
-        ["healthz"] if get => found(Healthz, vec![]),
+    match segs {
+        ["healthz"] if get => found(Healthz, Args::NONE),
         ["healthz"] => Match::WrongMethod("GET, HEAD"),
-        ["readyz"] if get => found(Readyz, vec![]),
+        ["readyz"] if get => found(Readyz, Args::NONE),
         ["readyz"] => Match::WrongMethod("GET, HEAD"),
-        ["metrics"] if get => found(Metrics, vec![]),
+        ["metrics"] if get => found(Metrics, Args::NONE),
         ["metrics"] => Match::WrongMethod("GET, HEAD"),
-        ["v1", "openapi.json"] if get => found(OpenApi, vec![]),
+        ["v1", "openapi.json"] if get => found(OpenApi, Args::NONE),
         ["v1", "openapi.json"] => Match::WrongMethod("GET, HEAD"),
         ["v1", "topics"] => match method {
-            "POST" => found(TopicsCreate, vec![]),
-            "GET" | "HEAD" => found(TopicsList, vec![]),
+            "POST" => found(TopicsCreate, Args::NONE),
+            "GET" | "HEAD" => found(TopicsList, Args::NONE),
             _ => Match::WrongMethod("GET, HEAD, POST"),
         },
         ["v1", "topics", t] if !t.is_empty() => match method {
-            "GET" | "HEAD" => found(TopicGet, vec![t]),
-            "PATCH" => found(TopicPatch, vec![t]),
-            "DELETE" => found(TopicDelete, vec![t]),
+            "GET" | "HEAD" => found(TopicGet, Args::one(t)),
+            "PATCH" => found(TopicPatch, Args::one(t)),
+            "DELETE" => found(TopicDelete, Args::one(t)),
             _ => Match::WrongMethod("DELETE, GET, HEAD, PATCH"),
         },
         ["v1", "topics", t, "schema"] if !t.is_empty() => {
             if get {
-                found(TopicSchema, vec![t])
+                found(TopicSchema, Args::one(t))
             } else {
                 Match::WrongMethod("GET, HEAD")
             }
         }
         ["v1", "topics", t, "produce"] if !t.is_empty() => {
             if method == "POST" {
-                found(Produce, vec![t])
+                found(Produce, Args::one(t))
             } else {
                 Match::WrongMethod("POST")
             }
         }
         ["v1", "topics", t, "produce", "batch"] if !t.is_empty() => {
             if method == "POST" {
-                found(ProduceBatch, vec![t])
+                found(ProduceBatch, Args::one(t))
             } else {
                 Match::WrongMethod("POST")
             }
         }
         ["v1", "topics", t, "consume"] if !t.is_empty() => {
             if get {
-                found(Consume, vec![t])
+                found(Consume, Args::one(t))
             } else {
                 Match::WrongMethod("GET, HEAD")
             }
         }
         ["v1", "topics", t, "children"] if !t.is_empty() => match method {
-            "POST" => found(ChildrenAttach, vec![t]),
-            "GET" | "HEAD" => found(ChildrenList, vec![t]),
+            "POST" => found(ChildrenAttach, Args::one(t)),
+            "GET" | "HEAD" => found(ChildrenList, Args::one(t)),
             _ => Match::WrongMethod("GET, HEAD, POST"),
         },
         ["v1", "topics", t, "children", c] if !t.is_empty() && !c.is_empty() => {
             if method == "DELETE" {
-                found(ChildDetach, vec![t, c])
+                found(ChildDetach, Args::two(t, c))
             } else {
                 Match::WrongMethod("DELETE")
             }
         }
         ["v1", "topics", t, "ack"] if !t.is_empty() => {
             if method == "POST" {
-                found(Ack, vec![t])
+                found(Ack, Args::one(t))
             } else {
                 Match::WrongMethod("POST")
             }
         }
         ["v1", "users"] => match method {
-            "POST" => found(UsersCreate, vec![]),
-            "GET" | "HEAD" => found(UsersList, vec![]),
+            "POST" => found(UsersCreate, Args::NONE),
+            "GET" | "HEAD" => found(UsersList, Args::NONE),
             _ => Match::WrongMethod("GET, HEAD, POST"),
         },
         ["v1", "users", u] if !u.is_empty() => match method {
-            "GET" | "HEAD" => found(UserGet, vec![u]),
-            "DELETE" => found(UserDelete, vec![u]),
+            "GET" | "HEAD" => found(UserGet, Args::one(u)),
+            "DELETE" => found(UserDelete, Args::one(u)),
             _ => Match::WrongMethod("DELETE, GET, HEAD"),
         },
         ["v1", "users", u, "grants"] if !u.is_empty() => {
             if method == "PUT" {
-                found(UserGrants, vec![u])
+                found(UserGrants, Args::one(u))
             } else {
                 Match::WrongMethod("PUT")
             }
         }
         ["v1", "users", u, "password"] if !u.is_empty() => {
             if method == "PUT" {
-                found(UserPassword, vec![u])
+                found(UserPassword, Args::one(u))
             } else {
                 Match::WrongMethod("PUT")
             }
@@ -277,14 +311,11 @@ fn guard_passes(headers: &Headers) -> bool {
     let Some(ct) = headers.get("content-type") else {
         return false;
     };
-    let ct = String::from_utf8_lossy(ct);
-    let media = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    media == "application/json" || media == "application/octet-stream"
+    // The media type before any parameters, trimmed, compared without regard to case (no
+    // allocation: this runs for every produce).
+    let media = ct.split(|&b| b == b';').next().unwrap_or(&[]).trim_ascii();
+    media.eq_ignore_ascii_case(b"application/json")
+        || media.eq_ignore_ascii_case(b"application/octet-stream")
 }
 
 fn is_state_changing(method: &str) -> bool {
@@ -362,7 +393,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     }
     let (r, args) = match route(req.method.as_str(), &path) {
         Match::Found(r, _) if req.body.len() > route_body_cap(r) => return too_large_for(r),
-        Match::Found(r, args) => (r, args.into_iter().map(String::from).collect::<Vec<_>>()),
+        Match::Found(r, args) => (r, args),
         // body_limit already answered these; kept for callers that skip it.
         Match::NotFound => return Response::text(404, "404 page not found\n"),
         Match::WrongMethod(allow) => {
@@ -371,7 +402,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             return r;
         }
     };
-    let topic = args.first().map(|t| percent_decode_segment(t));
+    let topic = args.first().map(percent_decode_segment);
     let topic = match topic {
         Some(Ok(t)) => Some(t),
         Some(Err(())) => return Response::text(404, "404 page not found\n"),
@@ -413,7 +444,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::Ack => messages::ack(node, &req, t).await,
         Route::ChildrenAttach => children::attach(node, &req, t).await,
         Route::ChildrenList => children::list(node, &req, t).await,
-        Route::ChildDetach => match args.get(1).map(|c| percent_decode_segment(c)) {
+        Route::ChildDetach => match args.get(1).map(percent_decode_segment) {
             Some(Ok(c)) => children::detach(node, &req, t, &c).await,
             _ => Response::text(404, "404 page not found\n"),
         },
@@ -623,6 +654,47 @@ fn percent_decode_segment(s: &str) -> Result<String, ()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guard_and_route_depth_without_allocation() {
+        // Proves the cross-site guard accepts the two media types in any case, with parameters
+        // and spaces, or any non-empty X-Narad-Client, and refuses others and empty values; and
+        // that paths deeper than the deepest route are 404 while the deepest still matches.
+        let h = |pairs: &[(&str, &[u8])]| {
+            let mut h = crate::http::Headers::with_capacity(4, 64);
+            for (n, v) in pairs {
+                h.push(n, v);
+            }
+            h
+        };
+        assert!(guard_passes(&h(&[("content-type", b"application/json")])));
+        assert!(guard_passes(&h(&[(
+            "content-type",
+            b" Application/JSON ; charset=utf-8"
+        )])));
+        assert!(guard_passes(&h(&[(
+            "content-type",
+            b"application/octet-stream"
+        )])));
+        assert!(guard_passes(&h(&[("x-narad-client", b"go-sdk")])));
+        assert!(!guard_passes(&h(&[("content-type", b"text/plain")])));
+        assert!(!guard_passes(&h(&[("content-type", b"application/jsonx")])));
+        assert!(!guard_passes(&h(&[("content-type", b"\xff\xfe")])));
+        assert!(!guard_passes(&h(&[("x-narad-client", b"")])));
+        assert!(!guard_passes(&h(&[])));
+        assert!(matches!(
+            route("DELETE", "/v1/topics/a/children/b"),
+            Match::Found(Route::ChildDetach, a) if a.first() == Some("a") && a.get(1) == Some("b")
+        ));
+        assert!(matches!(
+            route("DELETE", "/v1/topics/a/children/b/c"),
+            Match::NotFound
+        ));
+        assert!(matches!(
+            route("GET", "/v1/topics/a/b/c/d/e/f/g"),
+            Match::NotFound
+        ));
+    }
 
     #[test]
     fn router_matches_spec_routes_and_methods() {
