@@ -137,7 +137,9 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_RETENTION_INTERVAL_MS`: how often retention runs (default 60 s);
 /// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
 /// much later (default 0); `NARAD_TEST_WAL_BATCHES_IN_FLIGHT`: WAL batches in flight per shard
-/// (pipelined group commit depth, 1..7, default 2; for benchmarks).
+/// (pipelined group commit depth, 1..7, default 2; for benchmarks);
+/// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
+/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -146,6 +148,12 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     let mut c = LogConfig::new(PathBuf::from(data_dir), shard, shards);
     if let Some(b) = test_knob("NARAD_TEST_PARTITION_SEGMENT_BYTES") {
         c.partition_segment_bytes_max = b.max(4096);
+    }
+    if let Some(b) = test_knob("NARAD_TEST_CHECKPOINT_WAL_BYTES") {
+        c.checkpoint_wal_bytes = b.max(1 << 20);
+    }
+    if let Some(ms) = test_knob("NARAD_TEST_CHECKPOINT_INTERVAL_MS") {
+        c.checkpoint_interval_ms = ms.max(10);
     }
     if let Some(n) = test_knob("NARAD_TEST_WAL_BATCHES_IN_FLIGHT") {
         c.wal_batches_in_flight_max = n.clamp(1, 7) as usize;
