@@ -138,6 +138,8 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
 /// much later (default 0); `NARAD_TEST_WAL_BATCHES_IN_FLIGHT`: WAL batches in flight per shard
 /// (pipelined group commit depth, 1..7, default 2; for benchmarks);
+/// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
+/// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
 /// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks).
 fn test_knob(name: &str) -> Option<u64> {
@@ -157,6 +159,9 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     }
     if let Some(n) = test_knob("NARAD_TEST_WAL_BATCHES_IN_FLIGHT") {
         c.wal_batches_in_flight_max = n.clamp(1, 7) as usize;
+    }
+    if let Some(b) = test_knob("NARAD_TEST_WAL_PIPELINE_MIN_BYTES") {
+        c.wal_pipeline_min_bytes = b as usize;
     }
     c
 }

@@ -7,9 +7,10 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use common_log::*;
-use narad_io::log::{AppendRecord, LogError, ShardLog};
+use narad_io::log::{AppendRecord, LogConfig, LogError, ShardLog};
 use narad_io::rt;
 use narad_io::types::{Offset, PartitionKey, UnixMillis};
+use narad_io::wal::WalStats;
 
 #[test]
 fn concurrent_appends_get_dense_offsets_and_read_back() {
@@ -86,6 +87,64 @@ fn concurrent_appends_get_dense_offsets_and_read_back() {
         ));
     });
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs `appenders` tasks, each making `each` single-record appends one after another (`staggered`:
+/// with a short pause of its own after each), and returns the WAL's stats after checking every
+/// offset came back dense.
+fn closed_loop_wal_stats(
+    name: &str,
+    cfg_fn: impl FnOnce(&mut LogConfig),
+    appenders: u64,
+    each: u64,
+    staggered: bool,
+) -> WalStats {
+    let dir = temp_dir(name);
+    let mut cfg = small_cfg(dir.clone());
+    cfg.wal_batches_in_flight_max = 2;
+    cfg_fn(&mut cfg);
+    let stats = rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+        let mut tasks = Vec::new();
+        for a in 0..appenders {
+            let log = log.clone();
+            tasks.push(rt::spawn(async move {
+                for i in 0..each {
+                    log.append(vec![rec(key(3, a as u32), i)]).await.unwrap();
+                    if staggered {
+                        // Desynchronise the appenders so appends arrive while a batch is in
+                        // flight rather than all together just after it resolved.
+                        let us = (a * 53 + i * 17) % 300;
+                        rt::sleep(std::time::Duration::from_micros(us)).await;
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            t.await;
+        }
+        for a in 0..appenders {
+            assert_eq!(log.high_watermark(key(3, a as u32)), Offset(each));
+        }
+        let ws = log.wal_stats();
+        log.close().await.unwrap();
+        ws
+    });
+    let _ = std::fs::remove_dir_all(dir);
+    stats
+}
+
+#[test]
+fn light_load_does_not_pipeline_tiny_batches() {
+    // Proves the pipelining threshold: 4 staggered appenders of ~100-byte records can never queue
+    // 4 KiB, so with the default threshold no batch is started behind one in flight (each flush
+    // carries everything queued meanwhile); with the threshold at 0 the same load pipelines.
+    let light = closed_loop_wal_stats("pipe-light", |_| {}, 4, 40, true);
+    assert_eq!(light.records, 160);
+    assert_eq!(light.pipelined_batches, 0, "{light:?}");
+    let eager = closed_loop_wal_stats("pipe-eager", |c| c.wal_pipeline_min_bytes = 0, 4, 40, true);
+    assert_eq!(eager.records, 160);
+    assert!(eager.pipelined_batches > 0, "{eager:?}");
 }
 
 #[test]

@@ -331,6 +331,7 @@ impl Core {
                 );
                 self.write_at = plan.end;
                 self.stats.batches += 1;
+                self.stats.pipelined_batches += u64::from(plan.in_flight_before > 0);
                 self.stats.records += u64::from(plan.records);
                 self.stats.bytes_written += plan.span as u64;
                 self.stats.batch_records.record(u64::from(plan.records));

@@ -165,6 +165,8 @@ impl Log2Histogram {
 #[derive(Clone, Debug, Default)]
 pub struct WalStats {
     pub batches: u64,
+    /// Batches started while an earlier one was still in flight.
+    pub pipelined_batches: u64,
     pub fsyncs: u64,
     pub records: u64,
     /// Bytes written by batch writes, padding included.
