@@ -14,8 +14,8 @@
 //! every partition and producer in the batch. Up to `wal_batches_in_flight_max` batches are in
 //! flight (pipelined group commit): the committer hands the next batch over as soon as the WAL
 //! can start writing it and at least `wal_pipeline_min_bytes` are queued (at light load the queue
-//! waits for the batch in flight instead of paying a second fsync for one message), assigning offsets after those of the batches in flight
-//! (`planned_next`). The WAL resolves batches strictly in order and a failed batch fails every
+//! waits for the batch in flight instead of paying a second fsync for one message), assigning
+//! offsets after those of the batches in flight (`planned_next`). The WAL resolves batches strictly in order and a failed batch fails every
 //! batch behind it, so a failed batch needs no rollback: once nothing is in flight the committer
 //! plans again from the partitions' ends in their files, and the failed offsets are simply never
 //! used. After the WAL answers durable-and-verified for the oldest batch, the committer writes
@@ -919,7 +919,8 @@ fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
 /// The committer: plans a batch (offsets, frames), hands it to the WAL, and materialises and
 /// answers batches strictly in order as the WAL makes them durable. Up to the WAL's
 /// `batches_in_flight_max` batches are in flight; the next one is handed over only when the WAL
-/// can start writing it at once, so it gathers everything queued until then.
+/// can start writing it at once and `wal_pipeline_min_bytes` are queued (or nothing is in
+/// flight), so it gathers everything queued until then.
 async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
     let mut flying: VecDeque<(Planned, Task<Result<WalPosition, WalError>>)> = VecDeque::new();
     // A batch failed: hand nothing more to the WAL until every batch in flight has resolved

@@ -386,9 +386,18 @@ impl SyncWork {
     }
 }
 
-/// Segment bytes written (to the page cache) after which their writeback to the device is
-/// started at once rather than left to the checkpoint's fdatasync.
+/// Writeback of the active segment is started for each aligned block of this many bytes as soon
+/// as an append completes it, rather than left to the checkpoint's fdatasync.
 const WRITEBACK_STEP_BYTES: u64 = 1 << 20;
+
+/// The [`WRITEBACK_STEP_BYTES`]-aligned blocks that an append of `len` bytes at `at` completed, as
+/// `(from, len)`. Derived from the positions alone, so a rolled-back append or a new segment
+/// needs no bookkeeping.
+fn completed_blocks(at: u64, len: u64) -> Option<(u64, u64)> {
+    let from = at / WRITEBACK_STEP_BYTES * WRITEBACK_STEP_BYTES;
+    let to = (at + len) / WRITEBACK_STEP_BYTES * WRITEBACK_STEP_BYTES;
+    (to > from).then_some((from, to - from))
+}
 
 /// Starts writeback of `[from, from + len)` of `f` without waiting for it
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): a hint that makes no data durable (the checkpoint's
@@ -419,8 +428,6 @@ pub struct PartitionLog {
     active_dirty: bool,
     /// Bytes of the active segment file backed by allocated blocks.
     reserved_end: u64,
-    /// Where in the active segment the next early writeback starts (see [`start_writeback`]).
-    writeback_from: u64,
     /// Handles of sealed segments written since the last checkpoint.
     unsynced: Vec<File>,
     dirs_to_sync: Vec<PathBuf>,
@@ -611,7 +618,6 @@ impl PartitionLog {
             active,
             active_dirty: true,
             reserved_end: frame::SEGMENT_HEADER_BYTES as u64,
-            writeback_from: 0,
             unsynced: Vec::new(),
             dirs_to_sync: vec![
                 dir.clone(),
@@ -709,7 +715,6 @@ impl PartitionLog {
             active,
             active_dirty: report.torn_tail_bytes > 0,
             reserved_end: 0,
-            writeback_from: 0,
             unsynced: Vec::new(),
             dirs_to_sync,
             settled: SettledSet::default(),
@@ -811,11 +816,8 @@ impl PartitionLog {
             let _ = self.active.set_len(at);
             return Err(e);
         }
-        let end = at + batch.bytes.len() as u64;
-        let from = self.writeback_from.min(at);
-        if end - from >= WRITEBACK_STEP_BYTES {
-            start_writeback(&self.active, from, end - from);
-            self.writeback_from = end;
+        if let Some((from, len)) = completed_blocks(at, batch.bytes.len() as u64) {
+            start_writeback(&self.active, from, len);
         }
         let seg = self.active_segment();
         seg.positions
@@ -842,7 +844,6 @@ impl PartitionLog {
         self.segments.push_back(seg);
         self.active_dirty = true;
         self.reserved_end = frame::SEGMENT_HEADER_BYTES as u64;
-        self.writeback_from = 0;
         self.dirs_to_sync.push(self.dir.clone());
         Ok(())
     }

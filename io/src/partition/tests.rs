@@ -342,3 +342,30 @@ fn sealed_segments_recover_from_index_files() {
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
 }
+
+#[test]
+fn writeback_covers_each_aligned_block_once_when_an_append_completes_it() {
+    // Proves the early-writeback range: nothing until a 1 MiB block is complete, then exactly the
+    // blocks the append completed (one or several), never the unfinished tail, and appends that
+    // continue a block already written back start again at their own block.
+    const M: u64 = WRITEBACK_STEP_BYTES;
+    assert_eq!(completed_blocks(0, M - 1), None);
+    assert_eq!(completed_blocks(M - 1, 1), Some((0, M)));
+    assert_eq!(completed_blocks(M - 10, 20), Some((0, M)));
+    assert_eq!(completed_blocks(M + 5, 10), None);
+    assert_eq!(completed_blocks(M / 2, 3 * M), Some((0, 3 * M)));
+    assert_eq!(completed_blocks(2 * M, M), Some((2 * M, M)));
+    // Every byte of a stream of appends is covered exactly once, up to the last full block.
+    let (mut at, mut covered) = (0u64, 0u64);
+    for len in [100, 70_000, 900_000, 300_000, 2_500_000, 1, 64] {
+        if let Some((from, n)) = completed_blocks(at, len) {
+            assert_eq!(
+                from, covered,
+                "contiguous with what was written back before"
+            );
+            covered = from + n;
+        }
+        at += len;
+    }
+    assert_eq!(covered, at / M * M);
+}
