@@ -14,7 +14,8 @@ fuzz_target!(|data: &[u8]| {
         codec::encode_record(&rec, &mut again).expect("a decoded record re-encodes");
         assert_eq!(&again[..], &data[..used]);
     }
-    let _ = codec::decode_batch_header(data);
+    let segment = data.first().map_or(0, |&b| u64::from(b));
+    let _ = codec::decode_batch_header(data, segment);
     let _ = codec::decode_payload(data);
     let mut rest = data;
     while let Ok((_, used)) = frame::decode(rest) {

@@ -60,10 +60,15 @@ pub const TYPE_SETTLE: u8 = 3;
 pub const TYPE_CHECKPOINT: u8 = 4;
 
 pub const BATCH_MAGIC: [u8; 4] = *b"NWAL";
-pub const BATCH_VERSION: u8 = 1;
+/// Version 2: the header checksum also covers the number of the segment the batch was written
+/// into, so a batch is valid only in that segment (a recycled segment file's old batches are not).
+pub const BATCH_VERSION: u8 = 2;
+/// Version 1 (written before segments were recycled): the header checksum covers the header
+/// alone. Still read; never written.
+pub const BATCH_VERSION_UNBOUND: u8 = 1;
 pub const BATCH_KIND: u8 = 0xB1;
 /// magic(4) version(1) kind(1) flags(1) reserved(1) seq(8) payload_len(4) record_count(4) payload_crc(4)
-/// header_crc(4).
+/// header_crc(4), the CRC of bytes 0..28 followed by the segment number (u64).
 pub const BATCH_HEADER_BYTES: usize = 32;
 /// Bits of the batch flags byte holding how many earlier batches were still in flight (written
 /// but not yet fdatasync'ed, read back and resolved) when this batch was started: 0 without
@@ -382,7 +387,19 @@ pub fn payload_crc(payload: &[u8]) -> u32 {
     crc32fast::hash(payload)
 }
 
-pub fn encode_batch_header(h: &BatchHeader) -> [u8; BATCH_HEADER_BYTES] {
+/// Header checksum: bytes 0..28, then (version 2) the segment number the batch belongs to.
+fn header_crc(b: &[u8], segment: Option<u64>) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[0..28]);
+    if let Some(s) = segment {
+        h.update(&s.to_le_bytes());
+    }
+    h.finalize()
+}
+
+/// The header of a batch written at the start of `segment`'s bytes `[.., ..)`: version 2, bound
+/// to `segment`.
+pub fn encode_batch_header(h: &BatchHeader, segment: u64) -> [u8; BATCH_HEADER_BYTES] {
     let mut b = [0u8; BATCH_HEADER_BYTES];
     b[0..4].copy_from_slice(&BATCH_MAGIC);
     b[4] = BATCH_VERSION;
@@ -394,14 +411,16 @@ pub fn encode_batch_header(h: &BatchHeader) -> [u8; BATCH_HEADER_BYTES] {
     b[16..20].copy_from_slice(&h.payload_len.to_le_bytes());
     b[20..24].copy_from_slice(&h.record_count.to_le_bytes());
     b[24..28].copy_from_slice(&h.payload_crc.to_le_bytes());
-    let hc = crc32fast::hash(&b[0..28]);
+    let hc = header_crc(&b, Some(segment));
     b[28..32].copy_from_slice(&hc.to_le_bytes());
     b
 }
 
-/// Decodes and checks a batch header (magic, header checksum, version, kind, reserved bytes,
-/// payload bound). The payload checksum is checked separately by the caller.
-pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, DecodeError> {
+/// Decodes and checks the header of a batch found in segment `segment` (magic, version, header
+/// checksum bound to `segment`, kind, reserved bytes, payload bound). A batch written into
+/// another segment (an earlier life of a recycled file) fails the checksum. The payload checksum
+/// is checked separately by the caller.
+pub fn decode_batch_header(buf: &[u8], segment: u64) -> Result<BatchHeader, DecodeError> {
     if buf.len() < BATCH_HEADER_BYTES {
         return Err(DecodeError::Truncated);
     }
@@ -409,13 +428,15 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, DecodeError> {
     if b[0..4] != BATCH_MAGIC {
         return Err(DecodeError::BadMagic);
     }
+    let bound = match b[4] {
+        BATCH_VERSION => Some(segment),
+        BATCH_VERSION_UNBOUND => None,
+        v => return Err(DecodeError::BadVersion(v)),
+    };
     let stored = u32::from_le_bytes([b[28], b[29], b[30], b[31]]);
-    let computed = crc32fast::hash(&b[0..28]);
+    let computed = header_crc(b, bound);
     if stored != computed {
         return Err(DecodeError::Checksum { stored, computed });
-    }
-    if b[4] != BATCH_VERSION {
-        return Err(DecodeError::BadVersion(b[4]));
     }
     if b[5] != BATCH_KIND || b[6] & !BATCH_FLAGS_IN_FLIGHT_MASK != 0 || b[7] != 0 {
         return Err(DecodeError::BadType(b[5]));
@@ -443,9 +464,9 @@ pub fn decode_batch_header(buf: &[u8]) -> Result<BatchHeader, DecodeError> {
     })
 }
 
-/// Writes a whole batch (header, `payload`, zero padding) into `out`, which must be exactly
-/// `batch_span(payload.len())` bytes long.
-pub fn encode_batch(seq: u64, record_count: u32, payload: &[u8], out: &mut [u8]) {
+/// Writes a whole batch for `segment` (header, `payload`, zero padding) into `out`, which must be
+/// exactly `batch_span(payload.len())` bytes long.
+pub fn encode_batch(segment: u64, seq: u64, record_count: u32, payload: &[u8], out: &mut [u8]) {
     assert_eq!(
         out.len(),
         batch_span(payload.len()),
@@ -459,23 +480,24 @@ pub fn encode_batch(seq: u64, record_count: u32, payload: &[u8], out: &mut [u8])
         payload_crc: payload_crc(payload),
         in_flight_before: 0,
     };
-    out[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h));
+    out[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h, segment));
     let end = BATCH_HEADER_BYTES + payload.len();
     out[BATCH_HEADER_BYTES..end].copy_from_slice(payload);
     out[end..].fill(0);
 }
 
-/// Completes a batch image in place: the payload already sits at `img[BATCH_HEADER_BYTES..]`
-/// (`payload_len` bytes); writes the header and zeroes the padding. `img` must be exactly
-/// `batch_span(payload_len)` bytes long.
-pub fn seal_batch(img: &mut [u8], seq: u64, record_count: u32, payload_len: usize) {
-    seal_batch_flagged(img, seq, record_count, payload_len, 0);
+/// Completes a batch image for `segment` in place: the payload already sits at
+/// `img[BATCH_HEADER_BYTES..]` (`payload_len` bytes); writes the header and zeroes the padding.
+/// `img` must be exactly `batch_span(payload_len)` bytes long.
+pub fn seal_batch(img: &mut [u8], segment: u64, seq: u64, record_count: u32, payload_len: usize) {
+    seal_batch_flagged(img, segment, seq, record_count, payload_len, 0);
 }
 
 /// [`seal_batch`] recording `in_flight_before` earlier batches in flight (at most
 /// [`BATCH_FLAGS_IN_FLIGHT_MASK`]).
 pub fn seal_batch_flagged(
     img: &mut [u8],
+    segment: u64,
     seq: u64,
     record_count: u32,
     payload_len: usize,
@@ -495,14 +517,14 @@ pub fn seal_batch_flagged(
         payload_crc: payload_crc(&img[BATCH_HEADER_BYTES..end]),
         in_flight_before,
     };
-    img[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h));
+    img[..BATCH_HEADER_BYTES].copy_from_slice(&encode_batch_header(&h, segment));
     img[end..].fill(0);
 }
 
-/// Checks a whole batch image read back from disk: header good, sequence as expected, payload
-/// checksum good and padding zero. Used by the group commit after every write.
-pub fn verify_batch(image: &[u8], seq: u64) -> Result<BatchHeader, DecodeError> {
-    let h = decode_batch_header(image)?;
+/// Checks a whole batch image read back from segment `segment`: header good, sequence as
+/// expected, payload checksum good and padding zero. Used by the group commit after every write.
+pub fn verify_batch(image: &[u8], segment: u64, seq: u64) -> Result<BatchHeader, DecodeError> {
+    let h = decode_batch_header(image, segment)?;
     if h.seq != seq {
         return Err(DecodeError::Malformed("batch sequence number differs"));
     }
@@ -667,19 +689,58 @@ pub(crate) mod tests {
             encode_record(&random_record(&mut rng), &mut payload).expect("encode");
         }
         let mut img = vec![0u8; batch_span(payload.len())];
-        encode_batch(7, 5, &payload, &mut img);
-        assert_eq!(verify_batch(&img, 7).expect("valid").record_count, 5);
-        assert!(verify_batch(&img, 8).is_err(), "wrong sequence accepted");
+        encode_batch(3, 7, 5, &payload, &mut img);
+        assert_eq!(verify_batch(&img, 3, 7).expect("valid").record_count, 5);
+        assert!(verify_batch(&img, 3, 8).is_err(), "wrong sequence accepted");
         for i in 0..img.len() {
             for pattern in [0x01u8, 0x80, 0xff] {
                 let mut c = img.clone();
                 c[i] ^= pattern;
                 assert!(
-                    verify_batch(&c, 7).is_err(),
+                    verify_batch(&c, 3, 7).is_err(),
                     "seed {s}: byte {i} ^ {pattern:#x} accepted"
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_batch_is_valid_only_in_its_own_segment() {
+        // Proves a batch sealed for one segment fails its header check in any other segment (so
+        // the old batches of a recycled segment file never pass for new ones), that the payload
+        // is not what tells them apart, and that a version-1 header (no segment in its checksum,
+        // written by earlier builds) still decodes in any segment.
+        let mut rng = Rng(seed() | 1);
+        let mut payload = Vec::new();
+        encode_record(&random_record(&mut rng), &mut payload).expect("encode");
+        let mut img = vec![0u8; batch_span(payload.len())];
+        encode_batch(41, 9, 1, &payload, &mut img);
+        assert_eq!(decode_batch_header(&img, 41).expect("own segment").seq, 9);
+        for other in [0, 40, 42, 41 + (1 << 32), u64::MAX] {
+            assert!(
+                matches!(
+                    decode_batch_header(&img, other),
+                    Err(DecodeError::Checksum { .. })
+                ),
+                "valid in segment {other}"
+            );
+            assert!(verify_batch(&img, other, 9).is_err());
+        }
+        // The same header as version 1: bytes 0..28 with version 1, checksum over them alone.
+        let mut v1 = img.clone();
+        v1[4] = BATCH_VERSION_UNBOUND;
+        let hc = crc32fast::hash(&v1[0..28]);
+        v1[28..32].copy_from_slice(&hc.to_le_bytes());
+        for any in [0, 41, 7777] {
+            let h = decode_batch_header(&v1, any).expect("version 1 decodes");
+            assert_eq!((h.seq, h.record_count), (9, 1));
+            assert!(verify_batch(&v1, any, 9).is_ok());
+        }
+        v1[4] = 3;
+        assert!(matches!(
+            decode_batch_header(&v1, 41),
+            Err(DecodeError::BadVersion(3))
+        ));
     }
 
     #[test]
@@ -696,9 +757,9 @@ pub(crate) mod tests {
                 b[3] = RECORD_VERSION;
             }
             let _ = decode_record(&b);
-            let _ = decode_batch_header(&b);
+            let _ = decode_batch_header(&b, rng.next());
             let _ = decode_payload(&b);
-            let _ = verify_batch(&b, rng.next());
+            let _ = verify_batch(&b, rng.next(), rng.next());
         }
         // A frame whose length claims more than the bound is refused before allocation.
         let mut b = vec![0u8; RECORD_HEADER_BYTES];

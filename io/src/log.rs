@@ -293,6 +293,10 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
         batches_in_flight_max: cfg
             .wal_batches_in_flight_max
             .clamp(1, crate::wal::BATCHES_IN_FLIGHT_MAX),
+        // A checkpoint releases about this many segments at once; keeping as many covers the
+        // rollovers until the next one. It is disk the WAL held just before the checkpoint.
+        recycle_segments_max: (cfg.checkpoint_wal_bytes / cfg.wal_segment_bytes.max(1)).clamp(1, 8)
+            as usize,
     }
 }
 
@@ -865,6 +869,7 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
                 }
                 tracing::warn!(shard = inner.cfg.shard.0, error = %e, "checkpoint could not write index/state files; will retry");
                 return Err(if is_disk_full(&e) {
+                    inner.wal.shed_recycled();
                     LogError::DiskFull
                 } else {
                     LogError::Io(e)
@@ -1144,6 +1149,9 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
                 LogError::Io(e) if is_disk_full(&e) => LogError::DiskFull,
                 e => e,
             };
+            if matches!(e, LogError::DiskFull) {
+                inner.wal.shed_recycled();
+            }
             for (_, reply) in replies {
                 let _ = reply.send(Err(e.copy()));
             }

@@ -24,6 +24,7 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         return;
     };
     let data = mount.0.join("data");
+    let wal_dir = data.clone();
     let ballast = mount.0.join("ballast");
     std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
     let cfg = LogConfig {
@@ -59,10 +60,26 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         }
         assert!(full, "never hit disk full");
         assert!(log.poisoned().is_none(), "{:?}", log.poisoned());
-        assert!(matches!(
-            log.append(vec![rec(9999)]).await,
-            Err(LogError::DiskFull)
-        ));
+        // Disk full sheds the released WAL segments kept for reuse: appends may go on until the
+        // disk is full again, and then fail the same way.
+        let mut again = false;
+        for i in 5000..10_000u64 {
+            match log.append(vec![rec(i)]).await {
+                Ok(o) => acked.push((o[0], i)),
+                Err(LogError::DiskFull) => {
+                    again = true;
+                    break;
+                }
+                Err(e) => panic!("append {i}: unexpected {e}"),
+            }
+        }
+        assert!(again, "never hit disk full again");
+        let kept = std::fs::read_dir(wal_dir.join("ingress/shard-0"))
+            .expect("wal dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("recycled-"))
+            .count();
+        assert_eq!(kept, 0, "kept WAL segments not deleted on disk full");
         let hwm = log.high_watermark(k);
         assert_eq!(
             hwm,

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use narad_io::rt;
 use narad_io::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
 use narad_io::wal::{Wal, WalConfig, WalError, WalPosition, WalRecord};
+use narad_io::{codec, rt};
 
 fn temp_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("narad-wal-{name}-{}", std::process::id()));
@@ -35,6 +35,7 @@ fn small_cfg(dir: PathBuf) -> WalConfig {
         batch_records_max: 128,
         queue_bytes_max: 256 << 10,
         batches_in_flight_max: 2,
+        recycle_segments_max: 2,
         dir,
     }
 }
@@ -148,48 +149,173 @@ fn checkpoint_limits_replay_and_release_deletes_old_segments() {
 
 #[test]
 fn torn_tail_on_disk_is_truncated_and_the_log_continues() {
-    // Proves: garbage after the last batch of the newest segment (a torn write) is truncated at
-    // reopen without being reported as corruption, acknowledged records survive, and appends
+    // Proves: after the last batch of the newest segment, a torn batch whose header survived
+    // (payload damaged) is zeroed at reopen, and garbage without a batch header is left to be
+    // overwritten; neither is reported as corruption, acknowledged records survive, and appends
     // after it recover cleanly on the next open.
-    let dir = temp_dir("torn");
+    for header_survived in [true, false] {
+        let dir = temp_dir(&format!("torn-{header_survived}"));
+        let cfg = small_cfg(dir.clone());
+        let seg_dir = dir.clone();
+        rt::block_on(async move {
+            let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
+            let acked: Vec<WalRecord> = (0..5).map(|i| msg(2, i, 100)).collect();
+            let end = wal.append(acked.clone()).await.expect("append");
+            drop(wal);
+            // The batch in flight at a crash: seq 2, torn.
+            let mut payload = Vec::new();
+            for i in 0..40 {
+                codec::encode_record(&msg(2, 100 + i, 200), &mut payload).expect("encode");
+            }
+            let mut junk = vec![0u8; codec::batch_span(payload.len())];
+            codec::encode_batch(end.segment, 2, 40, &payload, &mut junk);
+            if header_survived {
+                junk[5000] ^= 0x20;
+            } else {
+                junk[..4096].fill(0x5a);
+            }
+            {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(seg_dir.join(format!("{:020}.wal", end.segment)))
+                    .expect("open segment");
+                f.write_all_at(&junk, end.byte).expect("write junk");
+                f.sync_all().expect("sync");
+            }
+            let (wal, recovered, stats) = Wal::open(cfg.clone()).await.expect("reopen");
+            if header_survived {
+                assert_eq!(stats.torn_bytes, junk.len() as u64, "{stats:?}");
+            } else {
+                assert_eq!(stats.torn_bytes, 0, "{stats:?}");
+            }
+            assert_eq!(stats.corrupt_batches + stats.lost_batches, 0);
+            assert_eq!(
+                recovered.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+                acked
+            );
+            let more = vec![msg(2, 5, 3)];
+            wal.append(more.clone())
+                .await
+                .expect("append after truncation");
+            drop(wal);
+            let (_, recovered, stats) = Wal::open(cfg).await.expect("reopen again");
+            assert_eq!(
+                stats.torn_bytes + stats.corrupt_batches + stats.lost_batches,
+                0,
+                "{stats:?}"
+            );
+            assert_eq!(recovered.len(), 6);
+        });
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+#[test]
+fn kept_segments_are_deleted_when_the_disk_is_full_elsewhere() {
+    // Proves: `shed_recycled` deletes the released segment files kept for reuse, and the log
+    // then rolls over into new segments and recovers as before.
+    let dir = temp_dir("shed");
     let cfg = small_cfg(dir.clone());
-    let seg_dir = dir.clone();
+    let kept = kept_files(dir.clone());
     rt::block_on(async move {
         let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
-        let acked: Vec<WalRecord> = (0..5).map(|i| msg(2, i, 100)).collect();
-        let end = wal.append(acked.clone()).await.expect("append");
-        drop(wal);
-        // Simulate a torn batch: a plausible header prefix and random bytes after the end.
-        {
-            use std::os::unix::fs::FileExt;
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(seg_dir.join(format!("{:020}.wal", end.segment)))
-                .expect("open segment");
-            let mut junk = b"NWAL\x01\xb1\0\0".to_vec();
-            junk.extend((0..5000u32).map(|i| (i * 31 + 7) as u8));
-            f.write_all_at(&junk, end.byte).expect("write junk");
-            f.sync_all().expect("sync");
+        let mut upto = WalPosition::default();
+        for i in 0..100 {
+            upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
         }
-        let (wal, recovered, stats) = Wal::open(cfg.clone()).await.expect("reopen");
-        assert!(stats.torn_bytes >= 4096, "{stats:?}");
+        wal.append(vec![WalRecord::Checkpoint { upto }])
+            .await
+            .expect("checkpoint");
+        wal.release_before(upto).await.expect("release");
+        assert_eq!(kept(), 2);
+        wal.shed_recycled();
+        for _ in 0..100 {
+            if kept() == 0 {
+                break;
+            }
+            rt::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(kept(), 0);
+        let after: Vec<WalRecord> = (100..170).map(|i| msg(1, i, 7000)).collect();
+        for r in &after {
+            wal.append(vec![r.clone()]).await.expect("append");
+        }
+        assert_eq!(wal.stats().segments_recycled, 0);
+        drop(wal);
+        let (_, recovered, stats) = Wal::open(cfg).await.expect("reopen");
         assert_eq!(stats.corrupt_batches + stats.lost_batches, 0);
         assert_eq!(
             recovered.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
-            acked
+            after
         );
-        let more = vec![msg(2, 5, 3)];
-        wal.append(more.clone())
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Counts the released segment files kept for reuse in `dir`.
+fn kept_files(dir: PathBuf) -> impl Fn() -> usize {
+    move || {
+        std::fs::read_dir(&dir)
+            .expect("list")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("recycled-"))
+            .count()
+    }
+}
+
+#[test]
+fn released_segments_are_recycled_and_their_old_batches_never_come_back() {
+    // Proves: segments released by a checkpoint are kept (up to `recycle_segments_max`) and
+    // reused as new segments; the log written into them recovers exactly, with nothing reported
+    // and nothing zeroed, although their earlier batches are still in the files; the kept files
+    // are deleted at open; and after a restart only segments written since are recycled.
+    let dir = temp_dir("recycle");
+    let cfg = small_cfg(dir.clone());
+    let spare_files = kept_files(dir.clone());
+    rt::block_on(async move {
+        let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
+        let mut upto = WalPosition::default();
+        for i in 0..100 {
+            upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
+        }
+        assert!(upto.segment >= 3, "{upto:?}");
+        wal.append(vec![WalRecord::Checkpoint { upto }])
             .await
-            .expect("append after truncation");
+            .expect("checkpoint");
+        wal.release_before(upto).await.expect("release");
+        assert_eq!(spare_files(), 2, "recycle_segments_max files kept");
+        assert_eq!(wal.stats().segments_released, upto.segment);
+        let after: Vec<WalRecord> = (100..170).map(|i| msg(1, i, 7000)).collect();
+        for r in &after {
+            wal.append(vec![r.clone()]).await.expect("append");
+        }
+        let s = wal.stats();
+        assert_eq!(s.segments_recycled, 2, "{s:?}");
+        assert_eq!(spare_files(), 0);
         drop(wal);
-        let (_, recovered, stats) = Wal::open(cfg).await.expect("reopen again");
+        let (wal, recovered, stats) = Wal::open(cfg.clone()).await.expect("reopen");
         assert_eq!(
-            stats.torn_bytes + stats.corrupt_batches + stats.lost_batches,
+            stats.corrupt_batches + stats.lost_batches + stats.torn_bytes,
             0,
             "{stats:?}"
         );
-        assert_eq!(recovered.len(), 6);
+        assert_eq!(
+            recovered.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+            after
+        );
+        // Segments from before this open are deleted when released, not kept.
+        let upto = wal.write_position();
+        wal.append(vec![WalRecord::Checkpoint { upto }])
+            .await
+            .expect("checkpoint");
+        wal.release_before(upto).await.expect("release");
+        assert_eq!(spare_files(), 0);
+        assert!(wal.stats().segments_released > 0);
+        drop(wal);
+        let (_, recovered, stats) = Wal::open(cfg).await.expect("reopen again");
+        assert!(recovered.is_empty());
+        assert_eq!(stats.corrupt_batches + stats.lost_batches, 0);
     });
     let _ = std::fs::remove_dir_all(dir);
 }

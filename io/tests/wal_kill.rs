@@ -40,6 +40,7 @@ fn cfg(dir: PathBuf) -> WalConfig {
         batch_records_max: 1024,
         queue_bytes_max: 1 << 20,
         batches_in_flight_max: 2,
+        recycle_segments_max: 2,
     }
 }
 

@@ -59,6 +59,7 @@ fn seeded_fault_injection_never_loses_acknowledged_appends() {
         total.corruption_reported += s.corruption_reported;
         total.checkpoints += s.checkpoints;
         total.segments_released += s.segments_released;
+        total.segments_recycled += s.segments_recycled;
     }
     eprintln!("{total:?}");
     assert!(
@@ -80,6 +81,7 @@ fn seeded_fault_injection_never_loses_acknowledged_appends() {
         total.checkpoints > 50 && total.segments_released > 10,
         "{total:?}"
     );
+    assert!(total.segments_recycled > 10, "{total:?}");
 }
 
 #[test]

@@ -283,6 +283,7 @@ impl Core {
         debug_assert_eq!(w, BATCH_HEADER_BYTES + payload);
         codec::seal_batch_flagged(
             img,
+            at.segment,
             self.next_seq,
             records as u32,
             payload,
@@ -485,7 +486,7 @@ mod tests {
                     }
         );
         assert_eq!(
-            codec::verify_batch(&img, 1)
+            codec::verify_batch(&img, 4, 1)
                 .expect("valid image")
                 .record_count,
             2
@@ -589,7 +590,7 @@ mod tests {
         let (p2, img2) = c.start_batch(cap).expect("pipelined batch");
         assert_eq!((p2.seq, p2.in_flight_before, p2.at), (2, 1, p1.end));
         assert_eq!(
-            codec::decode_batch_header(&img2)
+            codec::decode_batch_header(&img2, p2.at.segment)
                 .expect("header")
                 .in_flight_before,
             1

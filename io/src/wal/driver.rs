@@ -42,6 +42,12 @@ pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
 /// needed; renamed to its segment name at rollover. Not a segment name: recovery never reads it.
 pub const SPARE_NAME: &str = "next-segment.spare";
 
+/// Name of a released segment kept for reuse (see [`Wal::release_before`]); never read by
+/// recovery, deleted at open.
+fn recycled_path(dir: &Path, old_segment: u64) -> PathBuf {
+    dir.join(format!("recycled-{old_segment:020}.spare"))
+}
+
 fn parse_segment_name(name: &str) -> Option<u64> {
     let digits = name.strip_suffix(".wal")?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -72,6 +78,11 @@ struct Inner {
     /// The next segment, prepared and zero-filled in the background (see [`prepare_spare`]).
     spare: RefCell<Option<DirectFile>>,
     spare_running: Cell<bool>,
+    /// Released segment files kept for reuse as new segments (see [`Wal::release_before`]).
+    recycled: RefCell<Vec<PathBuf>>,
+    segments_recycled: Cell<u64>,
+    /// Only segments from here on are recycled: written by this process, version-2 batches only.
+    recycle_from: u64,
 }
 
 /// Handle to one shard's WAL. Clone-able; lives on one shard.
@@ -116,10 +127,13 @@ impl Wal {
             segments.remove(&s);
         }
         let write_at = rec.write_at.unwrap_or_default();
-        // A spare left by an earlier run may not be wholly zeroed: make a new one.
-        match file::remove_file(&cfg.dir.join(SPARE_NAME)).await {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(WalError::Io(e)),
-            _ => {}
+        // A spare left by an earlier run may not be wholly zeroed, and released segments kept
+        // for reuse are not needed to read the log: make new ones.
+        for e in std::fs::read_dir(&cfg.dir)? {
+            let name = e?.file_name();
+            if name.to_str().is_some_and(|n| n.ends_with(".spare")) {
+                file::remove_file(&cfg.dir.join(name)).await?;
+            }
         }
         let path = segment_path(&cfg.dir, write_at.segment);
         let current = DirectFile::open_rw(&path, true, false).await?;
@@ -175,6 +189,9 @@ impl Wal {
             segments_released: Cell::new(0),
             spare: RefCell::new(None),
             spare_running: Cell::new(false),
+            recycled: RefCell::new(Vec::new()),
+            segments_recycled: Cell::new(0),
+            recycle_from: write_at.segment + 1,
         };
         let wal = Wal(Rc::new(inner));
         start_spare(&wal.0);
@@ -228,8 +245,11 @@ impl Wal {
         .await
     }
 
-    /// Deletes segments wholly before `upto` (the caller made their data durable elsewhere and
-    /// appended a Checkpoint record). Never deletes the segment being written.
+    /// Releases segments wholly before `upto` (the caller made their data durable elsewhere and
+    /// appended a Checkpoint record). Never releases the segment being written. Up to
+    /// `recycle_segments_max` released files are kept, renamed out of the log, to be renamed
+    /// back as new segments: their blocks are allocated and written, so they need no zero-fill
+    /// and no extent conversion. The rest are deleted.
     pub async fn release_before(&self, upto: WalPosition) -> Result<(), WalError> {
         let current = self.0.core.borrow().write_at().segment;
         let doomed: Vec<u64> = self
@@ -243,8 +263,17 @@ impl Wal {
         if doomed.is_empty() {
             return Ok(());
         }
+        let dir = &self.0.cfg.dir;
         for &s in &doomed {
-            file::remove_file(&segment_path(&self.0.cfg.dir, s)).await?;
+            let keep = s >= self.0.recycle_from
+                && self.0.recycled.borrow().len() < self.0.cfg.recycle_segments_max;
+            if keep {
+                let to = recycled_path(dir, s);
+                file::rename(&segment_path(dir, s), &to).await?;
+                self.0.recycled.borrow_mut().push(to);
+            } else {
+                file::remove_file(&segment_path(dir, s)).await?;
+            }
             self.0.segments.borrow_mut().remove(&s);
         }
         file::sync_dir(&self.0.cfg.dir).await?;
@@ -252,6 +281,30 @@ impl Wal {
             .segments_released
             .set(self.0.segments_released.get() + doomed.len() as u64);
         Ok(())
+    }
+
+    /// Deletes the released segment files kept for reuse, in the background: the disk is full
+    /// elsewhere, and their space is worth more now than the zero-fill they would save.
+    pub fn shed_recycled(&self) {
+        let doomed = std::mem::take(&mut *self.0.recycled.borrow_mut());
+        if doomed.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            dir = %self.0.cfg.dir.display(),
+            files = doomed.len(),
+            "disk full: deleting the released WAL segments kept for reuse"
+        );
+        let dir = self.0.cfg.dir.clone();
+        crate::rt::spawn(async move {
+            for p in &doomed {
+                if let Err(e) = file::remove_file(p).await {
+                    tracing::warn!(error = %e, path = %p.display(), "could not delete a kept WAL segment");
+                }
+            }
+            let _ = file::sync_dir(&dir).await;
+        })
+        .detach();
     }
 
     /// Whether an append made now would start its batch at once (nothing queued, a pipeline slot
@@ -275,6 +328,7 @@ impl Wal {
     pub fn stats(&self) -> WalStats {
         let mut s = self.0.core.borrow().stats.clone();
         s.segments_released = self.0.segments_released.get();
+        s.segments_recycled = self.0.segments_recycled.get();
         s
     }
 
@@ -470,7 +524,7 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
         Ok(img) => img,
         Err(e) => return Outcome::Failed(format!("read-back of batch {}: {e}", plan.seq)),
     };
-    if let Err(e) = codec::verify_batch(&img, plan.seq) {
+    if let Err(e) = codec::verify_batch(&img, plan.at.segment, plan.seq) {
         return Outcome::Failed(format!(
             "read-back of batch {} at segment {} byte {} does not verify: {e}",
             plan.seq, plan.at.segment, plan.at.byte
@@ -479,15 +533,43 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
     Outcome::Durable
 }
 
-/// Makes segment `id` current: the prepared spare renamed to its name when one is ready (the
-/// usual case), else a file created and pre-allocated here. Either way the file and the directory
+/// Makes segment `id` current: a released segment file renamed to its name when one is kept (the
+/// usual case once checkpoints release segments), else the prepared spare when one is ready,
+/// else a file created and pre-allocated here. Either way the file and the directory
 /// are synced before the segment is used. On failure the partial file is removed and the current
 /// segment is unchanged.
 async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
     let path = segment_path(&inner.cfg.dir, id);
-    let spare = inner.spare.borrow_mut().take();
-    let f = match spare {
-        Some(f) => {
+    let recycled = inner.recycled.borrow_mut().pop();
+    let spare = match recycled {
+        Some(_) => None,
+        None => inner.spare.borrow_mut().take(),
+    };
+    let f = match (recycled, spare) {
+        (Some(from), _) => {
+            // Its old batches stay in it: bound to their old segment number, recovery never
+            // takes them for this segment's (`codec::decode_batch_header`).
+            let reused = async {
+                file::rename(&from, &path).await?;
+                file::sync_dir(&inner.cfg.dir).await?;
+                DirectFile::open_rw(&path, false, false).await
+            }
+            .await;
+            match reused {
+                Ok(f) => {
+                    inner
+                        .segments_recycled
+                        .set(inner.segments_recycled.get() + 1);
+                    f
+                }
+                Err(e) => {
+                    let _ = file::remove_file(&path).await;
+                    let _ = file::remove_file(&from).await;
+                    return Err(e);
+                }
+            }
+        }
+        (None, Some(f)) => {
             let renamed = async {
                 file::rename(&inner.cfg.dir.join(SPARE_NAME), &path).await?;
                 file::sync_dir(&inner.cfg.dir).await
@@ -500,7 +582,7 @@ async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
             }
             f
         }
-        None => {
+        (None, None) => {
             let f = DirectFile::open_rw(&path, true, false).await?;
             let made = async {
                 f.pre_allocate(inner.cfg.segment_bytes).await?;
@@ -530,9 +612,13 @@ async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Starts preparing the next segment in the background unless one is ready or being prepared.
+/// Starts preparing the next segment in the background unless one is ready or being prepared, or
+/// a released segment is waiting to be reused.
 fn start_spare(inner: &Rc<Inner>) {
-    if inner.spare.borrow().is_some() || inner.spare_running.get() {
+    if inner.spare.borrow().is_some()
+        || inner.spare_running.get()
+        || !inner.recycled.borrow().is_empty()
+    {
         return;
     }
     inner.spare_running.set(true);

@@ -25,15 +25,18 @@
 //! 2. Segments are created with fallocate, fdatasync'ed and their directory fsync'ed before the
 //!    first batch is written into them, so a durable batch never lives in a file whose size or
 //!    name could vanish. ENOSPC can only come from that allocation, before anything is written.
-//!    The next segment is prepared in the background under a name recovery never reads
-//!    (`next-segment.spare`: fallocate, zeros written over it, fdatasync) and renamed into place
-//!    (then the directory fsync'ed) at rollover; a spare found at open is deleted unread.
+//!    The next segment is a released segment file kept for reuse (`recycled-<n>.spare`), or one
+//!    prepared in the background (`next-segment.spare`: fallocate, zeros written over it,
+//!    fdatasync), under a name recovery never reads, renamed into place (then the directory
+//!    fsync'ed) at rollover; such files found at open are deleted unread.
 //! 3. Recovery accepts a batch only if its header checksum, sequence number and payload checksum
-//!    are right. Garbage followed by a valid later batch is corruption of acknowledged data:
-//!    counted, logged with `tracing::error!`, the intact prefix of that batch kept, and the scan
-//!    goes on. Garbage followed by nothing valid is the batch that was in flight: its bytes are
-//!    zeroed (truncated) before new batches are written, so it can never later pass for
-//!    corruption in the middle.
+//!    are right. The header checksum covers the number of the segment the batch was written into,
+//!    so the old batches left in a recycled file never pass in its new life. Garbage followed by
+//!    a valid later batch is corruption of acknowledged data: counted, logged with
+//!    `tracing::error!`, the intact prefix of that batch kept, and the scan goes on. Garbage
+//!    followed by nothing valid is the batch that was in flight: every batch header of this
+//!    segment in it is zeroed (truncated) before new batches are written, so it can never later
+//!    pass for corruption in the middle; bytes that do not decode are overwritten in order.
 //! 4. An error from write, fdatasync or the read-back poisons the log: the page cache state after
 //!    a failed fsync is unknown, so nothing more is appended on this shard.
 
@@ -65,6 +68,9 @@ pub struct WalConfig {
     /// Batches in flight at once (pipelined group commit): the next batch is written while the
     /// previous ones are being fdatasync'ed and read back. 1 = one batch at a time.
     pub batches_in_flight_max: usize,
+    /// Released segment files kept to be reused as new segments instead of preparing zeroed ones
+    /// (0 = delete every released segment).
+    pub recycle_segments_max: usize,
 }
 
 impl WalConfig {
@@ -76,6 +82,7 @@ impl WalConfig {
             batch_records_max: 16384,
             queue_bytes_max: 64 << 20,
             batches_in_flight_max: BATCHES_IN_FLIGHT_DEFAULT,
+            recycle_segments_max: 4,
         }
     }
 }
@@ -174,6 +181,8 @@ pub struct WalStats {
     pub disk_full: u64,
     pub segments_created: u64,
     pub segments_released: u64,
+    /// New segments that were released segment files reused (no zero-fill).
+    pub segments_recycled: u64,
     /// Records per batch.
     pub batch_records: Log2Histogram,
     /// fdatasync latency, microseconds.

@@ -11,10 +11,15 @@
 //! first position where the log stops being valid opens a *hole*. If a valid batch with a later
 //! sequence number follows the hole, the hole is corruption of acknowledged data: it is counted,
 //! logged with `tracing::error!`, the intact leading records of a damaged batch are kept, and the
-//! scan continues. Zeros followed by the next sequence number at byte 0 of the next segment is the
-//! normal end of a segment, not a hole. A hole that reaches the end of the log is the batch that
-//! was in flight at the crash: never acknowledged, so its bytes are zeroed (`truncate`) and the
-//! log continues at the hole.
+//! scan continues. Zeros, or the stale batches of a recycled segment file's earlier life (bound to
+//! another segment number, so they fail their header check), followed by the next sequence number
+//! at byte 0 of the next segment is the normal end of a segment, not a hole. A hole that reaches
+//! the end of the log is the batch that was in flight at the crash: never acknowledged, so the log
+//! continues at the hole, and every batch header of this segment after it (the torn batch's, and
+//! with pipelining the batches after it) is zeroed (`truncate`) so that it cannot be found again
+//! once new batches are written over the start of that space. Other non-zero bytes there (what is
+//! left of a torn batch without its header, old batches of a recycled file) are left: they never
+//! decode, and the batches written next overwrite them in order.
 //!
 //! Pipelining: every batch records how many earlier batches were in flight when it started. A
 //! hole where batches k … k+m−1 are missing, followed by valid batches k+m, k+m+1, …, each k+i
@@ -38,7 +43,10 @@ struct Hole {
     at: WalPosition,
     /// Any non-zero byte that is not a valid batch seen since the hole opened.
     bad: bool,
-    /// End of the last damaged block seen in `at.segment` (>= `at.byte`).
+    /// End of the last batch with a header of this segment (valid, or with a bad payload) seen
+    /// in `at.segment` since the hole opened (>= `at.byte`): what must be zeroed if the hole is
+    /// the torn tail, so that no such header is found there again. Other non-zero blocks are
+    /// left: they never decode, and new batches overwrite them in order.
     dirty_end: u64,
     /// Intact leading records of damaged batches: kept only if the hole is mid-log.
     salvaged: Vec<(WalPosition, WalRecord)>,
@@ -127,7 +135,7 @@ impl Scanner {
                 segment,
                 byte: p as u64,
             };
-            match codec::decode_batch_header(&bytes[p..]) {
+            match codec::decode_batch_header(&bytes[p..], segment) {
                 Ok(h)
                     if p + h.span() as usize <= len && self.expected.is_none_or(|e| h.seq >= e) =>
                 {
@@ -215,10 +223,10 @@ impl Scanner {
         self.gap(at);
         let hole = self.hole.as_mut().expect("opened above");
         hole.bad = true;
-        if at.segment == hole.at.segment {
-            hole.dirty_end = hole.dirty_end.max(at.byte + len);
-        }
         if let Some((recs, lost)) = batch {
+            if at.segment == hole.at.segment {
+                hole.dirty_end = hole.dirty_end.max(at.byte + len);
+            }
             hole.bad_batches += 1;
             hole.bad_records += lost;
             hole.salvaged.extend(recs);
@@ -325,7 +333,12 @@ impl Scanner {
             }
             return;
         };
-        let rollover = !hole.bad
+        // The rest of a segment after its last batch is zeros, or in a recycled segment file
+        // the old batches of its earlier life (which fail their header check here, bound to
+        // another segment number). Either way the log goes on at byte 0 of the next segment
+        // with the next sequence number; damage to a batch of this life would show as a missing
+        // sequence number or as a batch with a valid header and a bad payload.
+        let rollover = hole.bad_batches == 0
             && at.byte == 0
             && at.segment == hole.at.segment + 1
             && self.expected == Some(seq);
@@ -451,9 +464,10 @@ mod tests {
     use crate::codec::tests::{random_record, Rng};
     use crate::codec::{batch_span, encode_record, seal_batch, seal_batch_flagged};
 
-    /// Lays batches of the given records into a segment image of `seg_bytes`; returns the image
-    /// and the (start, end) of each batch.
+    /// Lays batches of the given records into an image of segment `segment` of `seg_bytes`;
+    /// returns the image and the (start, end) of each batch.
     fn build(
+        segment: u64,
         batches: &[Vec<WalRecord>],
         first_seq: u64,
         seg_bytes: usize,
@@ -469,7 +483,13 @@ mod tests {
             let span = batch_span(payload.len());
             let b = &mut img[at..at + span];
             b[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
-            seal_batch(b, first_seq + i as u64, recs.len() as u32, payload.len());
+            seal_batch(
+                b,
+                segment,
+                first_seq + i as u64,
+                recs.len() as u32,
+                payload.len(),
+            );
             spans.push((at, at + span));
             at += span;
         }
@@ -495,15 +515,35 @@ mod tests {
         s.finish()
     }
 
+    /// Carries out `r` on the image of its write segment (zeroes `truncate`), then writes one
+    /// batch of `recs` where the log continues, as the driver does after recovery.
+    fn continue_log(img: &mut [u8], r: &Recovered, recs: &[WalRecord]) {
+        let at = r.write_at.expect("a write position");
+        if let Some((t, end)) = r.truncate {
+            assert_eq!(t.segment, at.segment);
+            img[t.byte as usize..end as usize].fill(0);
+        }
+        let mut payload = Vec::new();
+        for rec in recs {
+            encode_record(rec, &mut payload).expect("encode");
+        }
+        let p = at.byte as usize;
+        let b = &mut img[p..p + batch_span(payload.len())];
+        b[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
+        seal_batch(b, at.segment, r.next_seq, recs.len() as u32, payload.len());
+    }
+
     #[test]
     fn truncating_the_last_batch_at_every_byte_recovers_the_acknowledged_prefix() {
         // Proves that whatever prefix of the last batch reached the disk (cut at every byte
         // offset, the rest zero), recovery returns exactly the records of the earlier batches,
-        // reports nothing as corruption, and truncates the torn bytes; a complete last batch is
-        // returned whole.
+        // reports nothing as corruption, and zeroes the torn batch when its header survived; a
+        // complete last batch is returned whole. And that the log continued there (a shorter
+        // batch over what is left of the torn one) recovers as the earlier batches plus the new
+        // one, with nothing reported.
         let mut rng = Rng(0x7ab1e);
         let batches: Vec<_> = (0..4).map(|i| records(&mut rng, 3 + i)).collect();
-        let (img, spans) = build(&batches, 1, 64 << 10);
+        let (img, spans) = build(0, &batches, 1, 64 << 10);
         let acked: Vec<WalRecord> = batches[..3].concat();
         let (start, end) = spans[3];
         for cut in start..=end {
@@ -530,13 +570,19 @@ mod tests {
                 "cut {cut}"
             );
             assert_eq!(r.next_seq, 4);
-            if cut > start {
-                assert_eq!(
-                    r.truncate.map(|t| t.0.byte),
-                    Some(start as u64),
-                    "cut {cut}"
-                );
-            }
+            let header_whole = cut >= start + BATCH_HEADER_BYTES;
+            assert_eq!(
+                r.truncate.map(|t| t.0.byte),
+                header_whole.then_some(start as u64),
+                "cut {cut}"
+            );
+            let new = records(&mut rng, 1);
+            continue_log(&mut torn, &r, &new);
+            let r = scan(&[(0, &torn)]);
+            assert_eq!(r.stats.corrupt_batches + r.stats.lost_batches, 0);
+            let got: Vec<WalRecord> = r.records.into_iter().map(|(_, r)| r).collect();
+            assert_eq!(got, [acked.clone(), new].concat(), "cut {cut}: continued");
+            assert_eq!(r.next_seq, 5);
         }
     }
 
@@ -547,7 +593,7 @@ mod tests {
         // the damaged batch's leading intact records are salvaged, and nothing is truncated.
         let mut rng = Rng(0xb17f);
         let batches: Vec<_> = (0..5).map(|_| records(&mut rng, 4)).collect();
-        let (mut img, spans) = build(&batches, 10, 64 << 10);
+        let (mut img, spans) = build(0, &batches, 10, 64 << 10);
         // Damage the last record of batch 2.
         let mut payload = Vec::new();
         for r in &batches[2][..3] {
@@ -564,7 +610,7 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(r.next_seq, 15);
         // A destroyed header: the batch is gone, counted as a missing batch, the rest survives.
-        let (mut img, spans) = build(&batches, 10, 64 << 10);
+        let (mut img, spans) = build(0, &batches, 10, 64 << 10);
         img[spans[1].0 + 3] ^= 0xff;
         let r = scan(&[(0, &img)]);
         assert_eq!(r.stats.lost_batches, 1);
@@ -573,9 +619,10 @@ mod tests {
 
     /// Seals batch `i` of `build`'s image again with `in_flight_before` recorded.
     fn mark_in_flight(img: &mut [u8], span: (usize, usize), in_flight_before: u8) {
-        let h = codec::decode_batch_header(&img[span.0..]).expect("valid header");
+        let h = codec::decode_batch_header(&img[span.0..], 0).expect("valid header");
         seal_batch_flagged(
             &mut img[span.0..span.1],
+            0,
             h.seq,
             h.record_count,
             h.payload_len as usize,
@@ -592,7 +639,7 @@ mod tests {
         // instead (k was acknowledged), keeping every intact batch.
         let mut rng = Rng(0x919e);
         let batches: Vec<_> = (0..5).map(|i| records(&mut rng, 2 + i)).collect();
-        let (img, spans) = build(&batches, 1, 64 << 10);
+        let (img, spans) = build(0, &batches, 1, 64 << 10);
         // Batches 3 and 4 (seq 4, 5) were started while batch 2 (seq 3) was in flight.
         for (lost, torn) in [(true, false), (false, true)] {
             let mut img = img.clone();
@@ -659,6 +706,101 @@ mod tests {
         assert_eq!(r.next_seq, 6);
     }
 
+    /// The image of a segment file recycled as segment `segment`: its earlier life as segment
+    /// `old` (full of batches with sequence numbers from `old_seq`) with `batches` of this life
+    /// written over its start. Returns the image and the end of this life's last batch.
+    fn recycled(
+        rng: &mut Rng,
+        old: u64,
+        old_seq: u64,
+        segment: u64,
+        batches: &[Vec<WalRecord>],
+        first_seq: u64,
+    ) -> (Vec<u8>, usize) {
+        let stale: Vec<_> = (0..12).map(|_| records(rng, 6)).collect();
+        let (mut img, stale_spans) = build(old, &stale, old_seq, 64 << 10);
+        let (new, spans) = build(segment, batches, first_seq, 64 << 10);
+        let end = spans.last().map_or(0, |s| s.1);
+        assert!(stale_spans.last().expect("stale batches").1 > end + 4096);
+        img[..end].copy_from_slice(&new[..end]);
+        (img, end)
+    }
+
+    #[test]
+    fn a_recycled_segment_s_old_batches_are_never_replayed_or_taken_for_corruption() {
+        // Proves that the batches a recycled segment file kept from its earlier life (even with
+        // sequence numbers above the log's) are neither returned nor reported as corruption: a
+        // segment that ends in them rolls over normally, a log that ends in them continues after
+        // its last batch with nothing to zero, a rollover to a recycled file that got no batch
+        // yet drops that file, and damage to this life's last batch before a rollover is still
+        // reported.
+        let mut rng = Rng(0x5ec1);
+        let a: Vec<_> = (0..2).map(|_| records(&mut rng, 3)).collect();
+        let b: Vec<_> = (0..3).map(|_| records(&mut rng, 4)).collect();
+        let c: Vec<_> = (0..1).map(|_| records(&mut rng, 2)).collect();
+        let (img8, _) = build(8, &a, 298, 64 << 10);
+        for old_seq in [100, 10_000] {
+            let (img9, end9) = recycled(&mut rng, 5, old_seq, 9, &b, 300);
+            let (img10, end10) = recycled(&mut rng, 6, old_seq + 50, 10, &c, 303);
+            let all: Vec<WalRecord> = [a.concat(), b.concat(), c.concat()].concat();
+            let r = scan(&[(8, &img8), (9, &img9), (10, &img10)]);
+            assert_eq!(
+                r.stats.corrupt_batches + r.stats.lost_batches,
+                0,
+                "{:?}",
+                r.stats
+            );
+            let got: Vec<WalRecord> = r.records.iter().map(|(_, r)| r.clone()).collect();
+            assert_eq!(got, all);
+            let at = WalPosition {
+                segment: 10,
+                byte: end10 as u64,
+            };
+            assert_eq!((r.write_at, r.next_seq), (Some(at), 304));
+            assert_eq!((r.truncate, r.stats.torn_bytes), (None, 0));
+            let d = records(&mut rng, 2);
+            let mut more10 = img10.clone();
+            continue_log(&mut more10, &r, &d);
+            let r = scan(&[(8, &img8), (9, &img9), (10, &more10)]);
+            assert_eq!(
+                r.stats.corrupt_batches + r.stats.lost_batches,
+                0,
+                "{:?}",
+                r.stats
+            );
+            assert_eq!(r.records.len(), all.len() + 2);
+            assert_eq!(r.next_seq, 305);
+            // Crash right after segment 10 was renamed into place, before its first batch.
+            let (stale10, _) = recycled(&mut rng, 6, old_seq + 50, 10, &[], 303);
+            let r = scan(&[(8, &img8), (9, &img9), (10, &stale10)]);
+            assert_eq!(
+                r.stats.corrupt_batches + r.stats.lost_batches,
+                0,
+                "{:?}",
+                r.stats
+            );
+            assert_eq!(r.records.len(), a.concat().len() + b.concat().len());
+            let at9 = WalPosition {
+                segment: 9,
+                byte: end9 as u64,
+            };
+            assert_eq!((r.write_at, r.next_seq), (Some(at9), 303));
+            assert_eq!((r.remove_segments, r.truncate), (vec![10], None));
+            // This life's last batch of segment 9 destroyed: reported, the rest kept.
+            let mut bad9 = img9.clone();
+            let last9 =
+                end9 - codec::batch_span(b[2].iter().map(codec::encoded_len).sum::<usize>());
+            bad9[last9 + 3] ^= 0xff;
+            let r = scan(&[(8, &img8), (9, &bad9), (10, &img10)]);
+            assert!(
+                r.stats.corrupt_batches + r.stats.lost_batches > 0,
+                "{:?}",
+                r.stats
+            );
+            assert_eq!(r.next_seq, 304);
+        }
+    }
+
     #[test]
     fn rollover_checkpoint_and_trailing_empty_segments() {
         // Proves a segment ending in zeros followed by the next segment is normal, only records
@@ -666,7 +808,7 @@ mod tests {
         // of the log are listed for removal.
         let mut rng = Rng(0xc4ec);
         let a = records(&mut rng, 2);
-        let (img0, _) = build(std::slice::from_ref(&a), 1, 16 << 10);
+        let (img0, _) = build(0, std::slice::from_ref(&a), 1, 16 << 10);
         let b = records(&mut rng, 2);
         let cp = WalRecord::Checkpoint {
             upto: WalPosition {
@@ -675,7 +817,7 @@ mod tests {
             },
         };
         let c = records(&mut rng, 1);
-        let (img1, _) = build(&[b, vec![cp], c.clone()], 2, 16 << 10);
+        let (img1, _) = build(1, &[b, vec![cp], c.clone()], 2, 16 << 10);
         let empty = vec![0u8; 16 << 10];
         let r = scan(&[(0, &img0), (1, &img1), (2, &empty)]);
         assert_eq!(r.stats.corrupt_batches + r.stats.lost_batches, 0);

@@ -11,6 +11,9 @@
 //! in order, each after its own fdatasync and read-back. So a crash can find batch k written but
 //! not synced while k+1 is written (or synced, which also syncs k).
 //!
+//! Released segments are often recycled: a new segment is then a released file renamed into place
+//! with the batches of its earlier life still in it, so torn writes land over old batches.
+//!
 //! Faults: unsynced writes lost, kept, torn to a prefix or torn to a random subset of 512-byte
 //! sectors at a crash; a crash between write and fdatasync or between fdatasync and completion;
 //! EIO on write; EIO/ENOSPC on fdatasync (poisons; data state unknown until the next crash);
@@ -74,6 +77,9 @@ struct SimFile {
 #[derive(Clone, Default)]
 pub struct SimDisk {
     files: BTreeMap<u64, SimFile>,
+    /// Released segment files kept for reuse (the driver's recycle pool): their durable images,
+    /// old batches and all. Kept across crashes too, which the driver does not need.
+    pool: Vec<Vec<u8>>,
 }
 
 impl SimDisk {
@@ -133,6 +139,16 @@ impl SimDisk {
             f.cur.clone_from(&f.durable);
         }
         torn
+    }
+    /// Renames a pooled file into place as segment `id` (durable at once: the driver syncs the
+    /// directory before writing into it).
+    fn reuse(&mut self, id: u64, img: Vec<u8>) {
+        let f = SimFile {
+            cur: img.clone(),
+            durable: img,
+            unsynced: Vec::new(),
+        };
+        assert!(self.files.insert(id, f).is_none(), "segment {id} exists");
     }
     fn zero(&mut self, id: u64, from: usize, to: usize) {
         let f = self.files.get_mut(&id).expect("zero an existing segment");
@@ -208,6 +224,8 @@ pub struct SimSummary {
     pub corruption_reported: u64,
     pub checkpoints: u64,
     pub segments_released: u64,
+    /// New segments that were released segment files, their old batches still in them.
+    pub segments_recycled: u64,
     pub invariant_checks: u64,
 }
 
@@ -409,6 +427,15 @@ impl Sim {
                 self.flying.push_back(f);
                 return Ok(true);
             }
+            if !self.disk.pool.is_empty()
+                && !self.disk.files.contains_key(&seg)
+                && !self.rng.one_in(4)
+            {
+                let i = self.rng.below(self.disk.pool.len() as u64) as usize;
+                let img = self.disk.pool.swap_remove(i);
+                self.disk.reuse(seg, img);
+                self.summary.segments_recycled += 1;
+            }
             self.disk
                 .allocate(seg, self.cfg.core.segment_bytes as usize);
         }
@@ -468,7 +495,7 @@ impl Sim {
                     let i = self.rng.below(back.len() as u64) as usize;
                     back[i] ^= 0x10;
                 }
-                match codec::verify_batch(&back, plan.seq) {
+                match codec::verify_batch(&back, plan.at.segment, plan.seq) {
                     Ok(_) => Outcome::Durable,
                     Err(e) => Outcome::Failed(format!("read-back does not verify: {e}")),
                 }
@@ -558,7 +585,10 @@ impl Sim {
             .filter(|&s| s < cp.segment && s < current)
             .collect();
         for s in doomed {
-            self.disk.files.remove(&s);
+            let f = self.disk.files.remove(&s).expect("listed above");
+            if self.disk.pool.len() < 3 && !self.rng.one_in(3) {
+                self.disk.pool.push(f.durable);
+            }
             self.summary.segments_released += 1;
         }
         self.batches
