@@ -47,33 +47,17 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
     let acked = rt::block_on(async move {
         let (log, _, _) = ShardLog::open(c).await.expect("open");
         let mut acked = Vec::new();
-        let mut full = false;
-        for i in 0..5000u64 {
-            match log.append(vec![rec(i)]).await {
-                Ok(o) => acked.push((o[0], i)),
-                Err(LogError::DiskFull) => {
-                    full = true;
-                    break;
-                }
-                Err(e) => panic!("append {i}: unexpected {e}"),
-            }
-        }
-        assert!(full, "never hit disk full");
+        assert!(
+            fill(&log, &rec, 0..5000, &mut acked).await,
+            "never hit disk full"
+        );
         assert!(log.poisoned().is_none(), "{:?}", log.poisoned());
         // Disk full sheds the released WAL segments kept for reuse: appends may go on until the
         // disk is full again, and then fail the same way.
-        let mut again = false;
-        for i in 5000..10_000u64 {
-            match log.append(vec![rec(i)]).await {
-                Ok(o) => acked.push((o[0], i)),
-                Err(LogError::DiskFull) => {
-                    again = true;
-                    break;
-                }
-                Err(e) => panic!("append {i}: unexpected {e}"),
-            }
-        }
-        assert!(again, "never hit disk full again");
+        assert!(
+            fill(&log, &rec, 5000..10_000, &mut acked).await,
+            "never hit disk full again"
+        );
         let kept = std::fs::read_dir(wal_dir.join("ingress/shard-0"))
             .expect("wal dir")
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -114,4 +98,22 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         }
     });
     drop(mount);
+}
+
+/// Appends the records `ids` one by one until one fails with DiskFull (returns true), pushing
+/// each acknowledged one's offset and id to `acked`.
+async fn fill(
+    log: &ShardLog,
+    rec: &impl Fn(u64) -> AppendRecord,
+    ids: std::ops::Range<u64>,
+    acked: &mut Vec<(Offset, u64)>,
+) -> bool {
+    for i in ids {
+        match log.append(vec![rec(i)]).await {
+            Ok(o) => acked.push((o[0], i)),
+            Err(LogError::DiskFull) => return true,
+            Err(e) => panic!("append {i}: unexpected {e}"),
+        }
+    }
+    false
 }

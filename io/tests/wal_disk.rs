@@ -220,14 +220,7 @@ fn kept_segments_are_deleted_when_the_disk_is_full_elsewhere() {
     let kept = kept_files(dir.clone());
     rt::block_on(async move {
         let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
-        let mut upto = WalPosition::default();
-        for i in 0..100 {
-            upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
-        }
-        wal.append(vec![WalRecord::Checkpoint { upto }])
-            .await
-            .expect("checkpoint");
-        wal.release_before(upto).await.expect("release");
+        fill_checkpoint_and_release(&wal).await;
         assert_eq!(kept(), 2);
         wal.shed_recycled();
         for _ in 0..100 {
@@ -253,6 +246,21 @@ fn kept_segments_are_deleted_when_the_disk_is_full_elsewhere() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Appends 100 records of 8000 bytes (several segments), a checkpoint after them, and releases
+/// the segments before it; returns the checkpoint's position.
+async fn fill_checkpoint_and_release(wal: &Wal) -> WalPosition {
+    let mut upto = WalPosition::default();
+    for i in 0..100 {
+        upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
+    }
+    assert!(upto.segment >= 3, "{upto:?}");
+    wal.append(vec![WalRecord::Checkpoint { upto }])
+        .await
+        .expect("checkpoint");
+    wal.release_before(upto).await.expect("release");
+    upto
+}
+
 /// Counts the released segment files kept for reuse in `dir`.
 fn kept_files(dir: PathBuf) -> impl Fn() -> usize {
     move || {
@@ -275,15 +283,7 @@ fn released_segments_are_recycled_and_their_old_batches_never_come_back() {
     let spare_files = kept_files(dir.clone());
     rt::block_on(async move {
         let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
-        let mut upto = WalPosition::default();
-        for i in 0..100 {
-            upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
-        }
-        assert!(upto.segment >= 3, "{upto:?}");
-        wal.append(vec![WalRecord::Checkpoint { upto }])
-            .await
-            .expect("checkpoint");
-        wal.release_before(upto).await.expect("release");
+        let upto = fill_checkpoint_and_release(&wal).await;
         assert_eq!(spare_files(), 2, "recycle_segments_max files kept");
         assert_eq!(wal.stats().segments_released, upto.segment);
         let after: Vec<WalRecord> = (100..170).map(|i| msg(1, i, 7000)).collect();
