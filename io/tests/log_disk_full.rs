@@ -58,12 +58,21 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
             fill(&log, &rec, 5000..10_000, &mut acked).await,
             "never hit disk full again"
         );
-        let kept = std::fs::read_dir(wal_dir.join("ingress/shard-0"))
-            .expect("wal dir")
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.starts_with("recycled-"))
-            .count();
-        assert_eq!(kept, 0, "kept WAL segments not deleted on disk full");
+        // The deletion runs in the background: give it up to 2 s.
+        let kept = || {
+            std::fs::read_dir(wal_dir.join("ingress/shard-0"))
+                .expect("wal dir")
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with("recycled-"))
+                .count()
+        };
+        for _ in 0..200 {
+            if kept() == 0 {
+                break;
+            }
+            rt::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(kept(), 0, "kept WAL segments not deleted on disk full");
         let hwm = log.high_watermark(k);
         assert_eq!(
             hwm,

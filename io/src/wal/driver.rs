@@ -42,6 +42,9 @@ pub fn segment_path(dir: &Path, segment: u64) -> PathBuf {
 /// needed; renamed to its segment name at rollover. Not a segment name: recovery never reads it.
 pub const SPARE_NAME: &str = "next-segment.spare";
 
+/// After the disk was found full, how long released segments are deleted instead of kept.
+pub const KEEP_PAUSE_AFTER_DISK_FULL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Name of a released segment kept for reuse (see [`Wal::release_before`]); never read by
 /// recovery, deleted at open.
 fn recycled_path(dir: &Path, old_segment: u64) -> PathBuf {
@@ -83,6 +86,8 @@ struct Inner {
     segments_recycled: Cell<u64>,
     /// Only segments from here on are recycled: written by this process, version-2 batches only.
     recycle_from: u64,
+    /// No released segment is kept before this instant (set when the disk was found full).
+    keep_none_until: Cell<Option<Instant>>,
 }
 
 /// Handle to one shard's WAL. Clone-able; lives on one shard.
@@ -192,6 +197,7 @@ impl Wal {
             recycled: RefCell::new(Vec::new()),
             segments_recycled: Cell::new(0),
             recycle_from: write_at.segment + 1,
+            keep_none_until: Cell::new(None),
         };
         let wal = Wal(Rc::new(inner));
         start_spare(&wal.0);
@@ -264,8 +270,14 @@ impl Wal {
             return Ok(());
         }
         let dir = &self.0.cfg.dir;
+        let paused = self
+            .0
+            .keep_none_until
+            .get()
+            .is_some_and(|t| Instant::now() < t);
         for &s in &doomed {
-            let keep = s >= self.0.recycle_from
+            let keep = !paused
+                && s >= self.0.recycle_from
                 && self.0.recycled.borrow().len() < self.0.cfg.recycle_segments_max;
             if keep {
                 let to = recycled_path(dir, s);
@@ -283,9 +295,13 @@ impl Wal {
         Ok(())
     }
 
-    /// Deletes the released segment files kept for reuse, in the background: the disk is full
-    /// elsewhere, and their space is worth more now than the zero-fill they would save.
+    /// Deletes the released segment files kept for reuse, in the background, and keeps none for
+    /// the next [`KEEP_PAUSE_AFTER_DISK_FULL`]: the disk is full elsewhere, and their space is
+    /// worth more now than the zero-fill they would save.
     pub fn shed_recycled(&self) {
+        self.0
+            .keep_none_until
+            .set(Some(Instant::now() + KEEP_PAUSE_AFTER_DISK_FULL));
         let doomed = std::mem::take(&mut *self.0.recycled.borrow_mut());
         if doomed.is_empty() {
             return;
