@@ -397,8 +397,8 @@ fn header_crc(b: &[u8], segment: Option<u64>) -> u32 {
     h.finalize()
 }
 
-/// The header of a batch written at the start of `segment`'s bytes `[.., ..)`: version 2, bound
-/// to `segment`.
+/// The header of a batch written into segment `segment`: version 2, its checksum bound to
+/// `segment`.
 pub fn encode_batch_header(h: &BatchHeader, segment: u64) -> [u8; BATCH_HEADER_BYTES] {
     let mut b = [0u8; BATCH_HEADER_BYTES];
     b[0..4].copy_from_slice(&BATCH_MAGIC);
@@ -487,14 +487,9 @@ pub fn encode_batch(segment: u64, seq: u64, record_count: u32, payload: &[u8], o
 }
 
 /// Completes a batch image for `segment` in place: the payload already sits at
-/// `img[BATCH_HEADER_BYTES..]` (`payload_len` bytes); writes the header and zeroes the padding.
-/// `img` must be exactly `batch_span(payload_len)` bytes long.
-pub fn seal_batch(img: &mut [u8], segment: u64, seq: u64, record_count: u32, payload_len: usize) {
-    seal_batch_flagged(img, segment, seq, record_count, payload_len, 0);
-}
-
-/// [`seal_batch`] recording `in_flight_before` earlier batches in flight (at most
-/// [`BATCH_FLAGS_IN_FLIGHT_MASK`]).
+/// `img[BATCH_HEADER_BYTES..]` (`payload_len` bytes); writes the header, recording
+/// `in_flight_before` earlier batches in flight (at most [`BATCH_FLAGS_IN_FLIGHT_MASK`]), and
+/// zeroes the padding. `img` must be exactly `batch_span(payload_len)` bytes long.
 pub fn seal_batch_flagged(
     img: &mut [u8],
     segment: u64,

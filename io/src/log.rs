@@ -15,13 +15,14 @@
 //! flight (pipelined group commit): the committer hands the next batch over as soon as the WAL
 //! can start writing it and at least `wal_pipeline_min_bytes` are queued (at light load the queue
 //! waits for the batch in flight instead of paying a second fsync for one message), assigning
-//! offsets after those of the batches in flight (`planned_next`). The WAL resolves batches strictly in order and a failed batch fails every
-//! batch behind it, so a failed batch needs no rollback: once nothing is in flight the committer
-//! plans again from the partitions' ends in their files, and the failed offsets are simply never
-//! used. After the WAL answers durable-and-verified for the oldest batch, the committer writes
-//! its frames to the partition segment files (page cache), which advances the high watermarks,
-//! then answers every appender and runs the `on_commit` callbacks. A record is thus visible to
-//! readers only after it is durable in the WAL.
+//! offsets after those of the batches in flight (`planned_next`). The WAL resolves batches
+//! strictly in order and a failed batch fails every batch behind it, so a failed batch needs no
+//! rollback: once nothing is in flight the committer plans again from the partitions' ends in
+//! their files, and the failed offsets are simply never used. After the WAL answers
+//! durable-and-verified for the oldest batch, the committer writes its frames to the partition
+//! segment files (page cache), which advances the high watermarks, then answers every appender
+//! and runs the `on_commit` callbacks. A record is thus visible to readers only after it is
+//! durable in the WAL.
 //!
 //! # Crash-safety argument
 //! 1. An append is acknowledged only after its WAL batch is durable and verified (WAL contract).

@@ -232,17 +232,11 @@ fn kept_segments_are_deleted_when_the_disk_is_full_elsewhere() {
         }
         assert_eq!(kept(), 0);
         let after: Vec<WalRecord> = (100..170).map(|i| msg(1, i, 7000)).collect();
-        for r in &after {
-            wal.append(vec![r.clone()]).await.expect("append");
-        }
+        append_each(&wal, &after).await;
         assert_eq!(wal.stats().segments_recycled, 0);
         // For a while after that, released segments are deleted, not kept.
         let released = wal.stats().segments_released;
-        let upto = wal.write_position();
-        wal.append(vec![WalRecord::Checkpoint { upto }])
-            .await
-            .expect("checkpoint");
-        wal.release_before(upto).await.expect("release");
+        checkpoint_and_release(&wal, wal.write_position()).await;
         assert!(wal.stats().segments_released > released);
         assert_eq!(kept(), 0);
         drop(wal);
@@ -265,11 +259,23 @@ async fn fill_checkpoint_and_release(wal: &Wal) -> WalPosition {
         upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
     }
     assert!(upto.segment >= 3, "{upto:?}");
+    checkpoint_and_release(wal, upto).await;
+    upto
+}
+
+/// Appends a checkpoint at `upto` and releases the segments before it.
+async fn checkpoint_and_release(wal: &Wal, upto: WalPosition) {
     wal.append(vec![WalRecord::Checkpoint { upto }])
         .await
         .expect("checkpoint");
     wal.release_before(upto).await.expect("release");
-    upto
+}
+
+/// Appends each record in its own call.
+async fn append_each(wal: &Wal, records: &[WalRecord]) {
+    for r in records {
+        wal.append(vec![r.clone()]).await.expect("append");
+    }
 }
 
 /// Counts the released segment files kept for reuse in `dir`.
@@ -287,23 +293,21 @@ fn kept_files(dir: PathBuf) -> impl Fn() -> usize {
 fn released_segments_are_recycled_and_their_old_batches_never_come_back() {
     // Proves: segments released by a checkpoint are kept (up to `recycle_segments_max`) and
     // reused as new segments; the log written into them recovers exactly, with nothing reported
-    // and nothing zeroed, although their earlier batches are still in the files; the kept files
-    // are deleted at open; and after a restart only segments written since are recycled.
+    // and nothing zeroed, although their earlier batches are still in the files; after a restart
+    // only segments written since are kept; and kept files are deleted at open.
     let dir = temp_dir("recycle");
     let cfg = small_cfg(dir.clone());
-    let spare_files = kept_files(dir.clone());
+    let kept = kept_files(dir.clone());
     rt::block_on(async move {
         let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");
         let upto = fill_checkpoint_and_release(&wal).await;
-        assert_eq!(spare_files(), 2, "recycle_segments_max files kept");
+        assert_eq!(kept(), 2, "recycle_segments_max files kept");
         assert_eq!(wal.stats().segments_released, upto.segment);
         let after: Vec<WalRecord> = (100..170).map(|i| msg(1, i, 7000)).collect();
-        for r in &after {
-            wal.append(vec![r.clone()]).await.expect("append");
-        }
+        append_each(&wal, &after).await;
         let s = wal.stats();
         assert_eq!(s.segments_recycled, 2, "{s:?}");
-        assert_eq!(spare_files(), 0);
+        assert_eq!(kept(), 0);
         drop(wal);
         let (wal, recovered, stats) = Wal::open(cfg.clone()).await.expect("reopen");
         assert_eq!(
@@ -316,15 +320,15 @@ fn released_segments_are_recycled_and_their_old_batches_never_come_back() {
             after
         );
         // Segments from before this open are deleted when released, not kept.
-        let upto = wal.write_position();
-        wal.append(vec![WalRecord::Checkpoint { upto }])
-            .await
-            .expect("checkpoint");
-        wal.release_before(upto).await.expect("release");
-        assert_eq!(spare_files(), 0);
+        checkpoint_and_release(&wal, wal.write_position()).await;
+        assert_eq!(kept(), 0);
         assert!(wal.stats().segments_released > 0);
+        // Those written since are kept, and a restart deletes them.
+        fill_checkpoint_and_release(&wal).await;
+        assert_eq!(kept(), 2);
         drop(wal);
         let (_, recovered, stats) = Wal::open(cfg).await.expect("reopen again");
+        assert_eq!(kept(), 0, "kept segments deleted at open");
         assert!(recovered.is_empty());
         assert_eq!(stats.corrupt_batches + stats.lost_batches, 0);
     });

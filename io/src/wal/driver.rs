@@ -83,7 +83,6 @@ struct Inner {
     spare_running: Cell<bool>,
     /// Released segment files kept for reuse as new segments (see [`Wal::release_before`]).
     recycled: RefCell<Vec<PathBuf>>,
-    segments_recycled: Cell<u64>,
     /// Only segments from here on are recycled: written by this process, version-2 batches only.
     recycle_from: u64,
     /// No released segment is kept before this instant (set when the disk was found full).
@@ -105,10 +104,16 @@ impl Wal {
         std::fs::create_dir_all(&cfg.dir)?;
         probe_direct_io(&cfg.dir).await?;
         let mut ids = Vec::new();
+        // A spare left by an earlier run may not be wholly zeroed, and released segments kept
+        // for reuse are not needed to read the log: deleted below, new ones are made.
+        let mut spares = Vec::new();
         for e in std::fs::read_dir(&cfg.dir)? {
-            let e = e?;
-            if let Some(id) = e.file_name().to_str().and_then(parse_segment_name) {
+            let name = e?.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(id) = parse_segment_name(name) {
                 ids.push(id);
+            } else if name.ends_with(".spare") {
+                spares.push(cfg.dir.join(name));
             }
         }
         ids.sort_unstable();
@@ -132,13 +137,8 @@ impl Wal {
             segments.remove(&s);
         }
         let write_at = rec.write_at.unwrap_or_default();
-        // A spare left by an earlier run may not be wholly zeroed, and released segments kept
-        // for reuse are not needed to read the log: make new ones.
-        for e in std::fs::read_dir(&cfg.dir)? {
-            let name = e?.file_name();
-            if name.to_str().is_some_and(|n| n.ends_with(".spare")) {
-                file::remove_file(&cfg.dir.join(name)).await?;
-            }
+        for p in &spares {
+            file::remove_file(p).await?;
         }
         let path = segment_path(&cfg.dir, write_at.segment);
         let current = DirectFile::open_rw(&path, true, false).await?;
@@ -195,7 +195,6 @@ impl Wal {
             spare: RefCell::new(None),
             spare_running: Cell::new(false),
             recycled: RefCell::new(Vec::new()),
-            segments_recycled: Cell::new(0),
             recycle_from: write_at.segment + 1,
             keep_none_until: Cell::new(None),
         };
@@ -344,7 +343,6 @@ impl Wal {
     pub fn stats(&self) -> WalStats {
         let mut s = self.0.core.borrow().stats.clone();
         s.segments_released = self.0.segments_released.get();
-        s.segments_recycled = self.0.segments_recycled.get();
         s
     }
 
@@ -563,65 +561,60 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
 /// segment is unchanged.
 async fn create_segment(inner: &Rc<Inner>, id: u64) -> io::Result<()> {
     let path = segment_path(&inner.cfg.dir, id);
+    // Taken before any await: no RefCell borrow lives across one.
     let recycled = inner.recycled.borrow_mut().pop();
     let spare = match recycled {
         Some(_) => None,
         None => inner.spare.borrow_mut().take(),
     };
-    let f = match (recycled, spare) {
-        (Some(from), _) => {
-            // Its old batches stay in it: bound to their old segment number, recovery never
-            // takes them for this segment's (`codec::decode_batch_header`).
-            let reused = async {
-                file::rename(&from, &path).await?;
-                file::sync_dir(&inner.cfg.dir).await?;
-                DirectFile::open_rw(&path, false, false).await
-            }
-            .await;
-            match reused {
-                Ok(f) => {
-                    inner
-                        .segments_recycled
-                        .set(inner.segments_recycled.get() + 1);
-                    f
-                }
-                Err(e) => {
-                    let _ = file::remove_file(&path).await;
-                    let _ = file::remove_file(&from).await;
-                    return Err(e);
-                }
-            }
+    let f = if let Some(from) = recycled {
+        // Its old batches stay in it: bound to their old segment number, recovery never takes
+        // them for this segment's (`codec::decode_batch_header`).
+        let reused = async {
+            file::rename(&from, &path).await?;
+            file::sync_dir(&inner.cfg.dir).await?;
+            DirectFile::open_rw(&path, false, false).await
         }
-        (None, Some(f)) => {
-            let renamed = async {
-                file::rename(&inner.cfg.dir.join(SPARE_NAME), &path).await?;
-                file::sync_dir(&inner.cfg.dir).await
+        .await;
+        match reused {
+            Ok(f) => {
+                inner.core.borrow_mut().stats.segments_recycled += 1;
+                f
             }
-            .await;
-            if let Err(e) = renamed {
-                let _ = f.close().await;
+            Err(e) => {
                 let _ = file::remove_file(&path).await;
+                let _ = file::remove_file(&from).await;
                 return Err(e);
             }
-            f
         }
-        (None, None) => {
-            let f = DirectFile::open_rw(&path, true, false).await?;
-            let made = async {
-                f.pre_allocate(inner.cfg.segment_bytes).await?;
-                f.fdatasync().await?;
-                file::sync_dir(&inner.cfg.dir).await
-            }
-            .await;
-            if let Err(e) = made {
-                let _ = f.close().await;
-                if let Err(re) = file::remove_file(&path).await {
-                    tracing::warn!(error = %re, path = %path.display(), "could not remove a half-made WAL segment");
-                }
-                return Err(e);
-            }
-            f
+    } else if let Some(f) = spare {
+        let renamed = async {
+            file::rename(&inner.cfg.dir.join(SPARE_NAME), &path).await?;
+            file::sync_dir(&inner.cfg.dir).await
         }
+        .await;
+        if let Err(e) = renamed {
+            let _ = f.close().await;
+            let _ = file::remove_file(&path).await;
+            return Err(e);
+        }
+        f
+    } else {
+        let f = DirectFile::open_rw(&path, true, false).await?;
+        let made = async {
+            f.pre_allocate(inner.cfg.segment_bytes).await?;
+            f.fdatasync().await?;
+            file::sync_dir(&inner.cfg.dir).await
+        }
+        .await;
+        if let Err(e) = made {
+            let _ = f.close().await;
+            if let Err(re) = file::remove_file(&path).await {
+                tracing::warn!(error = %re, path = %path.display(), "could not remove a half-made WAL segment");
+            }
+            return Err(e);
+        }
+        f
     };
     start_spare(inner);
     inner.segments.borrow_mut().insert(id);

@@ -405,14 +405,15 @@ impl Scanner {
             );
             self.hole = Some(Hole {
                 dirty_end: end,
-                bad: true,
                 ..first
             });
             self.expected = Some(missing_seq);
         }
         let write_at = match self.hole.take() {
             Some(hole) => {
-                if hole.bad && hole.dirty_end > hole.at.byte {
+                // Only a batch with this segment's header (`bad` with a batch) or a lost
+                // in-flight run moves `dirty_end`.
+                if hole.dirty_end > hole.at.byte {
                     self.stats.torn_bytes = hole.dirty_end - hole.at.byte;
                     tracing::warn!(
                         segment = hole.at.segment,
@@ -462,7 +463,7 @@ impl Scanner {
 mod tests {
     use super::*;
     use crate::codec::tests::{random_record, Rng};
-    use crate::codec::{batch_span, encode_record, seal_batch, seal_batch_flagged};
+    use crate::codec::{batch_span, encode_batch, encode_record, seal_batch_flagged};
 
     /// Lays batches of the given records into an image of segment `segment` of `seg_bytes`;
     /// returns the image and the (start, end) of each batch.
@@ -476,20 +477,7 @@ mod tests {
         let mut at = 0;
         let mut spans = Vec::new();
         for (i, recs) in batches.iter().enumerate() {
-            let mut payload = Vec::new();
-            for r in recs {
-                encode_record(r, &mut payload).expect("encode");
-            }
-            let span = batch_span(payload.len());
-            let b = &mut img[at..at + span];
-            b[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
-            seal_batch(
-                b,
-                segment,
-                first_seq + i as u64,
-                recs.len() as u32,
-                payload.len(),
-            );
+            let span = put_batch(&mut img, at, segment, first_seq + i as u64, recs);
             spans.push((at, at + span));
             at += span;
         }
@@ -515,6 +503,23 @@ mod tests {
         s.finish()
     }
 
+    /// Writes one batch of `recs` for `segment` at byte `at` of `img`; returns its span.
+    fn put_batch(img: &mut [u8], at: usize, segment: u64, seq: u64, recs: &[WalRecord]) -> usize {
+        let mut payload = Vec::new();
+        for r in recs {
+            encode_record(r, &mut payload).expect("encode");
+        }
+        let span = batch_span(payload.len());
+        encode_batch(
+            segment,
+            seq,
+            recs.len() as u32,
+            &payload,
+            &mut img[at..at + span],
+        );
+        span
+    }
+
     /// Carries out `r` on the image of its write segment (zeroes `truncate`), then writes one
     /// batch of `recs` where the log continues, as the driver does after recovery.
     fn continue_log(img: &mut [u8], r: &Recovered, recs: &[WalRecord]) {
@@ -523,14 +528,7 @@ mod tests {
             assert_eq!(t.segment, at.segment);
             img[t.byte as usize..end as usize].fill(0);
         }
-        let mut payload = Vec::new();
-        for rec in recs {
-            encode_record(rec, &mut payload).expect("encode");
-        }
-        let p = at.byte as usize;
-        let b = &mut img[p..p + batch_span(payload.len())];
-        b[BATCH_HEADER_BYTES..BATCH_HEADER_BYTES + payload.len()].copy_from_slice(&payload);
-        seal_batch(b, at.segment, r.next_seq, recs.len() as u32, payload.len());
+        put_batch(img, at.byte as usize, at.segment, r.next_seq, recs);
     }
 
     #[test]
