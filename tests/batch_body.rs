@@ -202,3 +202,58 @@ fn large_batch_bodies_share_a_node_budget() {
     }
     assert_eq!(admitted, 4);
 }
+
+/// Sum of the partitions' high watermarks of `topic`.
+fn stored(c: &mut common::Client, topic: &str) -> u64 {
+    let r = c.get(&format!("/v1/topics/{topic}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["partition_stats"]
+        .as_array()
+        .expect("partition_stats")
+        .iter()
+        .map(|p| p["high_watermark"].as_u64().expect("high_watermark"))
+        .sum()
+}
+
+#[test]
+fn large_valid_batches_are_stored_whole() {
+    // Proves: batches well over 4 MiB (the WAL's batching size) but within the 16 MiB cap are
+    // accepted and stored whole: 1000 messages of 7000 bytes spread over 3 partitions (7 MB), and
+    // 16 messages of 1 MB pinned to one partition (16 MB, one shard's single append, just under the
+    // cap). Both were answered 500, with part of the first stored, before the WAL took appends
+    // over one batch.
+    let dir = TempDir::new("batch-large");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("spread", 3);
+    c.create_topic("pinned", 3);
+
+    let p7000 = "a".repeat(7000);
+    let msgs: Vec<String> = (0..1000)
+        .map(|i| format!(r#"{{"payload":"{i:04}{p7000}"}}"#))
+        .collect();
+    let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
+    assert!(body.len() > 7_000_000);
+    let r = c.post_json("/v1/topics/spread/produce/batch", &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["accepted"], 1000);
+    assert_eq!(stored(&mut c, "spread"), 1000);
+
+    let big = "b".repeat(999_990);
+    let msgs: Vec<String> = (0..16)
+        .map(|i| format!(r#"{{"payload":"{i}{big}","partition":0}}"#))
+        .collect();
+    let body = format!(r#"{{"messages":[{}]}}"#, msgs.join(","));
+    assert!(body.len() > 16_000_000 && body.len() <= 16 << 20);
+    let r = c.post_json("/v1/topics/pinned/produce/batch", &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(stored(&mut c, "pinned"), 16);
+    let r = c.get("/v1/topics/pinned/consume?partition=0&offset=15");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let payload = r.json()["payload"]
+        .as_str()
+        .expect("text payload")
+        .to_string();
+    assert_eq!(payload.len(), 999_992);
+    assert!(payload.starts_with("15b"));
+}

@@ -84,8 +84,12 @@ pub struct LogConfig {
     /// partitions `owner_shard` assigns to `shard`.
     pub shard_count: u32,
     pub wal_segment_bytes: u64,
+    /// Largest WAL batch gathering several requests.
     pub wal_batch_bytes_max: usize,
     pub wal_batch_records_max: usize,
+    /// Largest single request (one produce, however large its batch): it is committed as one WAL
+    /// batch of its own when over `wal_batch_bytes_max`, never split, so it lands whole or not.
+    pub wal_append_bytes_max: usize,
     /// WAL batches in flight at once (pipelined group commit; 1 = one at a time).
     pub wal_batches_in_flight_max: usize,
     /// A batch is handed over while another is in flight only once this many bytes of WAL
@@ -101,6 +105,15 @@ pub struct LogConfig {
 }
 
 impl LogConfig {
+    /// The largest single request the WAL takes: `wal_append_bytes_max`, but never below a batch
+    /// nor above what one segment holds.
+    pub fn wal_append_limit(&self) -> usize {
+        let segment_fit = (self.wal_segment_bytes as usize).saturating_sub(codec::BATCH_ALIGN);
+        self.wal_append_bytes_max
+            .min(segment_fit)
+            .max(self.wal_batch_bytes_max)
+    }
+
     pub fn new(data_dir: PathBuf, shard: ShardId, shard_count: u32) -> LogConfig {
         LogConfig {
             data_dir,
@@ -109,6 +122,7 @@ impl LogConfig {
             wal_segment_bytes: 64 << 20,
             wal_batch_bytes_max: 4 << 20,
             wal_batch_records_max: 16_384,
+            wal_append_bytes_max: crate::wal::APPEND_BYTES_MAX_DEFAULT,
             wal_batches_in_flight_max: crate::wal::BATCHES_IN_FLIGHT_DEFAULT,
             wal_pipeline_min_bytes: WAL_PIPELINE_MIN_BYTES_DEFAULT,
             append_queue_bytes_max: 64 << 20,
@@ -185,7 +199,7 @@ impl std::fmt::Display for LogError {
             LogError::DiskFull => write!(f, "disk full"),
             LogError::Poisoned(why) => write!(f, "log stopped after an I/O failure: {why}"),
             LogError::Io(e) => write!(f, "log I/O error: {e}"),
-            LogError::TooLarge => write!(f, "append larger than one batch"),
+            LogError::TooLarge => write!(f, "append larger than the largest WAL batch"),
             LogError::Closed => write!(f, "log closed"),
         }
     }
@@ -288,6 +302,7 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
         segment_bytes: cfg.wal_segment_bytes,
         batch_bytes_max: cfg.wal_batch_bytes_max,
         batch_records_max: cfg.wal_batch_records_max,
+        append_bytes_max: cfg.wal_append_limit(),
         // The committer hands a batch over only when the WAL can start it at once, so at most
         // one call waits in the WAL queue.
         queue_bytes_max: cfg.wal_batch_bytes_max,
@@ -512,7 +527,7 @@ impl ShardLog {
     /// Queues a request (waiting while the queue is full) and waits for its answer.
     async fn submit(&self, kind: Kind, records: Vec<WalRecord>) -> Result<Vec<Offset>, LogError> {
         let wal_bytes: usize = records.iter().map(codec::encoded_len).sum();
-        if codec::BATCH_HEADER_BYTES + wal_bytes > self.inner.cfg.wal_batch_bytes_max
+        if codec::BATCH_HEADER_BYTES + wal_bytes > self.inner.cfg.wal_append_limit()
             || records.len() > self.inner.cfg.wal_batch_records_max
         {
             return Err(LogError::TooLarge);

@@ -32,6 +32,7 @@ fn small_cfg(dir: PathBuf) -> WalConfig {
     WalConfig {
         segment_bytes: 256 << 10,
         batch_bytes_max: 64 << 10,
+        append_bytes_max: 64 << 10,
         batch_records_max: 128,
         queue_bytes_max: 256 << 10,
         batches_in_flight_max: 2,

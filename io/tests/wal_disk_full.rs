@@ -39,6 +39,7 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         dir: dir.clone(),
         segment_bytes: 512 << 10,
         batch_bytes_max: 64 << 10,
+        append_bytes_max: 64 << 10,
         batch_records_max: 64,
         queue_bytes_max: 256 << 10,
         batches_in_flight_max: 2,

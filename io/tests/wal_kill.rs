@@ -37,6 +37,7 @@ fn cfg(dir: PathBuf) -> WalConfig {
         dir,
         segment_bytes: 1 << 20,
         batch_bytes_max: 256 << 10,
+        append_bytes_max: 256 << 10,
         batch_records_max: 1024,
         queue_bytes_max: 1 << 20,
         batches_in_flight_max: 2,

@@ -46,6 +46,8 @@ pub struct CoreConfig {
     pub segment_bytes: u64,
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
+    /// Largest single append; one over `batch_bytes_max` is a batch of its own.
+    pub append_bytes_max: usize,
     pub queue_bytes_max: usize,
     /// Batches written but not yet resolved, at most (1 = no pipelining). At most
     /// `recovery::PIPELINED_TAIL_BATCHES_MAX + 1`.
@@ -193,13 +195,14 @@ impl Core {
         self.pending.is_empty() || self.pending_bytes + frame_bytes <= self.cfg.queue_bytes_max
     }
 
-    /// Checks an append before it waits for room: a poisoned log and an append that can never fit
-    /// one batch are refused at once.
+    /// Checks an append before it waits for room: a poisoned log and an append that can never be
+    /// written (over `append_bytes_max` or `batch_records_max`) are refused at once. One over
+    /// `batch_bytes_max` is fine: it forms a batch of its own.
     pub fn check(&self, frame_bytes: usize, records: usize) -> Result<(), WalError> {
         if let Some(p) = &self.poisoned {
             return Err(WalError::Poisoned(p.clone()));
         }
-        if BATCH_HEADER_BYTES + frame_bytes > self.cfg.batch_bytes_max
+        if BATCH_HEADER_BYTES + frame_bytes > self.cfg.append_bytes_max
             || records > self.cfg.batch_records_max
         {
             return Err(WalError::TooLarge);
@@ -405,6 +408,7 @@ mod tests {
             segment_bytes: 64 << 10,
             batch_bytes_max: 16 << 10,
             batch_records_max: 10,
+            append_bytes_max: 40 << 10,
             queue_bytes_max: 32 << 10,
             batches_in_flight_max: 2,
         }
@@ -643,7 +647,8 @@ mod tests {
     #[test]
     fn queue_bound_and_too_large() {
         // Proves the queue reports no room beyond queue_bytes_max (but always room when empty) and
-        // that an append larger than one batch is refused with TooLarge.
+        // that an append larger than append_bytes_max (or with more records than a batch holds)
+        // is refused with TooLarge.
         let mut c = Core::new(cfg(), 1, WalPosition::default());
         let f = frames(1, 1000);
         assert!(c.has_room(f.len()));
@@ -654,13 +659,40 @@ mod tests {
             assert!(queued < 100, "queue bound never hit");
         }
         assert!(c.pending_bytes() <= 32 << 10);
+        assert!(frames(1, 6000).len() > 40 << 10);
         assert!(matches!(
-            c.submit(frames(1, 3000), 1),
+            c.submit(frames(1, 6000), 1),
             Err(WalError::TooLarge)
         ));
         assert!(matches!(
             c.submit(frames(11, 1), 11),
             Err(WalError::TooLarge)
         ));
+    }
+
+    #[test]
+    fn an_append_over_a_batch_is_a_batch_of_its_own() {
+        // Proves an append larger than batch_bytes_max (but within append_bytes_max) is taken
+        // whole into one batch, alone, between the batches of the appends around it.
+        let mut c = Core::new(cfg(), 1, WalPosition::default());
+        let big = frames(1, 3000);
+        assert!(big.len() > 16 << 10 && big.len() < 40 << 10);
+        let t1 = c.submit(frames(1, 10), 1).expect("small");
+        let t2 = c.submit(big.clone(), 1).expect("big append accepted");
+        let t3 = c.submit(frames(1, 10), 1).expect("small");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let (p, img) = c.start_batch(|n| vec![0u8; n]).expect("batch");
+            assert_eq!(p.appends, 1, "one append per batch here");
+            let n = img.len();
+            assert!(n >= BATCH_HEADER_BYTES + big.len() || n < 16 << 10);
+            c.written(p.seq);
+            got.extend(c.finish(Outcome::Durable).into_iter().map(|(t, r)| {
+                r.expect("durable");
+                t
+            }));
+        }
+        assert_eq!(got, vec![t1, t2, t3], "answered in order, each once");
+        assert!(c.start_batch(|n| vec![0u8; n]).is_none());
     }
 }

@@ -170,6 +170,7 @@ impl Wal {
             segment_bytes: cfg.segment_bytes,
             batch_bytes_max: cfg.batch_bytes_max,
             batch_records_max: cfg.batch_records_max,
+            append_bytes_max: cfg.append_bytes_max,
             queue_bytes_max: cfg.queue_bytes_max,
             batches_in_flight_max: cfg.batches_in_flight_max,
         };
@@ -376,6 +377,12 @@ fn validate(cfg: &WalConfig) -> Result<(), WalError> {
         || cfg.batch_bytes_max > codec::BATCH_PAYLOAD_BYTES_MAX
     {
         return bad("batch_bytes_max must hold a record and fit a segment");
+    }
+    if cfg.append_bytes_max < cfg.batch_bytes_max
+        || codec::batch_span(cfg.append_bytes_max) as u64 > cfg.segment_bytes
+        || cfg.append_bytes_max > codec::BATCH_PAYLOAD_BYTES_MAX
+    {
+        return bad("append_bytes_max must be at least batch_bytes_max and fit a segment");
     }
     if cfg.batch_records_max == 0 || cfg.queue_bytes_max == 0 {
         return bad("batch_records_max and queue_bytes_max must be positive");

@@ -52,6 +52,10 @@ pub use driver::{segment_path, Wal, SPARE_NAME};
 
 /// Default pipelining depth of the group commit.
 pub const BATCHES_IN_FLIGHT_DEFAULT: usize = 2;
+/// Default largest single append: a batch produce of the largest body the API takes (16 MiB)
+/// plus the record headers of its messages, with room to spare, and half a default segment.
+pub const APPEND_BYTES_MAX_DEFAULT: usize = 32 << 20;
+
 /// Largest accepted `batches_in_flight_max` (recovery recognises this many lost in-flight batches).
 pub const BATCHES_IN_FLIGHT_MAX: usize = recovery::PIPELINED_TAIL_BATCHES_MAX as usize + 1;
 
@@ -60,9 +64,12 @@ pub struct WalConfig {
     pub dir: PathBuf,
     /// Size of every pre-allocated segment file. Multiple of 4096.
     pub segment_bytes: u64,
-    /// Largest batch (header + payload, before padding) one write carries.
+    /// Largest batch (header + payload, before padding) that gathers several appends.
     pub batch_bytes_max: usize,
     pub batch_records_max: usize,
+    /// Largest single append (batch header included). An append larger than `batch_bytes_max`
+    /// is written as a batch of its own, so one call is never split over two batches.
+    pub append_bytes_max: usize,
     /// Encoded bytes waiting for a batch; appends beyond it wait (backpressure).
     pub queue_bytes_max: usize,
     /// Batches in flight at once (pipelined group commit): the next batch is written while the
@@ -80,6 +87,7 @@ impl WalConfig {
             segment_bytes: 64 << 20,
             batch_bytes_max: 4 << 20,
             batch_records_max: 16384,
+            append_bytes_max: APPEND_BYTES_MAX_DEFAULT,
             queue_bytes_max: 64 << 20,
             batches_in_flight_max: BATCHES_IN_FLIGHT_DEFAULT,
             recycle_segments_max: 4,
@@ -95,7 +103,8 @@ pub enum WalError {
     /// A write, fdatasync or read-back verification failed earlier: every append fails.
     Poisoned(String),
     Io(std::io::Error),
-    /// One append call is larger than a batch (`batch_bytes_max` / `batch_records_max`).
+    /// One append call is larger than `append_bytes_max` or holds more than `batch_records_max`
+    /// records.
     TooLarge,
 }
 

@@ -191,6 +191,7 @@ impl Default for SimConfig {
             core: CoreConfig {
                 segment_bytes: 48 << 10,
                 batch_bytes_max: 12 << 10,
+                append_bytes_max: 12 << 10,
                 batch_records_max: 24,
                 queue_bytes_max: 24 << 10,
                 batches_in_flight_max: 2,
