@@ -115,6 +115,9 @@ pub type NodeMesh = Mesh<ShardReq, ShardResp>;
 /// One lease: partition, offset and the nonce of its receipt handle.
 pub type Lease = (PartitionId, Offset, Nonce);
 
+/// Longest a parked long-poll waits before it looks at its client again.
+pub const WAIT_SLICE_MS: u64 = 1000;
+
 pub struct Node {
     pub shard: ShardId,
     pub shards: u32,
@@ -618,11 +621,13 @@ impl Node {
         out
     }
 
-    /// Parks until something may be available for `topic` on any shard, or `deadline_ms` passes.
-    pub async fn wait_for_work(&self, topic: TopicId, deadline_ms: u64) {
+    /// Parks until something may be available for `topic` on any shard (or shutdown began:
+    /// answers true), or until `deadline_ms` passes or [`WAIT_SLICE_MS`] went by (false), so that
+    /// the caller can look at its client between slices.
+    pub async fn wait_for_work(&self, topic: TopicId, deadline_ms: u64) -> bool {
         let now = now_ms();
         if now >= deadline_ms {
-            return;
+            return false;
         }
         // Tell the other shards once per wait window that this shard has waiters on the topic.
         let needs_announce = self
@@ -651,7 +656,10 @@ impl Node {
         let notify = self.host.notifier(topic);
         // A shutdown ends every long-poll at once (answered 204), so draining is not held up.
         let woken = futures_lite::future::or(notify.notified(), self.shutdown.wait());
-        let _ = rt::timeout(Duration::from_millis(deadline_ms - now), woken).await;
+        let slice = (deadline_ms - now).min(WAIT_SLICE_MS);
+        rt::timeout(Duration::from_millis(slice), woken)
+            .await
+            .is_ok()
     }
 
     fn note_interest(&self, topic: TopicId, from: ShardId, until_ms: u64) {

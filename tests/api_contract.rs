@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{Server, TempDir};
@@ -651,4 +652,76 @@ fn pipelined_and_chunked_requests() {
     assert_eq!(c.read_response(false).unwrap().status, 202);
     let m = c.get("/v1/topics/pp/consume?partition=0&offset=1").json();
     assert_eq!(m["payload"], "bcd");
+}
+
+/// The sum of the `/metrics` series whose lines start with `prefix` (0 when absent).
+fn metric(c: &mut common::Client, prefix: &str) -> f64 {
+    let r = c.get("/metrics");
+    assert_eq!(r.status, 200);
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next())
+        .map(|v| v.parse::<f64>().expect("metric value"))
+        .sum()
+}
+
+#[test]
+fn a_long_poll_whose_client_left_leases_nothing() {
+    // Proves: a parked consume whose client closed its connection is not handed the next
+    // message (a live consumer gets it at once, not after the 30 s visibility timeout), and is
+    // recorded as status 499 with outcome "cancelled"; one parked with nothing arriving is also
+    // ended (and recorded) within about a second of the client leaving, not at the end of `wait`.
+    let (_d, s) = server("ghost-poll");
+    let mut c = s.client();
+    c.create_topic("ghost", 3);
+    c.create_topic("quiet", 3);
+    let mut ghosts = Vec::new();
+    for topic in ["ghost", "quiet"] {
+        let mut g = s.client();
+        let poll = format!("GET /v1/topics/{topic}/consume?wait=20s HTTP/1.1\r\nHost: t\r\n\r\n");
+        g.raw()
+            .write_all(poll.as_bytes())
+            .expect("send the long-poll");
+        ghosts.push(g);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    drop(ghosts);
+    std::thread::sleep(Duration::from_millis(200));
+    let r = c.post_client("/v1/topics/ghost/produce", b"m1");
+    assert_eq!(r.status, 202, "{}", r.text());
+    // Time for the parked polls to be woken by the commit (and, before, to take the message).
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let r = c.get("/v1/topics/ghost/consume?wait=3s");
+    assert_eq!(
+        r.status,
+        200,
+        "the message went to a client that had left: {}",
+        r.text()
+    );
+    assert_eq!(r.json()["payload"], "m1");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+
+    let prefix = r#"narad_http_requests_total{route="GET /v1/topics/{topic}/consume",method="GET",status="499"}"#;
+    let cancelled =
+        |t: &str| format!(r#"narad_consume_wait_seconds_count{{topic="{t}",outcome="cancelled"}}"#);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    loop {
+        let n = metric(&mut c, prefix);
+        let k = metric(&mut c, &cancelled("ghost")) + metric(&mut c, &cancelled("quiet"));
+        if n == 2.0 && k == 2.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "499s {n}, cancelled {k}: want 2 and 2"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        metric(&mut c, r#"narad_inflight_size{topic="ghost""#) as u64,
+        1,
+        "only the live consumer's lease"
+    );
 }

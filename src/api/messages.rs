@@ -338,6 +338,7 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     } else {
         queue_consume(
             node,
+            req,
             t,
             partition,
             max,
@@ -387,6 +388,7 @@ async fn replay(node: &Rc<Node>, t: &TopicMeta, p: u32, offset: u64) -> Response
 
 async fn queue_consume(
     node: &Rc<Node>,
+    req: &Request,
     t: &TopicMeta,
     partition: Option<u32>,
     max: Option<usize>,
@@ -422,7 +424,19 @@ async fn queue_consume(
             waited.empty(&node.metrics, t.id, node.shutting_down());
             return Response::empty(204);
         }
-        node.wait_for_work(t.id, deadline).await;
+        // Park until work may be there (or the wait ends), looking at the client at least once a
+        // second: one that went away must not be leased records, which would stay hidden from
+        // live consumers for a whole visibility timeout, nor hold its consume slot till the end.
+        loop {
+            let woken = node.wait_for_work(t.id, deadline).await;
+            if req.client_disconnected() {
+                waited.gone(&node.metrics, t.id);
+                return Response::empty(499);
+            }
+            if woken || now_ms() >= deadline || node.shutting_down() {
+                break;
+            }
+        }
     }
 }
 

@@ -31,7 +31,8 @@
 //! `parent`/`child` but no `partition`: the fan-out keeps its counters per shard and its lag per
 //! child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
 //! `invalid`, `busy`). Not yet present: `narad_produce_rejections_total`, remote, Raft and
-//! cluster series (§9.4 remote, most of §9.6), status `499`.
+//! cluster series (§9.4 remote, most of §9.6). Status `499` is recorded for a long-poll whose
+//! client went away while it waited; other requests run to their answer.
 
 pub mod expo;
 pub mod listener;
@@ -328,7 +329,7 @@ impl Metrics {
 
 /// One queue consume's wait, for `narad_consume_wait_seconds{topic,outcome}`: `no_wait` when it
 /// was not allowed to wait, else `hit` (delivered), `timeout` (nothing within the wait) or
-/// `cancelled` (ended by shutdown).
+/// `cancelled` (ended by shutdown, or by the client going away).
 pub struct ConsumeWait {
     t0: Instant,
     no_wait: bool,
@@ -346,6 +347,11 @@ impl ConsumeWait {
     pub fn hit(&self, m: &Metrics, topic: TopicId) {
         let outcome = if self.no_wait { "no_wait" } else { "hit" };
         m.consume_waited(topic, outcome, self.t0.elapsed());
+    }
+
+    /// The client went away while the consume waited (answered `499`, to no one).
+    pub fn gone(&self, m: &Metrics, topic: TopicId) {
+        m.consume_waited(topic, "cancelled", self.t0.elapsed());
     }
 
     /// The consume answers `204` (also counted in `narad_consume_empty_total`).
