@@ -1021,16 +1021,11 @@ fn cluster_commands_send_the_admin_requests() {
 
 #[test]
 fn routes_the_server_lacks_exit_1_with_a_clear_message() {
-    // Proves that against a broker without the cluster (and, until they land, users and
-    // children) routes, each command exits 1 and says the server does not offer the route,
-    // instead of a bare "404 page not found".
+    // Proves that against a broker without the remote-cluster routes, each command exits 1 and
+    // says the server does not offer the route, instead of a bare "404 page not found".
     let (_d, s) = server("cli-missing");
     let probe = |path: &str| s.client().get(path).status;
-    let mut cases: Vec<Vec<&str>> = vec![
-        vec!["cluster", "members"],
-        vec!["cluster", "moves"],
-        vec!["cluster", "decommission", "narad-1"],
-    ];
+    let mut cases: Vec<Vec<&str>> = vec![vec!["remote", "ls"], vec!["remote", "rm", "x"]];
     if probe("/v1/users") == 404 {
         cases.push(vec!["user", "ls"]);
         cases.push(vec!["user", "rm", "x"]);
@@ -1800,4 +1795,109 @@ fn remote_commands_send_the_remotes_api_requests() {
         &[],
     );
     assert_eq!(o.code, 2, "{}", o.stderr);
+}
+
+#[test]
+fn cluster_commands_answer_for_a_one_node_cluster() {
+    // Proves the cluster routes of API.md §12 answer as a node that is its own whole cluster:
+    // `cluster members` lists this node (alive, voter, leader, owning every partition), `--detail`
+    // adds its status, `cluster moves` is empty, a decommission is refused 409 with its reasons
+    // (200 with them as a dry run), and the HTTP statuses of §12.1-12.6 for bad flags, unknown
+    // members, moves and Raft servers.
+    let (_d, s) = server("cli-cluster");
+    let mut c = s.client();
+    c.create_topic("orders", 3);
+    c.create_topic("audit", 4);
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(narad(&s, &["cluster", "members"], b"")).stdout)
+            .expect("members JSON");
+    let members = v["members"].as_array().expect("members array");
+    assert_eq!(members.len(), 1, "{v}");
+    let m = &members[0];
+    let id = m["id"].as_str().expect("id").to_string();
+    assert_eq!(m["status"], "alive");
+    assert_eq!(m["draining"], false);
+    assert_eq!(m["owned_partitions"], 7);
+    assert_eq!(m["outbound_moves"], 0);
+    assert_eq!(
+        (m["voter"].as_bool(), m["leader"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert!(m.get("node_status").is_none());
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(narad(&s, &["cluster", "members", "--detail"], b"")).stdout)
+            .expect("detail JSON");
+    assert_eq!(v["members"][0]["node_status"]["node"], id.as_str());
+    assert_eq!(
+        v["members"][0]["node_status"]["moves"],
+        serde_json::json!([])
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(narad(&s, &["cluster", "moves"], b"")).stdout)
+            .expect("moves JSON");
+    assert_eq!(v, serde_json::json!({"moves": []}));
+
+    let o = narad(&s, &["cluster", "decommission", &id], b"");
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let dry = c.post_client(
+        &format!("/v1/cluster/members/{id}/decommission?dry_run=true"),
+        b"",
+    );
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    let dry = dry.json();
+    assert_eq!(dry["would_decommission"], false);
+    assert_eq!(dry["owned_partitions"], 7);
+    let codes: Vec<&str> = dry["reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .filter_map(|r| r["code"].as_str())
+        .collect();
+    assert_eq!(codes, ["below_min_voters", "no_receivers"]);
+    let r = c.post_client(&format!("/v1/cluster/members/{id}/decommission"), b"");
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.error().contains("no_receivers"), "{}", r.text());
+
+    let status = |c: &mut common::Client, method: &str, path: &str| {
+        c.request(method, path, &[("X-Narad-Client", "test")], b"")
+            .status
+    };
+    for (method, path, want) in [
+        ("GET", "/v1/cluster/members?detail=maybe".to_string(), 400),
+        ("GET", "/v1/cluster/moves?detail=2".to_string(), 400),
+        (
+            "POST",
+            "/v1/cluster/members/nobody/decommission".to_string(),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/cluster/members/{id}/decommission?dry_run=x"),
+            400,
+        ),
+        (
+            "DELETE",
+            format!("/v1/cluster/members/{id}/decommission"),
+            204,
+        ),
+        (
+            "DELETE",
+            format!("/v1/cluster/members/{id}/decommission?dry_run=true"),
+            400,
+        ),
+        (
+            "DELETE",
+            "/v1/cluster/members/nobody/decommission".to_string(),
+            404,
+        ),
+        ("POST", "/v1/cluster/moves/orders/2/abort".to_string(), 409),
+        ("POST", "/v1/cluster/moves/orders/3/abort".to_string(), 404),
+        ("POST", "/v1/cluster/moves/nope/0/abort".to_string(), 404),
+        ("POST", "/v1/cluster/moves/orders/x/abort".to_string(), 400),
+        ("POST", format!("/v1/cluster/members/{id}/forget"), 400),
+        ("POST", "/v1/cluster/members/nobody/forget".to_string(), 404),
+        ("PUT", "/v1/cluster/members".to_string(), 405),
+    ] {
+        assert_eq!(status(&mut c, method, &path), want, "{method} {path}");
+    }
 }

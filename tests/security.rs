@@ -180,6 +180,22 @@ fn grants_give_403_and_take_effect_without_restart() {
         (r.status, r.error()),
         (403, "admin privileges required".into())
     );
+    for (method, path) in [
+        ("GET", "/v1/cluster/members"),
+        ("GET", "/v1/cluster/moves"),
+        ("POST", "/v1/cluster/members/n1/decommission?dry_run=true"),
+    ] {
+        let r = call(&mut c, method, path, bob, "");
+        assert_eq!(
+            (r.status, r.error()),
+            (403, "admin privileges required".into()),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        call(&mut c, "GET", "/v1/cluster/members", ROOT, "").status,
+        200
+    );
 
     // Ownership: bob's own topic, whatever owner the body claims.
     let r = call(

@@ -13,6 +13,7 @@ macro_rules! tri {
 }
 
 pub mod children;
+pub mod cluster;
 pub mod messages;
 pub mod openapi;
 pub mod params;
@@ -83,6 +84,12 @@ pub enum Route {
     UserDelete,
     UserGrants,
     UserPassword,
+    ClusterMembers,
+    ClusterMoves,
+    ClusterDecommission,
+    ClusterDecommissionCancel,
+    ClusterMoveAbort,
+    ClusterForget,
 }
 
 impl Route {
@@ -114,6 +121,12 @@ impl Route {
             Route::UserDelete => "DELETE /v1/users/{username}",
             Route::UserGrants => "PUT /v1/users/{username}/grants",
             Route::UserPassword => "PUT /v1/users/{username}/password",
+            Route::ClusterMembers => "GET /v1/cluster/members",
+            Route::ClusterMoves => "GET /v1/cluster/moves",
+            Route::ClusterDecommission => "POST /v1/cluster/members/{id}/decommission",
+            Route::ClusterDecommissionCancel => "DELETE /v1/cluster/members/{id}/decommission",
+            Route::ClusterMoveAbort => "POST /v1/cluster/moves/{topic}/{partition}/abort",
+            Route::ClusterForget => "POST /v1/cluster/members/{id}/forget",
         }
     }
 }
@@ -144,6 +157,12 @@ pub const ROUTES: &[Route] = &[
     Route::ChildrenAttach,
     Route::ChildrenList,
     Route::ChildDetach,
+    Route::ClusterMembers,
+    Route::ClusterMoves,
+    Route::ClusterDecommission,
+    Route::ClusterDecommissionCancel,
+    Route::ClusterMoveAbort,
+    Route::ClusterForget,
 ];
 
 /// Whether `route(method, path)` finds `r` (for the OpenAPI test, which cannot name `Match`).
@@ -185,8 +204,9 @@ impl<'a> Args<'a> {
     }
 }
 
-/// Segments of the deepest route (`/v1/topics/{t}/children/{c}`) plus one, to tell deeper paths.
-const ROUTE_SEGMENTS_MAX: usize = 6;
+/// Segments of the deepest route (`/v1/cluster/moves/{t}/{p}/abort`) plus one, to tell deeper
+/// paths.
+const ROUTE_SEGMENTS_MAX: usize = 7;
 
 enum Match<'a> {
     Found(Route, Args<'a>),
@@ -297,6 +317,29 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
                 found(UserPassword, Args::one(u))
             } else {
                 Match::WrongMethod("PUT")
+            }
+        }
+        ["v1", "cluster", "members"] if get => found(ClusterMembers, Args::NONE),
+        ["v1", "cluster", "members"] => Match::WrongMethod("GET, HEAD"),
+        ["v1", "cluster", "moves"] if get => found(ClusterMoves, Args::NONE),
+        ["v1", "cluster", "moves"] => Match::WrongMethod("GET, HEAD"),
+        ["v1", "cluster", "members", id, "decommission"] if !id.is_empty() => match method {
+            "POST" => found(ClusterDecommission, Args::one(id)),
+            "DELETE" => found(ClusterDecommissionCancel, Args::one(id)),
+            _ => Match::WrongMethod("DELETE, POST"),
+        },
+        ["v1", "cluster", "members", id, "forget"] if !id.is_empty() => {
+            if method == "POST" {
+                found(ClusterForget, Args::one(id))
+            } else {
+                Match::WrongMethod("POST")
+            }
+        }
+        ["v1", "cluster", "moves", t, p, "abort"] if !t.is_empty() && !p.is_empty() => {
+            if method == "POST" {
+                found(ClusterMoveAbort, Args::two(t, p))
+            } else {
+                Match::WrongMethod("POST")
             }
         }
         _ => Match::NotFound,
@@ -454,6 +497,15 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::UserDelete => users::delete(node, &caller, t).await,
         Route::UserGrants => users::set_grants(node, &req, &caller, t).await,
         Route::UserPassword => users::set_password(node, &req, &caller, t).await,
+        Route::ClusterMembers => cluster::members(node, &req),
+        Route::ClusterMoves => cluster::moves(node, &req),
+        Route::ClusterDecommission => cluster::decommission(node, &req, t),
+        Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, t),
+        Route::ClusterForget => cluster::forget(node, t),
+        Route::ClusterMoveAbort => match args.get(1).map(percent_decode_segment) {
+            Some(Ok(p)) => cluster::abort_move(node, t, &p),
+            _ => Response::text(404, "404 page not found\n"),
+        },
     }
 }
 
@@ -611,6 +663,12 @@ fn authorize(
         | Route::UserDelete
         | Route::UserGrants
         | Route::UserPassword => None,
+        Route::ClusterMembers
+        | Route::ClusterMoves
+        | Route::ClusterDecommission
+        | Route::ClusterDecommissionCancel
+        | Route::ClusterMoveAbort
+        | Route::ClusterForget => (!c.is_admin()).then(|| error(403, users::ADMIN_REQUIRED)),
     }
 }
 

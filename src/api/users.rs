@@ -13,7 +13,7 @@ use crate::auth::{self, rbac, Caller};
 use crate::http::{Request, Response};
 use crate::node::Node;
 
-const ADMIN_REQUIRED: &str = "admin privileges required";
+pub const ADMIN_REQUIRED: &str = "admin privileges required";
 const ESCALATION: &str = "cannot grant permissions you do not hold";
 
 /// The User object of API.md §13.1.

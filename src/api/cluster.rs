@@ -1,0 +1,208 @@
+//! Cluster administration (API.md §12) as a node that is its own whole cluster answers it. This
+//! build runs one node (a configuration naming peers is refused at start), so the member list is
+//! this node, the single Raft voter and leader; no partition ever moves; and a decommission could
+//! never complete, since no other node could take the partitions, so it is refused with the
+//! reasons. Every route needs `admin` (checked by the caller, `api::authorize`).
+
+use std::rc::Rc;
+
+use serde_json::{json, Value};
+
+use super::params::Params;
+use super::{error, json as json_response};
+use crate::http::{Request, Response};
+use crate::node::Node;
+
+/// Go's `strconv.ParseBool`, which the original parsed these flags with.
+fn parse_bool(name: &str, q: &Params<'_>) -> Result<Option<bool>, Response> {
+    let Some(v) = q.str(name)? else {
+        return Ok(None);
+    };
+    match v.as_str() {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(Some(true)),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(Some(false)),
+        _ => Err(error(
+            400,
+            &format!("invalid {name}: strconv.ParseBool: parsing {v:?}: invalid syntax"),
+        )),
+    }
+}
+
+/// Partitions of every topic: all of them are owned here.
+fn owned_partitions(node: &Node) -> u64 {
+    node.meta()
+        .topics
+        .values()
+        .map(|t| u64::from(t.partitions))
+        .sum()
+}
+
+fn member_view(node: &Node) -> Value {
+    json!({
+        "id": node.config.node_id,
+        "addr": node.config.http.addr,
+        "status": "alive",
+        "draining": false,
+        "owned_partitions": owned_partitions(node),
+        "outbound_moves": 0,
+        "voter": true,
+        "leader": true,
+        "heartbeat_age_seconds": 0,
+    })
+}
+
+/// Metadata must be loaded to answer from it (`503` otherwise, as with no Raft leader).
+fn unavailable(node: &Node) -> Option<Response> {
+    node.ready()
+        .err()
+        .map(|reason| error(503, &reason).with_header("Retry-After", "1"))
+}
+
+fn unknown_member(id: &str) -> Response {
+    error(404, &format!("member {id:?} not found"))
+}
+
+/// `GET /v1/cluster/members[?detail=true]` (§12.1).
+pub fn members(node: &Rc<Node>, req: &Request) -> Response {
+    let detail = tri!(parse_bool("detail", &Params::new(&req.query)));
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    let mut m = member_view(node);
+    if detail == Some(true) {
+        m["node_status"] = json!({
+            "node": node.config.node_id,
+            "draining": false,
+            "dispatch_backlog": 0,
+            "quarantine": {"copies": 0, "bytes": 0, "list": []},
+            "moves": [],
+        });
+    }
+    json_response(200, &json!({ "members": [m] }))
+}
+
+/// `GET /v1/cluster/moves[?detail=true]` (§12.2): never any on one node.
+pub fn moves(node: &Rc<Node>, req: &Request) -> Response {
+    tri!(parse_bool("detail", &Params::new(&req.query)));
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    json_response(200, &json!({ "moves": [] }))
+}
+
+/// Why this node cannot be decommissioned: it is the only voter and no node could receive its
+/// partitions (CLUSTER.md §10 reason codes).
+fn refusal_reasons(node: &Node) -> Value {
+    json!([
+        {
+            "code": "below_min_voters",
+            "message": format!(
+                "{} is the only Raft voter: the cluster would have none left",
+                node.config.node_id
+            ),
+        },
+        {
+            "code": "no_receivers",
+            "message": "no other alive, non-draining member can receive its partitions",
+        },
+    ])
+}
+
+/// `POST /v1/cluster/members/{id}/decommission[?dry_run=true]` (§12.3).
+pub fn decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
+    let dry_run = tri!(parse_bool("dry_run", &Params::new(&req.query)));
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    if id != node.config.node_id {
+        return unknown_member(id);
+    }
+    let reasons = refusal_reasons(node);
+    if dry_run == Some(true) {
+        return json_response(
+            200,
+            &json!({
+                "member": member_view(node),
+                "would_decommission": false,
+                "reasons": reasons,
+                "voter": true,
+                "owned_partitions": owned_partitions(node),
+                "inbound_moves": 0,
+            }),
+        );
+    }
+    let codes: Vec<&str> = reasons
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["code"].as_str())
+        .collect();
+    json_response(
+        409,
+        &json!({
+            "error": format!(
+                "decommission of {id} refused: it could never complete safely ({})",
+                codes.join(", ")
+            ),
+            "reasons": reasons,
+        }),
+    )
+}
+
+/// `DELETE /v1/cluster/members/{id}/decommission` (§12.4): nothing is ever draining here, so
+/// cancelling is done at once.
+pub fn cancel_decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
+    let q = Params::new(&req.query);
+    if q.count("dry_run") > 0 {
+        return error(
+            400,
+            "dry_run is not supported when cancelling a decommission",
+        );
+    }
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    if id != node.config.node_id {
+        return unknown_member(id);
+    }
+    Response::empty(204)
+}
+
+/// `POST /v1/cluster/moves/{topic}/{partition}/abort[?target=id]` (§12.5): a partition that
+/// exists is owned here with no move in flight.
+pub fn abort_move(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
+    let Ok(p) = partition.parse::<u32>() else {
+        return error(
+            400,
+            &format!("invalid partition: strconv.Atoi: parsing {partition:?}: invalid syntax"),
+        );
+    };
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    match node.meta().topic(topic) {
+        Some(t) if p < t.partitions => error(
+            409,
+            &format!(
+                "no move in flight for {topic}/{p}: owned by {}",
+                node.config.node_id
+            ),
+        ),
+        _ => error(404, &format!("no assignment for {topic}/{p}")),
+    }
+}
+
+/// `POST /v1/cluster/members/{id}/forget` (§12.6): the only Raft server is this node, the
+/// leader, which cannot be forgotten.
+pub fn forget(node: &Rc<Node>, id: &str) -> Response {
+    if let Some(r) = unavailable(node) {
+        return r;
+    }
+    if id == node.config.node_id {
+        return error(
+            400,
+            &format!("{id} is the Raft leader: it cannot be forgotten"),
+        );
+    }
+    error(404, &format!("no Raft server {id:?}"))
+}
