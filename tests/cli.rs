@@ -262,7 +262,7 @@ fn pub_single_and_100000_lines_then_sub_acks_each_exactly_once() {
     let p = ok(narad(&s, &["pub", "events"], input.as_bytes()));
     assert!(
         p.stderr
-            .contains("accepted 100000 message(s) in 1000 batch(es)"),
+            .contains(" bytes): 100000 message(s) in 1000 batch(es)"),
         "{}",
         p.stderr
     );
@@ -324,7 +324,7 @@ fn replay_prints_the_range_and_a_summary() {
     ));
     assert!(
         p.stderr
-            .contains("accepted 5 message(s) in 1 batch(es) (11 bytes)"),
+            .contains("accepted (11 bytes): 5 message(s) in 1 batch(es)"),
         "{}",
         p.stderr
     );
@@ -646,10 +646,11 @@ fn pub_count_repeats_a_message_and_limits_lines() {
     let (_d, s) = server("cli-count");
     s.client().create_topic("c", 3);
     let o = ok(narad(&s, &["pub", "c", "x", "--count", "5"], b""));
-    assert_eq!(o.stderr.trim(), "accepted 5 message(s) (5 bytes)");
+    assert_eq!(o.stderr.trim(), "accepted (5 bytes): 5 message(s)");
     let o = ok(narad(&s, &["pub", "c", "--count", "3"], b"a\nb\nc\nd\n"));
     assert!(
-        o.stderr.contains("accepted 3 message(s) in 1 batch(es)"),
+        o.stderr
+            .contains("accepted (3 bytes): 3 message(s) in 1 batch(es)"),
         "{}",
         o.stderr
     );
@@ -687,7 +688,7 @@ fn binary_lines_print_as_hex_and_oversized_lines_are_refused() {
         "{}",
         o.stderr
     );
-    assert!(o.stderr.contains("accepted 1 message(s)"), "{}", o.stderr);
+    assert!(o.stderr.contains(": 1 message(s) in"), "{}", o.stderr);
     let o = ok(narad(
         &s,
         &["replay", "bin", "--partition", "1", "--raw"],
@@ -1260,7 +1261,7 @@ fn pub_rate_paces_messages() {
     let batched = start.elapsed();
     assert!(batched >= Duration::from_millis(280), "{batched:?}");
     assert!(
-        o.stderr.contains("accepted 40 message(s) in 4 batch(es)"),
+        o.stderr.contains(" bytes): 40 message(s) in 4 batch(es)"),
         "{}",
         o.stderr
     );
@@ -1463,7 +1464,7 @@ fn pub_falls_back_to_single_produces_without_the_batch_route() {
         &[],
     ));
     assert!(o.stderr.contains("no batch produce"), "{}", o.stderr);
-    assert!(o.stderr.contains("accepted 3 message(s)"), "{}", o.stderr);
+    assert!(o.stderr.contains(": 3 message(s) in"), "{}", o.stderr);
     let seen = h.join().unwrap();
     assert_eq!(seen.len(), 4);
     assert!(seen[0]

@@ -242,7 +242,7 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
             eprintln!("accepted ({} bytes)", message.len());
         } else {
             eprintln!(
-                "accepted {count} message(s) ({} bytes)",
+                "accepted ({} bytes): {count} message(s)",
                 count.saturating_mul(message.len() as u64)
             );
         }
@@ -257,9 +257,10 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
     let mut batcher = Batcher::new(&a);
     let result = batcher.run(client, BufReader::with_capacity(256 << 10, input));
     batcher.progress.clear();
+    // OPERATIONS.md §1.3: `accepted (<n> bytes)`, then what it took.
     eprintln!(
-        "accepted {} message(s) in {} batch(es) ({} bytes)",
-        batcher.accepted, batcher.batches, batcher.bytes
+        "accepted ({} bytes): {} message(s) in {} batch(es)",
+        batcher.bytes, batcher.accepted, batcher.batches
     );
     result
 }
