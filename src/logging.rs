@@ -10,6 +10,10 @@
 //! are numbered by the shard that accepted them (see `metrics::observe`); the API spec names no
 //! request-id header, so none is read from clients nor echoed.
 //!
+//! Every line ends with the emitting module as `target`, except a line whose event has its own
+//! `target` field: an audit line, where `target` is the audited object (SEMANTICS.md §15). The
+//! module is left out there, so that no line carries the key twice.
+//!
 //! Never logs a request body, credentials or 4xx answers (§8); never blocks on anything but
 //! stderr.
 
@@ -95,6 +99,15 @@ pub struct LineFormat {
 struct Fields {
     msg: String,
     rest: Vec<(&'static str, Value)>,
+}
+
+impl Fields {
+    /// True when the event names its own `target` (an audit line's audited object): the
+    /// logger's module target is then left out, because JSON and logfmt readers keep the last of
+    /// two equal keys and would lose the event's (SEMANTICS.md §15).
+    fn has_target(&self) -> bool {
+        self.rest.iter().any(|(k, _)| *k == "target")
+    }
 }
 
 enum Value {
@@ -211,8 +224,10 @@ impl LineFormat {
             if let Some(id) = rid {
                 let _ = write!(out, ",\"request_id\":\"{}\"", format_request_id(id));
             }
-            out.push_str(",\"target\":");
-            json_str(&mut out, target);
+            if !f.has_target() {
+                out.push_str(",\"target\":");
+                json_str(&mut out, target);
+            }
             out.push('}');
         } else {
             let _ = write!(out, "{time} {:<5} {}", level_name(level), f.msg);
@@ -234,7 +249,9 @@ impl LineFormat {
             if let Some(id) = rid {
                 let _ = write!(out, " request_id={}", format_request_id(id));
             }
-            let _ = write!(out, " target={target}");
+            if !f.has_target() {
+                let _ = write!(out, " target={target}");
+            }
         }
         out
     }
@@ -339,6 +356,63 @@ mod tests {
         assert!(t.starts_with("2026-11-29T12:00:00.000Z WARN  http listening addr="));
         assert!(t.contains(" shards=2 ok=true"));
         assert!(!t.contains('\n'));
+    }
+
+    #[test]
+    fn audit_line_target_is_the_audited_object() {
+        // Proves an audit line, written through the real subscriber and formatter, parses as
+        // JSON with `target` = the audited user (SEMANTICS.md §15), and carries the key once: a
+        // second, module `target` would win in JSON readers that keep the last duplicate. The
+        // text form likewise has one `target=`.
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = |json: bool| {
+            let buf = Buf::default();
+            let out = buf.clone();
+            let sub = tracing_subscriber::fmt()
+                .with_writer(move || out.clone())
+                .event_format(LineFormat { json })
+                .finish();
+            tracing::subscriber::with_default(sub, || {
+                crate::auth::audit("user.create", "admin", "bob", 201, "ok");
+                tracing::info!(shards = 2, "http listening");
+            });
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            text.lines().map(String::from).collect::<Vec<_>>()
+        };
+
+        let json = lines(true);
+        assert_eq!(json.len(), 2, "{json:?}");
+        let audit = &json[0];
+        let v: serde_json::Value = serde_json::from_str(audit).unwrap();
+        assert_eq!(v["component"], "audit", "{audit}");
+        assert_eq!(v["event"], "user.create");
+        assert_eq!(v["actor"], "admin");
+        assert_eq!(v["target"], "bob", "{audit}");
+        assert_eq!(audit.matches("\"target\":").count(), 1, "{audit}");
+        // Lines without their own target keep the module.
+        let v: serde_json::Value = serde_json::from_str(&json[1]).unwrap();
+        assert_eq!(v["target"], "narad::logging::tests", "{}", json[1]);
+
+        let text = lines(false);
+        assert_eq!(text[0].matches(" target=").count(), 1, "{}", text[0]);
+        assert!(text[0].contains(" target=bob "), "{}", text[0]);
+        assert!(
+            text[1].ends_with(" target=narad::logging::tests"),
+            "{}",
+            text[1]
+        );
     }
 
     #[test]

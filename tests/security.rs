@@ -718,6 +718,18 @@ fn audit_lines_and_no_passwords_in_logs() {
         );
     }
     assert!(audit.iter().any(|l| l.contains(r#""actor":"admin""#)));
+    // Each audit line parses as JSON with `target` = the audited user, not the logging module:
+    // JSON readers keep the last of duplicate keys, so a line must carry `target` once.
+    for line in &audit {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert_eq!(line.matches(r#""target":"#).count(), 1, "{line}");
+        if v["actor"] == "system" {
+            assert_eq!(v["target"], "admin", "root seeding: {line}");
+        } else {
+            assert_eq!(v["target"], "frank", "{line}");
+        }
+    }
     for secret in secrets.iter().chain([&ROOT_PW]) {
         assert!(!text.contains(secret), "a password reached the log");
     }
