@@ -168,3 +168,49 @@ fn malformed_http_and_api_input_get_4xx_and_lose_nothing() {
     want.sort();
     assert_eq!(got, want);
 }
+
+#[test]
+fn oversized_json_bodies_answer_by_route_family() {
+    // Proves the body-cap answers of API.md §4: attach-child, like the user routes, decodes while
+    // reading, so a body over 1 MiB is `400 invalid json: http: request body too large` (whether
+    // the size is seen from Content-Length or only while reading a chunked body); topic create
+    // keeps `413 request body too large`; and a 1 MiB attach body is not refused for its size.
+    let dir = TempDir::new("bigjson");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("bw", 3);
+    let big = format!(r#"{{"child":"x{}"}}"#, "a".repeat(1 << 20));
+    for path in ["/v1/topics/bw/children", "/v1/users"] {
+        let r = c.post_json(path, &big);
+        assert_eq!(
+            (r.status, r.error().as_str()),
+            (400, "invalid json: http: request body too large"),
+            "{path}"
+        );
+        c.reconnect();
+    }
+    let chunked = {
+        let mut v = b"POST /v1/topics/bw/children HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        v.extend_from_slice(format!("{:x}\r\n", big.len()).as_bytes());
+        v.extend_from_slice(big.as_bytes());
+        v.extend_from_slice(b"\r\n0\r\n\r\n");
+        v
+    };
+    let answer = raw_exchange(&s, &chunked);
+    assert_eq!(status_of(&answer), 400, "{answer}");
+    assert!(
+        answer.ends_with("{\"error\":\"invalid json: http: request body too large\"}\n"),
+        "{answer}"
+    );
+    let r = c.post_json("/v1/topics", &big.replace("child", "name"));
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (413, "request body too large")
+    );
+    c.reconnect();
+    // Exactly 1 MiB is within the cap: the attach is judged on its content (no such child).
+    let fits = format!(r#"{{"child":"{}"}}"#, "a".repeat((1 << 20) - 12));
+    assert_eq!(fits.len(), 1 << 20);
+    let r = c.post_json("/v1/topics/bw/children", &fits);
+    assert_eq!((r.status, r.error().as_str()), (404, "topic not found"));
+}

@@ -509,9 +509,11 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     }
 }
 
-/// The over-cap answer of a route.
+/// The over-cap answer of a route: user routes and attach-child decode while reading in the
+/// original, so their over-cap body is a JSON error (`400`); every other route answers `413`
+/// (API.md §4).
 fn too_large_for(r: Route) -> Response {
-    if is_user_route(r) {
+    if is_user_route(r) || r == Route::ChildrenAttach {
         error(400, "invalid json: http: request body too large")
     } else {
         error(413, "request body too large")
