@@ -57,8 +57,12 @@ pub const PATTERN_BYTES_MAX: usize = 2 << 20;
 /// Compiled validators kept per shard; the least recently used is dropped beyond it.
 pub const VALIDATORS_CACHED_MAX: usize = 256;
 
-/// The `503` text of §8.3 (the Go SDK matches it exactly).
-pub const BUSY_MESSAGE: &str = "schema: validation capacity busy, retry";
+/// The `503` text when the validation slot stays busy. It holds both the text of API.md §10.1
+/// (`schema: validation capacity busy, retry`) and the words the Go SDK looks for
+/// (`schema validation slot`, CLIENTS.md "Where this refines the rest of the spec"), so that
+/// the SDK knows nothing was stored and moves to another node at once.
+pub const BUSY_MESSAGE: &str =
+    "schema: validation capacity busy, retry (no schema validation slot free within 5s)";
 /// The `400` text for over-deep payloads (§8.2).
 pub const TOO_DEEP_MESSAGE: &str = "payload nests deeper than 256 levels";
 
@@ -667,8 +671,9 @@ mod tests {
 
     #[test]
     fn busy_slot_answers_503() {
-        // Proves a large payload waiting longer than its bound for the shard's slot gets the
-        // exact 503 text, and gets through once the slot is free.
+        // Proves a large payload waiting longer than its bound for the shard's slot gets a 503
+        // whose text holds both API.md §10.1's wording and the `schema validation slot` the Go
+        // SDK matches (CLIENTS.md), and gets through once the slot is free.
         narad_io::rt::block_on(async {
             let c = compiled(json!({"type":"string"}));
             let big = serde_json::to_vec(&"x".repeat(SLOT_PAYLOAD_BYTES_MIN + 1)).unwrap();
@@ -678,6 +683,20 @@ mod tests {
                 .await
                 .unwrap_err();
             assert_eq!((r.status, r.message.as_str()), (503, BUSY_MESSAGE));
+            assert!(
+                r.message
+                    .contains("schema: validation capacity busy, retry")
+                    && r.message.contains("schema validation slot"),
+                "{}",
+                r.message
+            );
+            // The batch form keeps both texts after its `message <i>: ` prefix.
+            let b = r.clone().at(3);
+            assert!(
+                b.message.contains("schema validation slot"),
+                "{}",
+                b.message
+            );
             // Small payloads on a cheap schema never wait for the slot.
             assert!(c
                 .check_within(b"\"s\"", Duration::from_millis(20))
