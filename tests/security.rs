@@ -734,3 +734,68 @@ fn audit_lines_and_no_passwords_in_logs() {
         assert!(!text.contains(secret), "a password reached the log");
     }
 }
+
+#[test]
+fn remote_child_attach_answers_by_security_and_plane() {
+    // Proves API.md §9.1 and §18 for a remote-child attach on this build (no remote plane): on a
+    // secured node an admin gets `501` (not `403 remotes require security`, since security is on),
+    // with or without `dry_run`; a non-admin owner of both topics gets `403 remotes require
+    // security`; with security off (dev) every caller gets that `403`.
+    const NEED_SECURITY: &str = "remotes require security";
+    let dir = TempDir::new("sec-remote");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    let r = create_user(
+        &mut c,
+        ROOT,
+        "bob",
+        "bob-pw",
+        r#"[{"action":"create","patterns":["bob.*"]}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"rp"}"#).status,
+        201
+    );
+    for body in [
+        r#"{"child":"rp-to-b","remote":"b"}"#,
+        r#"{"child":"rp-to-b","remote":"b","dry_run":true,"lanes":2,"from":"earliest"}"#,
+    ] {
+        let r = call(&mut c, "POST", "/v1/topics/rp/children", ROOT, body);
+        assert_eq!(r.status, 501, "{body}: {}", r.text());
+        assert!(r.error().contains("no remote plane"), "{}", r.error());
+    }
+    assert_eq!(
+        call(
+            &mut c,
+            "POST",
+            "/v1/topics",
+            ("bob", "bob-pw"),
+            r#"{"name":"bob.p"}"#
+        )
+        .status,
+        201
+    );
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/bob.p/children",
+        ("bob", "bob-pw"),
+        r#"{"child":"bob.p-to-b","remote":"b"}"#,
+    );
+    assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
+    // Nothing was created by the refusals.
+    assert_eq!(
+        call(&mut c, "GET", "/v1/topics/rp-to-b", ROOT, "").status,
+        404
+    );
+    drop(c);
+    drop(s);
+
+    let dev_dir = TempDir::new("dev-remote");
+    let dev = Server::start(&dev_dir);
+    let mut c = dev.client();
+    c.create_topic("rp", 3);
+    let r = c.post_json("/v1/topics/rp/children", r#"{"child":"x","remote":"b"}"#);
+    assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
+}

@@ -20,6 +20,12 @@ use crate::node::Node;
 /// Longest fan-out delay (SEMANTICS.md §12): one year.
 const DELAY_MS_MAX: i64 = 31_536_000_000;
 
+/// The `403` of a remote-child request without security or by a non-admin (API.md §9.1).
+pub const REMOTES_NEED_SECURITY: &str = "remotes require security";
+/// The `501` of a remote-child request: this node has no remote plane (API.md §18).
+pub const NO_REMOTE_PLANE: &str =
+    "remote children are not supported: this node has no remote plane";
+
 /// What a create-with-parent adds to the new topic.
 pub struct CreateLink {
     pub parent: String,
@@ -127,7 +133,13 @@ pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
         );
     }
     if body.remote.is_some() {
-        return error(403, "remotes require security");
+        // A remote child needs security on (API.md §9.1; the admin check is in `authorize`).
+        // This build has no remote plane, so a secured node cannot look the remote up either:
+        // `501`, the answer §18 reserves for exactly that.
+        if !node.config.security_enabled {
+            return error(403, REMOTES_NEED_SECURITY);
+        }
+        return error(501, NO_REMOTE_PLANE);
     }
     let Some(child) = body.child.filter(|c| !c.is_empty()) else {
         return error(400, "child is required");

@@ -628,7 +628,9 @@ fn authorize(
                 _ => None,
             });
             let remote = body.as_ref().is_some_and(|b| b.remote.is_some());
-            if (remote && !c.is_admin()) || !manages(t) || child.is_some_and(|ch| !manages(ch)) {
+            if remote && !c.is_admin() {
+                deny(children::REMOTES_NEED_SECURITY)
+            } else if !manages(t) || child.is_some_and(|ch| !manages(ch)) {
                 deny(NOT_MANAGER)
             } else {
                 None
