@@ -40,16 +40,55 @@ pub struct TopicDefaults {
     pub default_max_acked_ahead_per_partition: u32,
 }
 
+/// The operator's `storage.*` settings besides `data_dir` (OPERATIONS.md §4.2). Validated and
+/// kept; the storage engine of this build runs with its own fixed policy and reads none of them
+/// yet.
+#[derive(Clone, Debug)]
+pub struct StorageConfig {
+    /// `none` or `zstd`.
+    pub codec: String,
+    /// `fastest`, `default`, `better` or `best`.
+    pub compression_level: String,
+    /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
+    pub idle_log_eviction_ms: u64,
+    /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
+    pub cold_retention_walk_ms: u64,
+    /// [`OFFSET_COMMIT_INTERVAL_MS_MIN`]..=[`OFFSET_COMMIT_INTERVAL_MS_MAX`].
+    pub consumer_offset_commit_interval_ms: u64,
+    pub ingress_wal_prealloc: bool,
+}
+
+/// The Raft mTLS files (`security.cluster_tls_*_file`): all three or none. Validated and kept;
+/// a single-node build has no Raft transport to secure yet.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterTls {
+    pub cert_file: String,
+    pub key_file: String,
+    pub ca_file: String,
+}
+
+/// Shortest non-zero idle-log eviction and cold-retention walk period.
+pub const STORAGE_WALK_MS_MIN: u64 = 60_000;
+/// Bounds of `storage.consumer_offset_commit_interval_ms`.
+pub const OFFSET_COMMIT_INTERVAL_MS_MIN: u64 = 10;
+pub const OFFSET_COMMIT_INTERVAL_MS_MAX: u64 = 60_000;
+/// Shortest `cluster.raft_snapshot_interval`.
+pub const RAFT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_millis(5);
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub http: HttpConfig,
     pub node_id: String,
     pub cluster_addr: String,
+    /// `cluster.raft_snapshot_interval`: validated, not used by a single-node build yet.
+    pub raft_snapshot_interval: Duration,
     pub data_dir: PathBuf,
+    pub storage: StorageConfig,
     pub topic: TopicDefaults,
     pub log_level: String,
     pub log_format: String,
     pub security_enabled: bool,
+    pub cluster_tls: ClusterTls,
     /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is created.
     pub shards: u32,
     pub dev: bool,
@@ -76,7 +115,16 @@ impl Default for Config {
             },
             node_id: hostname(),
             cluster_addr: ":7943".into(),
+            raft_snapshot_interval: Duration::from_secs(120),
             data_dir: PathBuf::from("data"),
+            storage: StorageConfig {
+                codec: "none".into(),
+                compression_level: "fastest".into(),
+                idle_log_eviction_ms: 1_800_000,
+                cold_retention_walk_ms: 300_000,
+                consumer_offset_commit_interval_ms: 1000,
+                ingress_wal_prealloc: false,
+            },
             topic: TopicDefaults {
                 default_partitions: 3,
                 max_partitions: 108,
@@ -88,6 +136,7 @@ impl Default for Config {
             log_level: "info".into(),
             log_format: "json".into(),
             security_enabled: true,
+            cluster_tls: ClusterTls::default(),
             shards: 0,
             dev: false,
         }
@@ -315,7 +364,7 @@ impl Config {
                 );
             }
             if let Some(v) = cl.raft_snapshot_interval {
-                dur("cluster.raft_snapshot_interval", &v)?;
+                self.raft_snapshot_interval = dur("cluster.raft_snapshot_interval", &v)?;
             }
         }
         if let Some(s) = f.storage {
@@ -325,9 +374,31 @@ impl Config {
                         "storage.{k} is an internal setting and cannot be configured"
                     ));
                 }
-                if k == "data_dir" {
-                    let p = v.as_str().ok_or("storage.data_dir must be a string")?;
-                    self.data_dir = PathBuf::from(p);
+                let st = &mut self.storage;
+                let text = || {
+                    v.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| format!("storage.{k} must be a string"))
+                };
+                let int = || {
+                    v.as_u64()
+                        .ok_or_else(|| format!("storage.{k} must be a non-negative integer"))
+                };
+                match k.as_str() {
+                    "data_dir" => self.data_dir = PathBuf::from(text()?),
+                    "codec" => st.codec = text()?,
+                    "compression_level" => st.compression_level = text()?,
+                    "idle_log_eviction_ms" => st.idle_log_eviction_ms = int()?,
+                    "cold_retention_walk_ms" => st.cold_retention_walk_ms = int()?,
+                    "consumer_offset_commit_interval_ms" => {
+                        st.consumer_offset_commit_interval_ms = int()?
+                    }
+                    "ingress_wal_prealloc" => {
+                        st.ingress_wal_prealloc = v
+                            .as_bool()
+                            .ok_or("storage.ingress_wal_prealloc must be a boolean")?
+                    }
+                    _ => unreachable!("STORAGE_KEYS_PUBLIC lists {k}"),
                 }
             }
         }
@@ -364,6 +435,16 @@ impl Config {
         if let Some(s) = f.security {
             if let Some(v) = s.enabled {
                 self.security_enabled = v;
+            }
+            let tls = &mut self.cluster_tls;
+            for (src, dst) in [
+                (s.cluster_tls_cert_file, &mut tls.cert_file),
+                (s.cluster_tls_key_file, &mut tls.key_file),
+                (s.cluster_tls_ca_file, &mut tls.ca_file),
+            ] {
+                if let Some(v) = src {
+                    *dst = v;
+                }
             }
         }
         Ok(())
@@ -442,6 +523,21 @@ impl Config {
         }
         if let Some(v) = get("NARAD_CLUSTER_ADDR") {
             self.cluster_addr = v;
+        }
+        if let Some(v) = get("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL") {
+            self.raft_snapshot_interval = dur("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", &v)?;
+        }
+        for (key, dst) in [
+            (
+                "NARAD_CLUSTER_TLS_CERT_FILE",
+                &mut self.cluster_tls.cert_file,
+            ),
+            ("NARAD_CLUSTER_TLS_KEY_FILE", &mut self.cluster_tls.key_file),
+            ("NARAD_CLUSTER_TLS_CA_FILE", &mut self.cluster_tls.ca_file),
+        ] {
+            if let Some(v) = get(key) {
+                *dst = v;
+            }
         }
         if get("NARAD_CLUSTER_PEERS").is_some() {
             return Err(
@@ -600,6 +696,64 @@ impl Config {
         if self.node_id.is_empty() {
             return Err("cluster.node_id must not be empty".into());
         }
+        if self.raft_snapshot_interval < RAFT_SNAPSHOT_INTERVAL_MIN {
+            return Err(format!(
+                "cluster.raft_snapshot_interval ({}) must be >= {}",
+                show(self.raft_snapshot_interval),
+                show(RAFT_SNAPSHOT_INTERVAL_MIN)
+            ));
+        }
+        self.validate_storage()?;
+        let tls = &self.cluster_tls;
+        let files = [
+            ("security.cluster_tls_cert_file", &tls.cert_file),
+            ("security.cluster_tls_key_file", &tls.key_file),
+            ("security.cluster_tls_ca_file", &tls.ca_file),
+        ];
+        let missing: Vec<&str> = files
+            .iter()
+            .filter(|(_, v)| v.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if !missing.is_empty() && missing.len() < files.len() {
+            return Err(format!(
+                "security.cluster_tls_cert_file, security.cluster_tls_key_file and security.cluster_tls_ca_file must be set together or not at all (missing: {})",
+                missing.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_storage(&self) -> Result<(), String> {
+        let st = &self.storage;
+        if !matches!(st.codec.as_str(), "none" | "zstd") {
+            return Err(format!("storage.codec ({}) must be none or zstd", st.codec));
+        }
+        if !matches!(
+            st.compression_level.as_str(),
+            "fastest" | "default" | "better" | "best"
+        ) {
+            return Err(format!(
+                "storage.compression_level ({}) must be one of fastest, default, better, best",
+                st.compression_level
+            ));
+        }
+        for (key, v) in [
+            ("storage.idle_log_eviction_ms", st.idle_log_eviction_ms),
+            ("storage.cold_retention_walk_ms", st.cold_retention_walk_ms),
+        ] {
+            if v != 0 && v < STORAGE_WALK_MS_MIN {
+                return Err(format!(
+                    "{key} ({v}) must be 0 (off) or >= {STORAGE_WALK_MS_MIN}"
+                ));
+            }
+        }
+        let v = st.consumer_offset_commit_interval_ms;
+        if !(OFFSET_COMMIT_INTERVAL_MS_MIN..=OFFSET_COMMIT_INTERVAL_MS_MAX).contains(&v) {
+            return Err(format!(
+                "storage.consumer_offset_commit_interval_ms ({v}) must be between {OFFSET_COMMIT_INTERVAL_MS_MIN} and {OFFSET_COMMIT_INTERVAL_MS_MAX}"
+            ));
+        }
         Ok(())
     }
 
@@ -685,6 +839,113 @@ mod tests {
         );
         let e = c.apply_file(r#"{"http":{"read_timeout":10}}"#).unwrap_err();
         assert!(e.contains("config file"), "{e}");
+    }
+
+    #[test]
+    fn storage_cluster_and_tls_settings_are_validated() {
+        // Proves the ranges and enums of OPERATIONS.md §4.2 for the storage, Raft snapshot and
+        // Raft mTLS settings: each bad value (file or environment) is refused with a message
+        // naming the setting, and the boundary values are accepted.
+        let file = |json: &str| {
+            let mut c = Config::default();
+            c.apply_file(json).and_then(|()| c.validate())
+        };
+        for (json, want) in [
+            (
+                r#"{"storage":{"idle_log_eviction_ms":5}}"#,
+                "storage.idle_log_eviction_ms (5) must be 0 (off) or >= 60000",
+            ),
+            (
+                r#"{"storage":{"idle_log_eviction_ms":59999}}"#,
+                "storage.idle_log_eviction_ms (59999) must be 0 (off) or >= 60000",
+            ),
+            (
+                r#"{"storage":{"cold_retention_walk_ms":5}}"#,
+                "storage.cold_retention_walk_ms (5) must be 0 (off) or >= 60000",
+            ),
+            (
+                r#"{"storage":{"consumer_offset_commit_interval_ms":9}}"#,
+                "storage.consumer_offset_commit_interval_ms (9) must be between 10 and 60000",
+            ),
+            (
+                r#"{"storage":{"consumer_offset_commit_interval_ms":60001}}"#,
+                "storage.consumer_offset_commit_interval_ms (60001) must be between 10 and 60000",
+            ),
+            (
+                r#"{"storage":{"consumer_offset_commit_interval_ms":-1}}"#,
+                "storage.consumer_offset_commit_interval_ms must be a non-negative integer",
+            ),
+            (
+                r#"{"storage":{"codec":"lz4"}}"#,
+                "storage.codec (lz4) must be none or zstd",
+            ),
+            (
+                r#"{"storage":{"codec":1}}"#,
+                "storage.codec must be a string",
+            ),
+            (
+                r#"{"storage":{"compression_level":"ultra"}}"#,
+                "storage.compression_level (ultra) must be one of fastest, default, better, best",
+            ),
+            (
+                r#"{"storage":{"ingress_wal_prealloc":"yes"}}"#,
+                "storage.ingress_wal_prealloc must be a boolean",
+            ),
+            (
+                r#"{"cluster":{"raft_snapshot_interval":"1ms"}}"#,
+                "cluster.raft_snapshot_interval (1ms) must be >= 5ms",
+            ),
+            (
+                r#"{"security":{"cluster_tls_cert_file":"/x"}}"#,
+                "security.cluster_tls_cert_file, security.cluster_tls_key_file and security.cluster_tls_ca_file must be set together or not at all (missing: security.cluster_tls_key_file, security.cluster_tls_ca_file)",
+            ),
+        ] {
+            assert_eq!(file(json), Err(want.to_string()), "{json}");
+        }
+        for json in [
+            r#"{"storage":{"idle_log_eviction_ms":0,"cold_retention_walk_ms":0}}"#,
+            r#"{"storage":{"idle_log_eviction_ms":60000,"cold_retention_walk_ms":60000}}"#,
+            r#"{"storage":{"consumer_offset_commit_interval_ms":10}}"#,
+            r#"{"storage":{"consumer_offset_commit_interval_ms":60000}}"#,
+            r#"{"storage":{"codec":"zstd","compression_level":"best","ingress_wal_prealloc":true}}"#,
+            r#"{"storage":{"compression_level":"default"}}"#,
+            r#"{"storage":{"compression_level":"better"}}"#,
+            r#"{"cluster":{"raft_snapshot_interval":"5ms"}}"#,
+            r#"{"security":{"cluster_tls_cert_file":"/c","cluster_tls_key_file":"/k","cluster_tls_ca_file":"/a"}}"#,
+        ] {
+            assert_eq!(file(json), Ok(()), "{json}");
+        }
+        let c = Config::default();
+        assert_eq!(
+            (
+                c.storage.codec.as_str(),
+                c.storage.compression_level.as_str()
+            ),
+            ("none", "fastest")
+        );
+        assert_eq!(c.validate(), Ok(()));
+
+        // The environment forms are layered, then validated the same way.
+        let e = Config::load(
+            None,
+            &env(&[("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", "4ms")]),
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e, "cluster.raft_snapshot_interval (4ms) must be >= 5ms");
+        let e = Config::load(
+            None,
+            &env(&[
+                ("NARAD_CLUSTER_TLS_CERT_FILE", "/c"),
+                ("NARAD_CLUSTER_TLS_CA_FILE", "/a"),
+            ]),
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.ends_with("(missing: security.cluster_tls_key_file)"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1902,3 +1902,75 @@ fn cluster_commands_answer_for_a_one_node_cluster() {
         assert_eq!(status(&mut c, method, &path), want, "{method} {path}");
     }
 }
+
+#[test]
+fn serve_refuses_out_of_range_settings_before_opening_data() {
+    // Proves OPERATIONS.md §4.1 for the storage, Raft snapshot and Raft TLS rules of §4.2: a bad
+    // value in the config file (or environment) stops `narad serve` with exit 2 and a message
+    // naming the setting, before the data directory is created.
+    let dir = TempDir::new("cli-badcfg");
+    let data = dir.0.join("data");
+    let cfg = dir.0.join("narad.json");
+    for (json, env, key) in [
+        (
+            r#"{"storage":{"idle_log_eviction_ms":59999}}"#,
+            None,
+            "storage.idle_log_eviction_ms",
+        ),
+        (
+            r#"{"storage":{"cold_retention_walk_ms":5}}"#,
+            None,
+            "storage.cold_retention_walk_ms",
+        ),
+        (
+            r#"{"storage":{"consumer_offset_commit_interval_ms":70000}}"#,
+            None,
+            "storage.consumer_offset_commit_interval_ms",
+        ),
+        (r#"{"storage":{"codec":"lz4"}}"#, None, "storage.codec"),
+        (
+            r#"{"storage":{"compression_level":"ultra"}}"#,
+            None,
+            "storage.compression_level",
+        ),
+        (
+            r#"{"cluster":{"raft_snapshot_interval":"1ms"}}"#,
+            None,
+            "cluster.raft_snapshot_interval",
+        ),
+        (
+            r#"{"security":{"cluster_tls_cert_file":"/x"}}"#,
+            None,
+            "security.cluster_tls_key_file",
+        ),
+        (
+            "{}",
+            Some(("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", "1ms")),
+            "cluster.raft_snapshot_interval",
+        ),
+    ] {
+        std::fs::write(&cfg, json).unwrap();
+        let mut vars = vec![("NARAD_CLUSTER_ADDR", "127.0.0.1:18251")];
+        vars.extend(env);
+        let o = narad_raw(
+            &[
+                "serve",
+                "--addr",
+                "127.0.0.1:18250",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--config",
+                cfg.to_str().unwrap(),
+            ],
+            b"",
+            &vars,
+        );
+        assert_eq!(o.code, 2, "{json}: {}", o.stderr);
+        assert!(
+            o.stderr.starts_with("narad: ") && o.stderr.contains(key),
+            "{json}: {}",
+            o.stderr
+        );
+        assert!(!data.exists(), "{json}: the data directory was created");
+    }
+}
