@@ -214,3 +214,82 @@ fn oversized_json_bodies_answer_by_route_family() {
     let r = c.post_json("/v1/topics/bw/children", &fits);
     assert_eq!((r.status, r.error().as_str()), (404, "topic not found"));
 }
+
+#[test]
+fn object_bodies_refuse_arrays_and_other_non_objects() {
+    // Proves API.md §1.2/§6.1: a route whose body is a JSON object refuses an array (which
+    // serde would otherwise read field by field, creating a topic from `["name",null,...]`),
+    // a string or a number with `400 invalid json: json: cannot unmarshal <kind> into Go value
+    // of type ...`, naming no Rust type; nothing is created; and `null` reads as an empty
+    // object, as in the Go original (PATCH then asks for a field).
+    let dir = TempDir::new("nonobject");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("p", 3);
+    let array = r#"["arrtopic",null,null,null,null,null,null,null,null,null]"#;
+    for (path, body, want) in [
+        (
+            "/v1/topics",
+            array,
+            "json: cannot unmarshal array into Go value of type createTopicRequest",
+        ),
+        (
+            "/v1/topics",
+            "[]",
+            "json: cannot unmarshal array into Go value of type createTopicRequest",
+        ),
+        (
+            "/v1/topics",
+            r#""arrtopic""#,
+            "json: cannot unmarshal string into Go value of type createTopicRequest",
+        ),
+        (
+            "/v1/topics",
+            "7",
+            "json: cannot unmarshal number 7 into Go value of type createTopicRequest",
+        ),
+        (
+            "/v1/topics/p/children",
+            r#"["arrtopic"]"#,
+            "json: cannot unmarshal array into Go value of type attachChildRequest",
+        ),
+    ] {
+        let r = c.post_json(path, body);
+        assert_eq!(
+            (r.status, r.error()),
+            (400, format!("invalid json: {want}")),
+            "{path} {body}"
+        );
+    }
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/p",
+        &[("Content-Type", "application/json")],
+        b"[3]",
+    );
+    assert_eq!(
+        (r.status, r.error()),
+        (
+            400,
+            "invalid json: json: cannot unmarshal array into Go value of type alterTopicRequest"
+                .to_string()
+        )
+    );
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/p",
+        &[("Content-Type", "application/json")],
+        b"null",
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            400,
+            "at least one of partitions, retention_ms, max_*_per_partition, or schema is required"
+        )
+    );
+    let r = c.post_json("/v1/topics", "null");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(!r.error().contains("Body"), "{}", r.error());
+    assert_eq!(c.get("/v1/topics/arrtopic").status, 404);
+}

@@ -117,7 +117,7 @@ struct AttachBody {
 
 /// `POST /v1/topics/{parent}/children`.
 pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
-    let body: AttachBody = match crate::wire::body::decode_strict(&req.body) {
+    let body: AttachBody = match crate::wire::body::decode_strict(&req.body, "attachChildRequest") {
         Ok(b) => b,
         Err(e) => return error(400, &e),
     };

@@ -593,7 +593,7 @@ fn authorize(
                 parent: Option<serde_json::Value>,
             }
             // An unparsable body is the handler's 400; only a named topic can be refused here.
-            let names: Names = serde_json::from_slice(&req.body).ok()?;
+            let names: Names = object_body(&req.body)?;
             if let Some(serde_json::Value::String(name)) = &names.name {
                 if !c.may(auth::rbac::ACTION_CREATE, name) {
                     return deny("create not allowed on this topic");
@@ -622,7 +622,7 @@ fn authorize(
                 remote: Option<serde_json::Value>,
             }
             // Owner of parent and child; a remote child needs admin (API.md §16).
-            let body: Option<Attach> = serde_json::from_slice(&req.body).ok();
+            let body: Option<Attach> = object_body(&req.body);
             let child = body.as_ref().and_then(|b| match &b.child {
                 Some(serde_json::Value::String(s)) => Some(s.as_str()),
                 _ => None,
@@ -674,6 +674,16 @@ fn authorize(
         | Route::ClusterMoveAbort
         | Route::ClusterForget => (!c.is_admin()).then(|| error(403, users::ADMIN_REQUIRED)),
     }
+}
+
+/// The fields `authorize` reads from a JSON object body, or `None` when the body is not an object
+/// or does not parse (the handler answers that with its `400`; serde alone would also read an
+/// array as the struct's fields in order).
+fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
 }
 
 /// Drops the topics the caller could not read from a list page (API.md §6.2: after the page

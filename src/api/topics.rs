@@ -222,7 +222,7 @@ fn schema_change(
 /// Creates a topic owned by `owner` (the authenticated caller; `None` with security off: a
 /// client-sent `owner` is ignored).
 pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Response {
-    let body: CreateBody = match crate::wire::body::decode_strict(&req.body) {
+    let body: CreateBody = match crate::wire::body::decode_strict(&req.body, "createTopicRequest") {
         Ok(b) => b,
         Err(e) => return error(400, &e),
     };
@@ -420,7 +420,7 @@ struct AlterBody {
 }
 
 pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
-    let body: AlterBody = match crate::wire::body::decode_strict(&req.body) {
+    let body: AlterBody = match crate::wire::body::decode_strict(&req.body, "alterTopicRequest") {
         Ok(b) => b,
         Err(e) => return error(400, &e),
     };

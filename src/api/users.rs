@@ -137,8 +137,8 @@ async fn create_inner(
     if !c.is_admin() {
         return Err((String::new(), error(403, ADMIN_REQUIRED)));
     }
-    let body: CreateBody =
-        crate::wire::body::decode_strict(&req.body).map_err(|e| (String::new(), error(400, &e)))?;
+    let body: CreateBody = crate::wire::body::decode_strict(&req.body, "createUserRequest")
+        .map_err(|e| (String::new(), error(400, &e)))?;
     let username = body.username.unwrap_or_default();
     let fail = |r: Response| (username.clone(), r);
     narad_raft::apply::validate_username(&username).map_err(|e| fail(bad(e)))?;
@@ -243,7 +243,8 @@ async fn set_grants_inner(node: &Rc<Node>, req: &Request, c: &Caller, username: 
         return error(403, ADMIN_REQUIRED);
     }
     let body: GrantsBody =
-        tri!(crate::wire::body::decode_strict(&req.body).map_err(|e| error(400, &e)));
+        tri!(crate::wire::body::decode_strict(&req.body, "grantsRequest")
+            .map_err(|e| error(400, &e)));
     let Some(grants) = body.grants else {
         return error(400, "grants required");
     };
@@ -299,8 +300,9 @@ async fn set_password_inner(
     if !admin && !own {
         return error(403, ADMIN_REQUIRED);
     }
-    let body: PasswordBody =
-        tri!(crate::wire::body::decode_strict(&req.body).map_err(|e| error(400, &e)));
+    let body: PasswordBody = tri!(
+        crate::wire::body::decode_strict(&req.body, "passwordRequest").map_err(|e| error(400, &e))
+    );
     let Some(target) = node.meta().user(username).cloned() else {
         return error(404, "user not found");
     };

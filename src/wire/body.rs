@@ -445,12 +445,19 @@ pub fn parse_batch_ack(body: &[u8]) -> Result<Vec<Result<ReceiptHandle, Malforme
 
 /// Decodes one strict JSON object body into `T` with the original's error texts:
 /// `invalid json: EOF` for an empty body, `invalid json: <Go scanner text>` for malformed JSON,
-/// `invalid json: multiple JSON values` for anything after the first value, and
+/// `invalid json: multiple JSON values` for anything after the first value,
+/// `invalid json: json: cannot unmarshal array into Go value of type <go_type>` (likewise
+/// string, number, bool) when the body is not an object, and
 /// `invalid json: json: unknown field "x"` when `T` (with `#[serde(deny_unknown_fields)]`) meets
 /// an unknown field. Other type errors keep serde's wording after `invalid json: `.
+/// A `null` body is an object with no fields, as Go's decoder leaves the struct untouched.
 /// Unlike Go, field names match case-sensitively, and a missing field is an error unless `T`
 /// gives it `#[serde(default)]`.
-pub fn decode_strict<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+///
+/// The object check is made here because serde's derived structs also accept a JSON array, field
+/// by field in declaration order, which would make `["orders",null,...]` a valid create body and
+/// put the struct's Rust name and arity in the refusals.
+pub fn decode_strict<T: DeserializeOwned>(body: &[u8], go_type: &str) -> Result<T, String> {
     let mut r = Reader::new(body);
     r.skip_ws();
     if r.at_end() {
@@ -461,7 +468,15 @@ pub fn decode_strict<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
     if !r.at_end() {
         return Err("invalid json: multiple JSON values".to_string());
     }
-    serde_json::from_slice::<T>(&body[s..e])
+    let value = match body[s] {
+        b'{' => &body[s..e],
+        b'n' => b"{}".as_slice(),
+        _ => {
+            let mut v = Reader::new(&body[s..e]);
+            return Err(type_error(&mut v, "value", go_type).into_message());
+        }
+    };
+    serde_json::from_slice::<T>(value)
         .map_err(|err| format!("invalid json: {}", serde_detail(&err)))
 }
 
@@ -737,45 +752,87 @@ mod tests {
         partitions: u32,
     }
 
+    fn topic(body: &[u8]) -> Result<Topic, String> {
+        decode_strict(body, "topicRequest")
+    }
+
+    #[derive(serde::Deserialize, Debug, PartialEq, Default)]
+    #[serde(deny_unknown_fields)]
+    struct Optional {
+        name: Option<String>,
+        partitions: Option<i64>,
+    }
+
+    #[test]
+    fn decode_strict_refuses_non_objects_with_go_texts() {
+        // Proves an object body cannot be given as an array (serde's positional struct form),
+        // string, number or bool: each is Go's "cannot unmarshal ... into Go value of type"
+        // text, naming the Go-style type and nothing of the Rust struct; `null` is an empty
+        // object, as Go's decoder leaves the struct untouched.
+        let dec = |b: &[u8]| decode_strict::<Optional>(b, "createTopicRequest");
+        let want = |what: &str| {
+            Err(format!(
+                "invalid json: json: cannot unmarshal {what} into Go value of type createTopicRequest"
+            ))
+        };
+        assert_eq!(dec(br#"["orders",3]"#), want("array"));
+        assert_eq!(dec(b" [] "), want("array"));
+        assert_eq!(dec(br#""orders""#), want("string"));
+        assert_eq!(dec(b"true"), want("bool"));
+        assert_eq!(dec(b"-1.5e3"), want("number -1.5e3"));
+        assert_eq!(dec(b"null"), Ok(Optional::default()));
+        assert_eq!(dec(b" null\n"), Ok(Optional::default()));
+        assert_eq!(
+            dec(br#"{"name":"o"}"#),
+            Ok(Optional {
+                name: Some("o".into()),
+                partitions: None
+            })
+        );
+        // Malformed input keeps its scanner text; a second value is still refused.
+        assert_eq!(dec(b"[1,"), Err("invalid json: unexpected EOF".into()));
+        assert_eq!(
+            dec(b"[] {}"),
+            Err("invalid json: multiple JSON values".into())
+        );
+    }
+
     #[test]
     fn decode_strict_maps_errors_to_go_texts() {
         // Proves the generic strict decoder: unknown field, trailing value, malformed JSON and
         // empty body give the original's texts; valid bodies decode.
         assert_eq!(
-            decode_strict::<Topic>(br#" {"name":"orders","partitions":3} "#),
+            topic(br#" {"name":"orders","partitions":3} "#),
             Ok(Topic {
                 name: "orders".into(),
                 partitions: 3
             })
         );
         assert_eq!(
-            decode_strict::<Topic>(br#"{"name":"o","x":1}"#),
+            topic(br#"{"name":"o","x":1}"#),
             Err(r#"invalid json: json: unknown field "x""#.into())
         );
         assert_eq!(
-            decode_strict::<Topic>(br#"{"name":"o","a`b":1}"#),
+            topic(br#"{"name":"o","a`b":1}"#),
             Err(r#"invalid json: json: unknown field "a`b""#.into())
         );
         assert_eq!(
-            decode_strict::<Topic>(br#"{"name":"o"} {"name":"p"}"#),
+            topic(br#"{"name":"o"} {"name":"p"}"#),
             Err("invalid json: multiple JSON values".into())
         );
         assert_eq!(
-            decode_strict::<Topic>(br#"{"name":"o""#),
+            topic(br#"{"name":"o""#),
             Err("invalid json: unexpected EOF".into())
         );
         assert_eq!(
-            decode_strict::<Topic>(br#"{"name":"o",}"#),
+            topic(br#"{"name":"o",}"#),
             Err(
                 "invalid json: invalid character '}' looking for beginning of object key string"
                     .into()
             )
         );
-        assert_eq!(
-            decode_strict::<Topic>(b"  "),
-            Err("invalid json: EOF".into())
-        );
-        let err = decode_strict::<Topic>(br#"{"name":5}"#).unwrap_err();
+        assert_eq!(topic(b"  "), Err("invalid json: EOF".into()));
+        let err = topic(br#"{"name":5}"#).unwrap_err();
         assert!(
             err.starts_with("invalid json: invalid type: integer `5`"),
             "{err}"
@@ -786,7 +843,7 @@ mod tests {
         #[serde(deny_unknown_fields)]
         struct Empty {}
         assert_eq!(
-            decode_strict::<Empty>(br#"{"y":1}"#).unwrap_err(),
+            decode_strict::<Empty>(br#"{"y":1}"#, "emptyRequest").unwrap_err(),
             r#"invalid json: json: unknown field "y""#
         );
     }
