@@ -71,6 +71,10 @@ impl Service for ApiService {
         self.node.metrics.refused(status);
     }
 
+    fn on_refused_after_head(&self, head: &RequestHead, status: u16) {
+        self.node.metrics.early_answer(head, status);
+    }
+
     fn body_too_large(&self, head: &RequestHead) -> Response {
         crate::api::too_large(head)
     }

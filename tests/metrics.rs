@@ -818,3 +818,62 @@ fn fanout_copies_and_lag_are_exported() {
     let r = c.get("/v1/topics/kid/consume");
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+#[test]
+fn oversized_bodies_are_counted_under_their_route_and_method() {
+    // Proves OPERATIONS.md §9.1 for answers the HTTP layer gives before the handler runs, once the
+    // request head parsed: a body over the route's cap (by Content-Length, or found while reading
+    // a chunked body) is counted under the matched route and the real method, not as
+    // `route="unmatched",method="OTHER"`.
+    use std::io::{Read, Write};
+    let dir = TempDir::new("metrics-413");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("lim", 3);
+    let big = vec![b'a'; (1 << 20) + 1];
+    let r = c.post_client("/v1/topics/lim/produce", &big);
+    assert_eq!(r.status, 413, "{}", r.text());
+    c.reconnect();
+    let body = format!(r#"{{"name":"{}"}}"#, "x".repeat(1 << 20));
+    assert_eq!(c.post_json("/v1/topics", &body).status, 413);
+    c.reconnect();
+    let body = format!(r#"{{"child":"{}"}}"#, "x".repeat(1 << 20));
+    assert_eq!(c.post_json("/v1/topics/lim/children", &body).status, 400);
+    c.reconnect();
+    // A chunked produce body that overruns the cap while it is read.
+    let mut t = std::net::TcpStream::connect(s.addr()).unwrap();
+    t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut req = b"POST /v1/topics/lim/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    req.extend_from_slice(format!("{:x}\r\n", big.len()).as_bytes());
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n0\r\n\r\n");
+    let _ = t.write_all(&req);
+    let _ = t.shutdown(std::net::Shutdown::Write);
+    let mut answer = Vec::new();
+    let _ = t.read_to_end(&mut answer);
+    assert!(answer.starts_with(b"HTTP/1.1 413 "), "{answer:?}");
+
+    let m = scrape(&mut c);
+    let produce = [
+        ("route", "POST /v1/topics/{topic}/produce"),
+        ("method", "POST"),
+        ("status", "413"),
+    ];
+    assert_eq!(m.sum("narad_http_requests_total", &produce), 2.0);
+    let create = [
+        ("route", "POST /v1/topics"),
+        ("method", "POST"),
+        ("status", "413"),
+    ];
+    assert_eq!(m.sum("narad_http_requests_total", &create), 1.0);
+    let attach = [
+        ("route", "POST /v1/topics/{parent}/children"),
+        ("method", "POST"),
+        ("status", "400"),
+    ];
+    assert_eq!(m.sum("narad_http_requests_total", &attach), 1.0);
+    assert_eq!(
+        m.sum("narad_http_requests_total", &[("method", "OTHER")]),
+        0.0
+    );
+}

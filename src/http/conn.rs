@@ -421,7 +421,7 @@ async fn run<S: Service>(
             Ok(limit) => match head.framing {
                 BodyFraming::Length(n) if n > limit as u64 => {
                     let resp = service.body_too_large(&head);
-                    service.on_refused(resp.status);
+                    service.on_refused_after_head(&head, resp.status);
                     c.requests += 1;
                     c.close_with(Some(&resp)).await;
                     return CloseReason::Refused(resp.status);
@@ -481,14 +481,14 @@ async fn run<S: Service>(
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
                 let resp = service.body_too_large(&head);
-                service.on_refused(resp.status);
+                service.on_refused_after_head(&head, resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;
                 return CloseReason::Refused(resp.status);
             }
             Err(BodyError::Bad(e)) => {
                 let resp = Response::for_parse_error(e);
-                service.on_refused(resp.status);
+                service.on_refused_after_head(&head, resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;
                 return CloseReason::Refused(resp.status);

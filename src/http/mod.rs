@@ -333,6 +333,13 @@ pub trait Service: 'static {
     /// every answer is counted; the default does nothing.
     fn on_refused(&self, _status: u16) {}
 
+    /// Like [`Service::on_refused`], for a refusal made after the request head parsed (a body
+    /// over the limit or a malformed chunked body): the head names the route and method the
+    /// answer belongs to. The default forwards to [`Service::on_refused`].
+    fn on_refused_after_head(&self, _head: &RequestHead, status: u16) {
+        self.on_refused(status);
+    }
+
     /// Handles a request. A panic inside is caught by the server and answered with
     /// [`Response::internal_panic`].
     fn call(&self, req: Request) -> impl Future<Output = Response>;

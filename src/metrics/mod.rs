@@ -224,7 +224,9 @@ impl Metrics {
         s.bytes_out += bytes_out;
     }
 
-    /// An answer decided from the head alone (guard, 404, 405, authentication), before the body.
+    /// An answer decided from the head alone (guard, 404, 405, authentication, a body over the
+    /// route's cap), or a refusal while reading the body of a parsed head: labelled with the
+    /// head's route and method.
     pub fn early_answer(&self, head: &RequestHead, status: u16) {
         let key = HttpKey {
             route: crate::api::route_label(head.method.as_str(), &head.path),
@@ -234,7 +236,8 @@ impl Metrics {
         self.record_http(key, Duration::ZERO, 0, 0);
     }
 
-    /// An answer the HTTP layer gave on its own (unparsable request, body too large, panic).
+    /// An answer the HTTP layer gave without a parsed head (unparsable request, oversized header
+    /// block) or for a handler panic.
     pub fn refused(&self, status: u16) {
         let key = HttpKey {
             route: "unmatched",
