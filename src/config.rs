@@ -67,6 +67,63 @@ pub struct ClusterTls {
     pub ca_file: String,
 }
 
+/// The `remotes.*` settings (OPERATIONS.md §4.2): parsed, validated and kept so that a
+/// configuration written for the original loads. This build has no remote plane (remote children
+/// are answered 501), so nothing reads them yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemotesConfig {
+    /// Exact host names or `*.suffix` patterns.
+    pub allowed_hosts: Vec<String>,
+    pub allowed_ports: Vec<u16>,
+    /// CIDRs exempt from the address guard.
+    pub allow_addresses: Vec<String>,
+    pub max_held_bytes: u64,
+    pub api_hop_encrypted: bool,
+}
+
+impl Default for RemotesConfig {
+    fn default() -> RemotesConfig {
+        RemotesConfig {
+            allowed_hosts: Vec::new(),
+            allowed_ports: vec![443],
+            allow_addresses: Vec::new(),
+            max_held_bytes: 268_435_456,
+            api_hop_encrypted: false,
+        }
+    }
+}
+
+/// Whether `s` is an address prefix `ip/len` (IPv4 or IPv6).
+fn is_cidr(s: &str) -> bool {
+    let Some((ip, len)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(len) = len.parse::<u8>() else {
+        return false;
+    };
+    match ip.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => len <= 32,
+        Ok(std::net::IpAddr::V6(_)) => len <= 128,
+        Err(_) => false,
+    }
+}
+
+/// Whether `s` is a host name or a `*.suffix` pattern of one.
+fn is_host_pattern(s: &str) -> bool {
+    let name = s.strip_prefix("*.").unwrap_or(s);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
 /// Shortest non-zero idle-log eviction and cold-retention walk period.
 pub const STORAGE_WALK_MS_MIN: u64 = 60_000;
 /// Bounds of `storage.consumer_offset_commit_interval_ms`.
@@ -89,6 +146,7 @@ pub struct Config {
     pub log_format: String,
     pub security_enabled: bool,
     pub cluster_tls: ClusterTls,
+    pub remotes: RemotesConfig,
     /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is created.
     pub shards: u32,
     pub dev: bool,
@@ -137,6 +195,7 @@ impl Default for Config {
             log_format: "json".into(),
             security_enabled: true,
             cluster_tls: ClusterTls::default(),
+            remotes: RemotesConfig::default(),
             shards: 0,
             dev: false,
         }
@@ -162,6 +221,17 @@ struct FileConfig {
     fanout: Option<FileFanout>,
     log: Option<FileLog>,
     security: Option<FileSecurity>,
+    remotes: Option<FileRemotes>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileRemotes {
+    allowed_hosts: Option<Vec<String>>,
+    allowed_ports: Option<Vec<u16>>,
+    allow_addresses: Option<Vec<String>>,
+    max_held_bytes: Option<u64>,
+    api_hop_encrypted: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -432,6 +502,24 @@ impl Config {
                 self.log_format = v;
             }
         }
+        if let Some(r) = f.remotes {
+            let t = &mut self.remotes;
+            if let Some(v) = r.allowed_hosts {
+                t.allowed_hosts = v;
+            }
+            if let Some(v) = r.allowed_ports {
+                t.allowed_ports = v;
+            }
+            if let Some(v) = r.allow_addresses {
+                t.allow_addresses = v;
+            }
+            if let Some(v) = r.max_held_bytes {
+                t.max_held_bytes = v;
+            }
+            if let Some(v) = r.api_hop_encrypted {
+                t.api_hop_encrypted = v;
+            }
+        }
         if let Some(s) = f.security {
             if let Some(v) = s.enabled {
                 self.security_enabled = v;
@@ -576,6 +664,36 @@ impl Config {
         if let Some(v) = boolean("NARAD_SECURITY_ENABLED")? {
             self.security_enabled = v;
         }
+        let list = |k: &str| -> Option<Vec<String>> {
+            get(k).map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+        };
+        if let Some(v) = list("NARAD_REMOTES_ALLOWED_HOSTS") {
+            self.remotes.allowed_hosts = v;
+        }
+        if let Some(v) = list("NARAD_REMOTES_ALLOWED_PORTS") {
+            self.remotes.allowed_ports = v
+                .iter()
+                .map(|p| {
+                    p.parse::<u16>()
+                        .map_err(|_| format!("NARAD_REMOTES_ALLOWED_PORTS: not a port number: {p}"))
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        if let Some(v) = list("NARAD_REMOTES_ALLOW_ADDRESSES") {
+            self.remotes.allow_addresses = v;
+        }
+        if let Some(v) = num("NARAD_REMOTES_MAX_HELD_BYTES")? {
+            self.remotes.max_held_bytes = v;
+        }
+        if let Some(v) = boolean("NARAD_REMOTES_API_HOP_ENCRYPTED")? {
+            self.remotes.api_hop_encrypted = v;
+        }
         if let Some(v) = num("NARAD_SHARDS")? {
             self.shards = v as u32;
         }
@@ -704,6 +822,7 @@ impl Config {
             ));
         }
         self.validate_storage()?;
+        self.validate_remotes()?;
         let tls = &self.cluster_tls;
         let files = [
             ("security.cluster_tls_cert_file", &tls.cert_file),
@@ -720,6 +839,28 @@ impl Config {
                 "security.cluster_tls_cert_file, security.cluster_tls_key_file and security.cluster_tls_ca_file must be set together or not at all (missing: {})",
                 missing.join(", ")
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_remotes(&self) -> Result<(), String> {
+        let r = &self.remotes;
+        if let Some(h) = r.allowed_hosts.iter().find(|h| !is_host_pattern(h)) {
+            return Err(format!(
+                "remotes.allowed_hosts: {h:?} is neither a host name nor a *.suffix pattern"
+            ));
+        }
+        if r.allowed_ports.contains(&0) {
+            return Err("remotes.allowed_ports: 0 is not a port".into());
+        }
+        if let Some(a) = r.allow_addresses.iter().find(|a| !is_cidr(a)) {
+            return Err(format!("remotes.allow_addresses: {a:?} is not a CIDR"));
+        }
+        if !self.security_enabled && *r != RemotesConfig::default() {
+            return Err(
+                "remotes.* settings require security.enabled (remote children need authentication)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -839,6 +980,97 @@ mod tests {
         );
         let e = c.apply_file(r#"{"http":{"read_timeout":10}}"#).unwrap_err();
         assert!(e.contains("config file"), "{e}");
+    }
+
+    #[test]
+    fn remotes_settings_load_and_need_security() {
+        // Proves OPERATIONS.md §4.2 for `remotes.*`: a config file or environment written for the
+        // original loads (file arrays, env comma lists) with security on; any setting off its
+        // default without security is a start-up error; malformed hosts, ports and CIDRs are
+        // refused naming the setting.
+        let load = |json: &str, env: &[(&str, &str)]| {
+            let mut c = Config::default();
+            let env: BTreeMap<String, String> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            c.apply_file(json)
+                .and_then(|()| c.apply_env(&env))
+                .and_then(|()| c.validate())
+                .map(|()| c.remotes)
+        };
+        let r = load(
+            r#"{"remotes":{"allowed_hosts":["b.example.com","*.corp.example"],"allowed_ports":[443,8443],"allow_addresses":["10.0.0.0/8","fd00::/8"],"max_held_bytes":1048576,"api_hop_encrypted":true}}"#,
+            &[],
+        )
+        .expect("a spec config loads");
+        assert_eq!(r.allowed_hosts, ["b.example.com", "*.corp.example"]);
+        assert_eq!(r.allowed_ports, [443, 8443]);
+        assert_eq!(r.allow_addresses, ["10.0.0.0/8", "fd00::/8"]);
+        assert_eq!((r.max_held_bytes, r.api_hop_encrypted), (1_048_576, true));
+        let r = load(
+            "{}",
+            &[
+                ("NARAD_REMOTES_ALLOWED_HOSTS", "a.com, *.b.org"),
+                ("NARAD_REMOTES_ALLOWED_PORTS", "443,9443"),
+                ("NARAD_REMOTES_MAX_HELD_BYTES", "5"),
+            ],
+        )
+        .expect("env form");
+        assert_eq!(r.allowed_hosts, ["a.com", "*.b.org"]);
+        assert_eq!(
+            (r.allowed_ports.as_slice(), r.max_held_bytes),
+            (&[443, 9443][..], 5)
+        );
+        assert_eq!(load("{}", &[]), Ok(RemotesConfig::default()));
+        for (json, env, want) in [
+            (
+                r#"{"security":{"enabled":false},"remotes":{"allowed_hosts":["a.com"]}}"#,
+                vec![],
+                "remotes.* settings require security.enabled",
+            ),
+            (
+                "{}",
+                vec![
+                    ("NARAD_SECURITY_ENABLED", "false"),
+                    ("NARAD_REMOTES_MAX_HELD_BYTES", "5"),
+                ],
+                "remotes.* settings require security.enabled",
+            ),
+            (
+                r#"{"remotes":{"allowed_hosts":["a b"]}}"#,
+                vec![],
+                "remotes.allowed_hosts",
+            ),
+            (
+                r#"{"remotes":{"allowed_ports":[0]}}"#,
+                vec![],
+                "remotes.allowed_ports",
+            ),
+            (
+                r#"{"remotes":{"allowed_ports":[70000]}}"#,
+                vec![],
+                "config file",
+            ),
+            (
+                r#"{"remotes":{"allow_addresses":["10.0.0.0/33"]}}"#,
+                vec![],
+                "remotes.allow_addresses",
+            ),
+            (
+                r#"{"remotes":{"bogus":1}}"#,
+                vec![],
+                "unknown field `bogus`",
+            ),
+            (
+                "{}",
+                vec![("NARAD_REMOTES_ALLOWED_PORTS", "https")],
+                "NARAD_REMOTES_ALLOWED_PORTS",
+            ),
+        ] {
+            let e = load(json, &env).expect_err(json);
+            assert!(e.contains(want), "{json} {env:?}: {e}");
+        }
     }
 
     #[test]
