@@ -198,6 +198,11 @@ impl Node {
     }
 
     /// Shard 0 only: the Raft state machine's current snapshot.
+    /// The Raft gauges, on the shard that hosts the metadata group.
+    pub fn raft_gauges(&self) -> Option<narad_raft::RaftGauges> {
+        self.meta_node.as_ref().map(|m| m.gauges())
+    }
+
     pub fn meta_node_state(&self) -> Option<Arc<MetaState>> {
         self.meta_node.as_ref().map(|m| m.state())
     }

@@ -94,6 +94,7 @@ fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
 }
 
 pub fn run(config: Config) -> Result<(), String> {
+    crate::metrics::boot_started();
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("data directory {}: {e}", config.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&config.data_dir).map_err(|e| e.to_string())?;
@@ -238,6 +239,7 @@ async fn shard_main(
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     crate::metrics::listener::spawn(&node, &shutdown)?;
     node.mark_started();
+    crate::metrics::shard_serving();
     if id.0 == 0 {
         tracing::info!(addr = %addr, shards, "http listening");
     }

@@ -62,6 +62,7 @@ impl Service for ApiService {
             None => {
                 let r = crate::api::error(503, BUDGET_FULL).with_header("Retry-After", "1");
                 self.node.metrics.early_answer(head, r.status);
+                self.node.metrics.budget_rejected();
                 Err(r)
             }
         }

@@ -173,6 +173,13 @@ fn large_batch_bodies_share_a_node_budget() {
     }
     assert!(refused >= 1, "no large body was refused");
     assert!(!held.is_empty());
+    let counted = c
+        .get("/metrics")
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_http_batch_body_budget_rejections_total "))
+        .map(|v| v.trim().parse::<u64>().expect("counter"));
+    assert_eq!(counted, Some(refused), "each refusal counted");
     // Small bodies never touch the budget.
     let r = c.post_json("/v1/topics/budget/produce/batch", &batch_json(10, "s"));
     assert_eq!(r.status, 202, "{}", r.text());

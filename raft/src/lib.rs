@@ -28,4 +28,4 @@ pub mod types;
 
 pub use apply::apply;
 pub use model::*;
-pub use node::{MetaConfig, MetaNode, MetaStartError, ProposeError};
+pub use node::{MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges};

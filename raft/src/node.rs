@@ -120,6 +120,22 @@ impl std::fmt::Display for ProposeError {
 
 impl std::error::Error for ProposeError {}
 
+/// The Raft figures of OPERATIONS.md §9.6 (`narad_raft_*`), read from openraft's metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RaftGauges {
+    /// `follower`, `candidate`, `leader` or `shutdown` (a learner counts as a follower).
+    pub state: &'static str,
+    pub term: u64,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub has_leader: bool,
+    /// Seconds since this node last knew of a working leader (0 while it leads and has a quorum).
+    pub last_contact_seconds: Option<f64>,
+    pub voters: u64,
+    pub nonvoters: u64,
+}
+
 /// The metadata node handle. Cheap to clone; all clones drive the same group.
 #[derive(Clone)]
 pub struct MetaNode {
@@ -302,6 +318,30 @@ impl MetaNode {
             return Some(Instant::now());
         }
         m.last_quorum_acked.as_ref().map(|t| **t)
+    }
+
+    /// The `narad_raft_*` gauges now.
+    pub fn gauges(&self) -> RaftGauges {
+        let contact = self.last_leader_contact();
+        let m = self.metrics.borrow_watched();
+        let state = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Candidate => "candidate",
+            ServerState::Shutdown => "shutdown",
+            ServerState::Follower | ServerState::Learner => "follower",
+        };
+        let membership = m.membership_config.membership();
+        RaftGauges {
+            state,
+            term: m.current_term,
+            last_log_index: m.last_log_index.unwrap_or(0),
+            commit_index: m.cluster_committed.as_ref().map_or(0, |l| l.index()),
+            applied_index: m.last_applied.as_ref().map_or(0, |l| l.index()),
+            has_leader: m.current_leader.is_some(),
+            last_contact_seconds: contact.map(|t| t.elapsed().as_secs_f64()),
+            voters: membership.voter_ids().count() as u64,
+            nonvoters: membership.learner_ids().count() as u64,
+        }
     }
 
     /// This node's id.

@@ -30,9 +30,12 @@
 //! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
 //! `parent`/`child` but no `partition`: the fan-out keeps its counters per shard and its lag per
 //! child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
-//! `invalid`, `busy`). Not yet present: `narad_produce_rejections_total`, remote, Raft and
-//! cluster series (§9.4 remote, most of §9.6). Status `499` is recorded for a long-poll whose
-//! client went away while it waited; other requests run to their answer.
+//! `invalid`, `busy`). The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the
+//! metadata group; `narad_boot_duration_seconds` and
+//! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
+//! registered without samples, as in the original. Not yet present: remote and cluster series
+//! (§9.4 remote, the rest of §9.6), the §9.5 storage series. Status `499` is recorded for a
+//! long-poll whose client went away while it waited; other requests run to their answer.
 
 pub mod expo;
 pub mod listener;
@@ -150,6 +153,8 @@ pub struct Metrics {
     next_request: Cell<u64>,
     /// (when measured, data directory bytes) on the shard that answers scrapes.
     data_dir_size: Cell<Option<(Instant, u64)>>,
+    /// Batch bodies refused because the node's batch-body budget was spent.
+    budget_rejections: Cell<u64>,
 }
 
 impl Default for Metrics {
@@ -162,7 +167,26 @@ impl Default for Metrics {
             consume_wait: RefCell::new(HashMap::new()),
             next_request: Cell::new(0),
             data_dir_size: Cell::new(None),
+            budget_rejections: Cell::new(0),
         }
+    }
+}
+
+/// When `narad serve` began, for `narad_boot_duration_seconds`.
+static BOOT_STARTED: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+/// Microseconds from [`BOOT_STARTED`] until the last shard was serving (0 = not yet).
+static BOOT_DURATION_US: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Marks the start of the boot (the first call wins).
+pub fn boot_started() {
+    let _ = BOOT_STARTED.set(Instant::now());
+}
+
+/// A shard is serving: the boot lasted at least until now.
+pub fn shard_serving() {
+    if let Some(t0) = BOOT_STARTED.get() {
+        let us = t0.elapsed().as_micros() as u64;
+        BOOT_DURATION_US.fetch_max(us.max(1), std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -208,6 +232,11 @@ fn method_label(method: &str, head: bool) -> &'static str {
 }
 
 impl Metrics {
+    /// A batch body was refused because the node's batch-body budget was spent.
+    pub fn budget_rejected(&self) {
+        self.budget_rejections.set(self.budget_rejections.get() + 1);
+    }
+
     fn record_http(&self, key: HttpKey, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
         let mut http = self.http.borrow_mut();
         if !http.contains_key(&key) && http.len() >= HTTP_SERIES_MAX {
@@ -441,6 +470,9 @@ pub struct ShardMetrics {
     pub fanout_lag: Vec<(TopicId, TopicId, u64)>,
     /// Leases that lapsed on this shard, per topic.
     pub leases_expired: Vec<(TopicId, u64)>,
+    pub budget_rejections: u64,
+    /// The Raft gauges, from the shard that hosts the metadata group.
+    pub raft: Option<narad_raft::RaftGauges>,
 }
 
 /// The calling shard's snapshot. `mesh_calls_pending`: calls from this shard waiting for another
@@ -530,6 +562,8 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         fanout: node.fanout_counters(),
         fanout_lag,
         leases_expired: node.host.leases_expired(),
+        budget_rejections: m.budget_rejections.get(),
+        raft: node.raft_gauges(),
     }
 }
 
@@ -618,7 +652,13 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
     let mut fanout_lag: BTreeMap<(TopicId, TopicId), u64> = BTreeMap::new();
     let mut expired: HashMap<TopicId, u64> = HashMap::new();
+    let mut budget_rejections = 0u64;
+    let mut raft = None;
     for s in &shards {
+        budget_rejections += s.budget_rejections;
+        if s.raft.is_some() {
+            raft.clone_from(&s.raft);
+        }
         in_flight += s.in_flight;
         wal_failed |= s.wal_failed;
         open_logs += s.open_partition_logs;
@@ -1021,6 +1061,93 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "Raft log index of the last metadata change applied on this node.",
     );
     e.int("narad_metastore_applied_index", &[], meta.applied_index);
+    if let Some(r) = &raft {
+        e.family(
+            "narad_raft_state",
+            Kind::Gauge,
+            "1 for this node's Raft state (follower, candidate, leader, shutdown), 0 for the others.",
+        );
+        for state in ["follower", "candidate", "leader", "shutdown"] {
+            e.int(
+                "narad_raft_state",
+                &[("state", state)],
+                u64::from(r.state == state),
+            );
+        }
+        for (name, help, v) in [
+            ("narad_raft_term", "Current Raft term.", r.term),
+            (
+                "narad_raft_last_log_index",
+                "Index of the last Raft log entry.",
+                r.last_log_index,
+            ),
+            (
+                "narad_raft_commit_index",
+                "Raft log index known committed by a quorum.",
+                r.commit_index,
+            ),
+            (
+                "narad_raft_applied_index",
+                "Raft log index last applied to the metadata.",
+                r.applied_index,
+            ),
+            (
+                "narad_raft_fsm_pending",
+                "Committed Raft entries not yet applied.",
+                r.commit_index.saturating_sub(r.applied_index),
+            ),
+            (
+                "narad_raft_has_leader",
+                "1 when the group has a known leader.",
+                u64::from(r.has_leader),
+            ),
+            (
+                "narad_raft_voters",
+                "Voting members of the Raft group.",
+                r.voters,
+            ),
+            (
+                "narad_raft_nonvoters",
+                "Non-voting members of the Raft group.",
+                r.nonvoters,
+            ),
+        ] {
+            e.family(name, Kind::Gauge, help);
+            e.int(name, &[], v);
+        }
+        if let Some(s) = r.last_contact_seconds {
+            e.family(
+                "narad_raft_last_contact_seconds",
+                Kind::Gauge,
+                "Seconds since this node last knew of a working leader.",
+            );
+            e.float("narad_raft_last_contact_seconds", &[], s);
+        }
+    }
+    let boot_us = BOOT_DURATION_US.load(std::sync::atomic::Ordering::Relaxed);
+    if boot_us > 0 {
+        e.family(
+            "narad_boot_duration_seconds",
+            Kind::Gauge,
+            "Seconds from start until every shard was serving.",
+        );
+        e.float("narad_boot_duration_seconds", &[], boot_us as f64 / 1e6);
+    }
+    e.family(
+        "narad_http_batch_body_budget_rejections_total",
+        Kind::Counter,
+        "Batch produce bodies refused (503) because the node's batch-body budget was spent.",
+    );
+    e.int(
+        "narad_http_batch_body_budget_rejections_total",
+        &[],
+        budget_rejections,
+    );
+    e.family(
+        "narad_ack_rejected_total",
+        Kind::Counter,
+        "Acks rejected, by reason (registered as in the original, which never increments it).",
+    );
     e.family("narad_topics_total", Kind::Gauge, "Topics.");
     e.int("narad_topics_total", &[], meta.topics.len() as u64);
     e.family(
