@@ -457,13 +457,19 @@ fn metrics_parse_and_move_with_traffic() {
     assert!(m.sum("narad_raft_last_log_index", &[]) >= applied);
     assert_eq!(m.sum("narad_raft_has_leader", &[]), 1.0);
     assert_eq!(
-        (m.sum("narad_raft_voters", &[]), m.sum("narad_raft_nonvoters", &[])),
+        (
+            m.sum("narad_raft_voters", &[]),
+            m.sum("narad_raft_nonvoters", &[])
+        ),
         (1.0, 0.0)
     );
     assert!(m.sum("narad_raft_last_contact_seconds", &[]) < 1.0);
     let boot = m.sum("narad_boot_duration_seconds", &[]);
     assert!(boot > 0.0 && boot < 60.0, "boot {boot}");
-    assert_eq!(m.sum("narad_http_batch_body_budget_rejections_total", &[]), 0.0);
+    assert_eq!(
+        m.sum("narad_http_batch_body_budget_rejections_total", &[]),
+        0.0
+    );
     // A deleted topic's series disappear.
     let r = c.request("DELETE", "/v1/topics/orders", &[], b"");
     assert_eq!(r.status, 204, "{}", r.text());

@@ -81,6 +81,17 @@ pub struct Host {
     /// Leases that lapsed (visibility timeout passed), per topic, since this host started: the
     /// `/metrics` redelivery counter. One entry per topic with a queue here; dropped with it.
     expired: RefCell<HashMap<TopicId, u64>>,
+    /// Per partition queue here, since this host started: unreadable records skipped by queue
+    /// consumes, and unsettled offsets lost to retention before any consumer settled them
+    /// (`narad_consumer_corrupt_skipped_total`, `narad_consumer_dropped_messages`).
+    consumer_losses: RefCell<HashMap<PartitionKey, ConsumerLosses>>,
+}
+
+/// What queue consumers of one partition never got, since this host started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConsumerLosses {
+    pub corrupt_skipped: u64,
+    pub dropped: u64,
 }
 
 impl Host {
@@ -97,6 +108,7 @@ impl Host {
             wake_hook: RefCell::new(None),
             seed: std::cell::Cell::new(seed | 1),
             expired: RefCell::new(HashMap::new()),
+            consumer_losses: RefCell::new(HashMap::new()),
         });
         let weak = Rc::downgrade(&host);
         host.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
@@ -156,6 +168,25 @@ impl Host {
     }
 
     /// Leases that lapsed here since start, per topic (each one's message is redelivered).
+    fn count_loss(&self, key: PartitionKey, corrupt_skipped: u64, dropped: u64) {
+        if corrupt_skipped == 0 && dropped == 0 {
+            return;
+        }
+        let mut m = self.consumer_losses.borrow_mut();
+        let e = m.entry(key).or_default();
+        e.corrupt_skipped += corrupt_skipped;
+        e.dropped += dropped;
+    }
+
+    /// What queue consumers of `key` never got since this host started (zeros if nothing).
+    pub fn consumer_losses(&self, key: PartitionKey) -> ConsumerLosses {
+        self.consumer_losses
+            .borrow()
+            .get(&key)
+            .copied()
+            .unwrap_or_default()
+    }
+
     pub fn leases_expired(&self) -> Vec<(TopicId, u64)> {
         self.expired
             .borrow()
@@ -269,16 +300,20 @@ impl Host {
                     Ok(_) | Err(ReadError::Corrupt { .. }) => {
                         tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
                             "unreadable record skipped by queue consume");
-                        self.with_queue(key, |q| {
+                        let skipped = self.with_queue(key, |q| {
                             q.release(offset, nonce);
-                            q.skip_unreadable(offset);
+                            q.skip_unreadable(offset)
                         });
+                        if skipped {
+                            self.count_loss(key, 1, 0);
+                        }
                     }
                     Err(ReadError::BelowRetention { oldest }) => {
-                        self.with_queue(key, |q| {
+                        let dropped = self.with_queue(key, |q| {
                             q.release(offset, nonce);
-                            q.jump_to(oldest);
+                            q.jump_to(oldest)
                         });
+                        self.count_loss(key, 0, dropped);
                     }
                     Err(e) => {
                         self.with_queue(key, |q| {
@@ -436,6 +471,9 @@ impl Host {
         self.recovered.borrow_mut().retain(|k, _| k.topic != topic);
         self.wakers.borrow_mut().remove(&topic);
         self.expired.borrow_mut().remove(&topic);
+        self.consumer_losses
+            .borrow_mut()
+            .retain(|k, _| k.topic != topic);
         self.log.delete_topic(topic).await
     }
 
@@ -470,13 +508,17 @@ impl Host {
                 .collect();
             for key in keys {
                 let oldest = self.log.oldest_offset(key);
-                self.with_queue(key, |q| {
+                let dropped = self.with_queue(key, |q| {
                     if oldest > q.frontier() {
                         let dropped = q.jump_to(oldest);
                         tracing::warn!(topic = %topic, partition = key.partition.0, dropped,
                             "consumer frontier fell behind retention; skipped to oldest retained offset");
+                        dropped
+                    } else {
+                        0
                     }
                 });
+                self.count_loss(key, 0, dropped);
             }
         }
         Ok(deleted)

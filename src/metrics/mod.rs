@@ -33,7 +33,8 @@
 //! `invalid`, `busy`). The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the
 //! metadata group; `narad_boot_duration_seconds` and
 //! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
-//! registered without samples, as in the original. Not yet present: remote and cluster series
+//! registered without samples, as in the original. `narad_consumer_corrupt_skipped_total` and
+//! `narad_consumer_dropped_messages` count since the owner shard started (they restart at 0). Not yet present: remote and cluster series
 //! (§9.4 remote, the rest of §9.6), the §9.5 storage series. Status `499` is recorded for a
 //! long-poll whose client went away while it waited; other requests run to their answer.
 
@@ -140,6 +141,10 @@ pub struct PartitionGauges {
     pub frontier: u64,
     pub in_flight: u64,
     pub acked_ahead: u64,
+    /// Unreadable records skipped by queue consumes since the owner shard started.
+    pub corrupt_skipped: u64,
+    /// Unsettled offsets lost to retention since the owner shard started.
+    pub dropped: u64,
 }
 
 /// The counters of one shard. Lives in the shard's `Node`; never leaves its thread.
@@ -501,6 +506,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             }
             let s = node.host.stats(key);
             let (in_flight, acked_ahead, frontier) = node.host.queue_stats(key);
+            let losses = node.host.consumer_losses(key);
             partitions.push((
                 key,
                 PartitionGauges {
@@ -510,6 +516,8 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
                     frontier: frontier.0,
                     in_flight: in_flight as u64,
                     acked_ahead: acked_ahead as u64,
+                    corrupt_skipped: losses.corrupt_skipped,
+                    dropped: losses.dropped,
                 },
             ));
         }
@@ -911,7 +919,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
 
     // §9.2 queue health and §9.5 storage, per partition from its owner shard.
     type GaugeSeries = (&'static str, &'static str, fn(&PartitionGauges) -> u64);
-    let per_partition_gauges: [GaugeSeries; 5] = [
+    let per_partition_gauges: [GaugeSeries; 6] = [
         (
             "narad_consumer_lag_messages",
             "High watermark minus committed frontier.",
@@ -933,10 +941,24 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         ("narad_segments", "Segment files of the partition.", |g| {
             u64::from(g.segments)
         }),
+        (
+            "narad_consumer_dropped_messages",
+            "Offsets retention deleted before any consumer settled them, since the owner started.",
+            |g| g.dropped,
+        ),
     ];
     let blank = PartitionGauges::default();
-    for (name, help, get) in per_partition_gauges {
-        e.family(name, Kind::Gauge, help);
+    let per_partition_counters: [GaugeSeries; 1] = [(
+        "narad_consumer_corrupt_skipped_total",
+        "Unreadable records queue consumers skipped (never delivered), since the owner started.",
+        |g| g.corrupt_skipped,
+    )];
+    let families = per_partition_gauges
+        .iter()
+        .map(|s| (s, Kind::Gauge))
+        .chain(per_partition_counters.iter().map(|s| (s, Kind::Counter)));
+    for (&(name, help, get), kind) in families {
+        e.family(name, kind, help);
         for t in meta.topics.values() {
             for p in 0..t.partitions {
                 let key = PartitionKey {
