@@ -320,6 +320,7 @@ impl Node {
                             Some(a) => {
                                 a.lag_messages += l.lag_messages;
                                 a.cursors += l.cursors;
+                                a.due_lag_ms = a.due_lag_ms.max(l.due_lag_ms);
                             }
                             None => all.push(l),
                         }

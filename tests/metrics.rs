@@ -830,6 +830,9 @@ fn fanout_copies_and_lag_are_exported() {
             && lag(m, "late") == 20.0
     });
     assert_eq!(m.count("narad_fanout_lag_messages"), 2);
+    // The delayed child waits for records that are not due: no due lag; nor for the caught-up one.
+    assert_eq!(m.count("narad_fanout_due_lag_seconds"), 2);
+    assert_eq!(m.sum("narad_fanout_due_lag_seconds", &[]), 0.0);
     assert_eq!(m.sum("narad_fanout_child_dropped_messages", &[]), 0.0);
     assert_eq!(m.sum("narad_fanout_unreadable_skipped_total", &[]), 0.0);
     assert_eq!(m.sum("narad_fanout_copy_failures_total", &[]), 0.0);

@@ -100,6 +100,9 @@ struct Cursor {
     /// Round-robin position for keyless records when partition counts differ.
     rr: Cell<u32>,
     stopped: Cell<bool>,
+    /// When the oldest record not yet copied became (or becomes) due: its commit time plus the
+    /// delay, as last read; `None` when the cursor last found nothing to copy.
+    head_due_ms: Cell<Option<u64>>,
     /// The parent partition's commit notification.
     wake: Rc<Notify>,
 }
@@ -125,6 +128,9 @@ pub struct ChildLag {
     pub lag_messages: u64,
     /// Cursors that reported (one per parent partition owned here).
     pub cursors: u32,
+    /// How long past due the oldest uncopied record of the most behind cursor is, in
+    /// milliseconds (0 when every cursor is caught up or waiting for a record to become due).
+    pub due_lag_ms: u64,
 }
 
 enum Step {
@@ -291,6 +297,7 @@ impl Fanout {
                 next: Cell::new(next),
                 rr: Cell::new(p),
                 stopped: Cell::new(false),
+                head_due_ms: Cell::new(None),
                 wake,
             });
             self.cursors.borrow_mut().insert(id, c.clone());
@@ -314,6 +321,7 @@ impl Fanout {
 
     /// Lag per child of `parent` over the cursors on this shard.
     pub fn lag(&self, parent: TopicId) -> Vec<ChildLag> {
+        let now = UnixMillis::now().0;
         let mut out: Vec<ChildLag> = Vec::new();
         for c in self.cursors.borrow().values() {
             if c.id.parent.topic != parent {
@@ -321,15 +329,18 @@ impl Fanout {
             }
             let hwm = self.log.high_watermark(c.id.parent);
             let lag = hwm.0.saturating_sub(c.next.get().0);
+            let due_lag_ms = c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due));
             match out.iter_mut().find(|l| l.child == c.id.child) {
                 Some(l) => {
                     l.lag_messages += lag;
                     l.cursors += 1;
+                    l.due_lag_ms = l.due_lag_ms.max(due_lag_ms);
                 }
                 None => out.push(ChildLag {
                     child: c.id.child,
                     lag_messages: lag,
                     cursors: 1,
+                    due_lag_ms,
                 }),
             }
         }
@@ -490,8 +501,11 @@ impl Fanout {
             }
         };
         let Some(first) = recs.first() else {
+            c.head_due_ms.set(None);
             return Step::Idle;
         };
+        c.head_due_ms
+            .set(Some(first.commit_ms.0.saturating_add(c.delay_ms)));
         if first.offset > next {
             // Retention raced the read: the records before `first` are gone.
             let lost = first.offset.0 - next.0;
@@ -511,6 +525,10 @@ impl Fanout {
             }
             n
         };
+        // The oldest record left after this copy, if it was read (else the next read says).
+        let next_due = recs
+            .get(due_count)
+            .map(|r| r.commit_ms.0.saturating_add(c.delay_ms));
         let mut recs = recs;
         recs.truncate(due_count);
         let last = recs.last().map_or(next, |r| r.offset);
@@ -522,6 +540,7 @@ impl Fanout {
                 if c.next.get() <= last {
                     c.next.set(Offset(last.0 + 1));
                 }
+                c.head_due_ms.set(next_due);
                 self.count(|k| k.copied += n);
                 self.mark_dirty();
                 Step::Progress
@@ -717,7 +736,7 @@ mod tests {
     #[test]
     fn delay_cursor_copies_only_when_due() {
         // Proves a delay cursor leaves a record in the parent until its commit time + delay has
-        // passed, then copies it.
+        // passed, then copies it; while it waits for the record to become due its due lag is 0.
         let dir = temp_dir("delay");
         let cfg = LogConfig::new(dir.clone(), ShardId(0), 1);
         let d = dir.clone();
@@ -730,6 +749,7 @@ mod tests {
             log.append(vec![rec(key(1, 0), None, 1)]).await.unwrap();
             rt::sleep(Duration::from_millis(150)).await;
             assert_eq!(log.high_watermark(key(2, 0)), Offset(0), "copied early");
+            assert_eq!(f.lag(TopicId(1))[0].due_lag_ms, 0, "not due yet");
             wait_for(&log, key(2, 0), 1).await;
             assert!(before.elapsed() >= Duration::from_millis(300));
             f.close().await;
@@ -742,7 +762,8 @@ mod tests {
     fn a_cursor_behind_retention_skips_and_counts_the_lost_records() {
         // Proves drop-behind (SEMANTICS.md §10): while the child refuses copies the cursor
         // retries without moving; when retention deletes parent segments it has not copied, it
-        // skips them, counts them as dropped, and copies everything still retained.
+        // skips them, counts them as dropped, and copies everything still retained. Its due lag
+        // grows while it is stuck and is 0 once it has caught up.
         let dir = temp_dir("behind");
         let cfg = LogConfig {
             partition_segment_bytes_max: 4096,
@@ -781,6 +802,8 @@ mod tests {
             rt::sleep(Duration::from_millis(50)).await;
             assert_eq!(log.high_watermark(key(2, 0)), Offset(0));
             assert!(f.counters().failed_copies > 0);
+            let stuck = f.lag(TopicId(1))[0].due_lag_ms;
+            assert!(stuck >= 40, "due lag of a stuck cursor: {stuck} ms");
             let later = UnixMillis(UnixMillis::now().0 + 7_200_000);
             log.enforce_retention(TopicId(1), 3_600_000, later)
                 .await
@@ -791,6 +814,13 @@ mod tests {
             wait_for(&log, key(2, 0), 40 - oldest.0).await;
             assert_eq!(f.counters().dropped, oldest.0);
             assert_eq!(log.high_watermark(key(2, 0)), Offset(40 - oldest.0));
+            for _ in 0..100 {
+                if f.lag(TopicId(1))[0].due_lag_ms == 0 {
+                    break;
+                }
+                rt::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(f.lag(TopicId(1))[0].due_lag_ms, 0, "caught up");
             f.close().await;
             log.close().await.unwrap();
         });

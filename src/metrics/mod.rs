@@ -28,8 +28,8 @@
 //! `narad_fanout_unreadable_skipped_total` and `narad_fanout_copy_failures_total`. The fan-out
 //! copy counters (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`) are
 //! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
-//! `parent`/`child` but no `partition`: the fan-out keeps its counters per shard and its lag per
-//! child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
+//! `parent`/`child` but no `partition` (nor has `narad_fanout_due_lag_seconds`, the most behind
+//! partition's): the fan-out keeps its counters per shard and its lag per child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
 //! `invalid`, `busy`). The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the
 //! metadata group; `narad_boot_duration_seconds` and
 //! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
@@ -472,7 +472,8 @@ pub struct ShardMetrics {
     /// The shard's fan-out copy counters.
     pub fanout: narad_shard::fanout::FanoutCounters,
     /// (parent, child, lag messages over the parent partitions whose cursors run here).
-    pub fanout_lag: Vec<(TopicId, TopicId, u64)>,
+    /// ... and the due lag in milliseconds (the most behind cursor's).
+    pub fanout_lag: Vec<(TopicId, TopicId, u64, u64)>,
     /// Leases that lapsed on this shard, per topic.
     pub leases_expired: Vec<(TopicId, u64)>,
     pub budget_rejections: u64,
@@ -532,7 +533,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
     parents.dedup();
     for parent in parents {
         for l in node.local_fanout_lag(parent) {
-            fanout_lag.push((parent, l.child, l.lag_messages));
+            fanout_lag.push((parent, l.child, l.lag_messages, l.due_lag_ms));
         }
     }
     let log = node.host.log();
@@ -658,7 +659,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut open_logs = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
-    let mut fanout_lag: BTreeMap<(TopicId, TopicId), u64> = BTreeMap::new();
+    let mut fanout_lag: BTreeMap<(TopicId, TopicId), (u64, u64)> = BTreeMap::new();
     let mut expired: HashMap<TopicId, u64> = HashMap::new();
     let mut budget_rejections = 0u64;
     let mut raft = None;
@@ -680,8 +681,10 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         fanout.dropped += s.fanout.dropped;
         fanout.unreadable += s.fanout.unreadable;
         fanout.failed_copies += s.fanout.failed_copies;
-        for &(parent, child, lag) in &s.fanout_lag {
-            *fanout_lag.entry((parent, child)).or_default() += lag;
+        for &(parent, child, lag, due_ms) in &s.fanout_lag {
+            let e = fanout_lag.entry((parent, child)).or_default();
+            e.0 += lag;
+            e.1 = e.1.max(due_ms);
         }
         for &(topic, n) in &s.leases_expired {
             *expired.entry(topic).or_default() += n;
@@ -1026,12 +1029,27 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         Kind::Gauge,
         "Parent records not yet copied into the child, summed over the parent's partitions.",
     );
-    for ((parent, child), lag) in &fanout_lag {
+    for ((parent, child), (lag, _)) in &fanout_lag {
         if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
             e.int(
                 "narad_fanout_lag_messages",
                 &[("parent", p), ("child", c)],
                 *lag,
+            );
+        }
+    }
+    e.family(
+        "narad_fanout_due_lag_seconds",
+        Kind::Gauge,
+        "How long past due the oldest uncopied parent record is (commit time plus the child's \
+         delay), for the most behind of the parent's partitions; 0 when caught up.",
+    );
+    for ((parent, child), (_, due_ms)) in &fanout_lag {
+        if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
+            e.float(
+                "narad_fanout_due_lag_seconds",
+                &[("parent", p), ("child", c)],
+                *due_ms as f64 / 1e3,
             );
         }
     }
