@@ -26,6 +26,10 @@ use crate::lease::LeaseTable;
 /// Bytes one batch take reads at most (keys + payloads); the record crossing it is kept.
 pub const TAKE_BYTES_MAX: usize = 4 << 20;
 
+/// Times one take goes back to a partition after skipping unreadable (or retention-deleted)
+/// records in it, so that a consume is answered with the records after them rather than empty.
+pub const TAKE_SKIP_ROUNDS_MAX: usize = 8;
+
 /// Milliseconds on a monotonic clock shared by every shard of the process.
 pub fn now_ms() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
@@ -236,93 +240,107 @@ impl Host {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         for &p in partitions {
-            if out.len() >= n || bytes >= TAKE_BYTES_MAX {
-                break;
-            }
-            let key = PartitionKey {
-                topic: conf.topic,
-                partition: p,
-            };
-            let hwm = self.log.high_watermark(key);
-            let now = now_ms();
-            let want = n - out.len();
-            let leased = self.with_queue(key, |q| {
-                self.expire_counted(key.topic, q, now);
-                q.take(
-                    hwm,
-                    now,
-                    conf.visibility_ms,
-                    conf.max_in_flight as usize,
-                    conf.max_acked_ahead as usize,
-                    want,
-                )
-            });
-            // Records of a run of consecutive leased offsets, read with one call.
-            let mut ahead: VecDeque<StoredRecord> = VecDeque::new();
-            for (i, &(offset, nonce)) in leased.iter().enumerate() {
-                if bytes >= TAKE_BYTES_MAX {
-                    // Over the scan budget: give the rest back at once.
-                    self.with_queue(key, |q| {
-                        for &(o, nn) in &leased[i..] {
-                            q.release(o, nn);
-                        }
-                    });
+            // A record found unreadable or lost to retention is skipped, and the partition is
+            // tried again for the records after it, up to TAKE_SKIP_ROUNDS_MAX times.
+            for _ in 0..TAKE_SKIP_ROUNDS_MAX {
+                let mut skipped_any = false;
+                if out.len() >= n || bytes >= TAKE_BYTES_MAX {
                     break;
                 }
-                if ahead.front().is_none_or(|r| r.offset != offset) {
-                    ahead.clear();
-                    let run = 1 + leased[i..]
-                        .windows(2)
-                        .take_while(|w| w[1].0 .0 == w[0].0 .0 + 1)
-                        .count();
-                    if run > 1 {
-                        // A failed range read falls back to one read per offset below, which
-                        // tells a damaged record from the others.
-                        if let Ok(recs) = self.log.read(key, offset, run, TAKE_BYTES_MAX).await {
-                            ahead.extend(recs);
-                        }
-                    }
-                }
-                let got = match ahead.front() {
-                    Some(r) if r.offset == offset => Ok(ahead.pop_front().into_iter().collect()),
-                    _ => self.log.read(key, offset, 1, usize::MAX).await,
+                let key = PartitionKey {
+                    topic: conf.topic,
+                    partition: p,
                 };
-                match got {
-                    Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
-                        let record = recs.swap_remove(0);
-                        bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
-                        out.push(Leased {
-                            partition: p,
-                            nonce,
-                            record,
-                        });
-                    }
-                    Ok(_) | Err(ReadError::Corrupt { .. }) => {
-                        tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
-                            "unreadable record skipped by queue consume");
-                        let skipped = self.with_queue(key, |q| {
-                            q.release(offset, nonce);
-                            q.skip_unreadable(offset)
-                        });
-                        if skipped {
-                            self.count_loss(key, 1, 0);
-                        }
-                    }
-                    Err(ReadError::BelowRetention { oldest }) => {
-                        let dropped = self.with_queue(key, |q| {
-                            q.release(offset, nonce);
-                            q.jump_to(oldest)
-                        });
-                        self.count_loss(key, 0, dropped);
-                    }
-                    Err(e) => {
+                let hwm = self.log.high_watermark(key);
+                let now = now_ms();
+                let want = n - out.len();
+                let leased = self.with_queue(key, |q| {
+                    self.expire_counted(key.topic, q, now);
+                    q.take(
+                        hwm,
+                        now,
+                        conf.visibility_ms,
+                        conf.max_in_flight as usize,
+                        conf.max_acked_ahead as usize,
+                        want,
+                    )
+                });
+                // Records of a run of consecutive leased offsets, read with one call.
+                let mut ahead: VecDeque<StoredRecord> = VecDeque::new();
+                for (i, &(offset, nonce)) in leased.iter().enumerate() {
+                    if bytes >= TAKE_BYTES_MAX {
+                        // Over the scan budget: give the rest back at once.
                         self.with_queue(key, |q| {
                             for &(o, nn) in &leased[i..] {
                                 q.release(o, nn);
                             }
                         });
-                        return Err(read_to_log_error(e));
+                        break;
                     }
+                    if ahead.front().is_none_or(|r| r.offset != offset) {
+                        ahead.clear();
+                        let run = 1 + leased[i..]
+                            .windows(2)
+                            .take_while(|w| w[1].0 .0 == w[0].0 .0 + 1)
+                            .count();
+                        if run > 1 {
+                            // A failed range read falls back to one read per offset below, which
+                            // tells a damaged record from the others.
+                            if let Ok(recs) = self.log.read(key, offset, run, TAKE_BYTES_MAX).await
+                            {
+                                ahead.extend(recs);
+                            }
+                        }
+                    }
+                    let got = match ahead.front() {
+                        Some(r) if r.offset == offset => {
+                            Ok(ahead.pop_front().into_iter().collect())
+                        }
+                        _ => self.log.read(key, offset, 1, usize::MAX).await,
+                    };
+                    match got {
+                        Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
+                            let record = recs.swap_remove(0);
+                            bytes +=
+                                record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
+                            out.push(Leased {
+                                partition: p,
+                                nonce,
+                                record,
+                            });
+                        }
+                        Ok(_) | Err(ReadError::Corrupt { .. }) => {
+                            tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
+                                "unreadable record skipped by queue consume");
+                            let skipped = self.with_queue(key, |q| {
+                                q.release(offset, nonce);
+                                q.skip_unreadable(offset)
+                            });
+                            if skipped {
+                                self.count_loss(key, 1, 0);
+                            }
+                            skipped_any = true;
+                        }
+                        Err(ReadError::BelowRetention { oldest }) => {
+                            let dropped = self.with_queue(key, |q| {
+                                q.release(offset, nonce);
+                                q.jump_to(oldest)
+                            });
+                            self.count_loss(key, 0, dropped);
+                            skipped_any = true;
+                        }
+                        Err(e) => {
+                            self.with_queue(key, |q| {
+                                for &(o, nn) in &leased[i..] {
+                                    q.release(o, nn);
+                                }
+                            });
+                            return Err(read_to_log_error(e));
+                        }
+                    }
+                }
+                if !skipped_any {
+                    break;
                 }
             }
         }
