@@ -102,7 +102,8 @@ pub struct BenchArgs {
     /// How long each workload produces, seconds (warm-up included).
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
-    /// Seconds at the start of each workload left out of the figures.
+    /// Seconds at the start of each workload left out of the figures (none with `--count`: a
+    /// run of N messages reports all N).
     #[arg(long, default_value_t = 1.0)]
     pub warmup: f64,
     /// Longest drain after producing (W3, `--consume`), seconds.
@@ -273,7 +274,12 @@ fn plan(a: &BenchArgs, w: Workload, rate: Option<f64>, suffix: bool) -> Plan {
         rate,
         track: consumers > 0 || drain_only,
         duration: Duration::from_secs_f64(a.duration),
-        warmup: Duration::from_secs_f64(a.warmup),
+        // A counted run may end within the warm-up: it would report nothing.
+        warmup: if a.count.is_some() {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(a.warmup)
+        },
         count: a.count,
         create: !a.no_create,
         server_pid: a.server_pid,

@@ -16,6 +16,7 @@ use crate::hist::Histogram;
 pub struct Latency {
     pub count: u64,
     pub p50_us: f64,
+    pub p95_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
@@ -28,6 +29,7 @@ impl Latency {
         Latency {
             count: h.count(),
             p50_us: us(h.quantile(0.50)),
+            p95_us: us(h.quantile(0.95)),
             p99_us: us(h.quantile(0.99)),
             p999_us: us(h.quantile(0.999)),
             max_us: us(h.max()),
@@ -243,9 +245,9 @@ impl Report {
         }
         let _ = writeln!(
             s,
-            "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
-            "workload", "conns", "batch", "offered/s", "msg/s", "MB/s", "req/s", "p50", "p99",
-            "p99.9", "max", "errors", "srv cpu", "srv rss", "gen cpu", "ratio"
+            "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
+            "workload", "conns", "batch", "offered/s", "msg/s", "MB/s", "req/s", "p50", "p95",
+            "p99", "p99.9", "max", "errors", "srv cpu", "srv rss", "gen cpu", "ratio"
         );
         for r in self.ceiling.iter().chain(self.runs.iter()) {
             let conns = if r.consumers > 0 {
@@ -255,7 +257,7 @@ impl Report {
             };
             let _ = writeln!(
                 s,
-                "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
+                "{:<14} {:>5} {:>5} {:>10} {:>11} {:>8.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>7} {:>6}",
                 r.workload,
                 conns,
                 r.batch,
@@ -264,6 +266,7 @@ impl Report {
                 r.headline_per_s() * r.size_bytes as f64 / 1e6,
                 thousands(r.produce_requests_per_s as u64),
                 dur(r.latency.p50_us),
+                dur(r.latency.p95_us),
                 dur(r.latency.p99_us),
                 dur(r.latency.p999_us),
                 dur(r.latency.max_us),
