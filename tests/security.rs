@@ -658,8 +658,10 @@ fn fanout_children_routes_need_ownership() {
 #[test]
 fn audit_lines_and_no_passwords_in_logs() {
     // Proves SEMANTICS.md §15 audit and API.md §2 secrecy: user create, grants, password and
-    // delete changes and failed logins write `component=audit` lines with event, actor and
-    // target, and no password (root's, a user's, a wrong one) appears in the log or in any answer.
+    // delete changes, failed logins and the cluster changes (decommission, cancel, forget, move
+    // abort; refused here, a denied one included) write `component=audit` lines with event,
+    // actor, target, status and outcome, and no password (root's, a user's, a wrong one) appears
+    // in the log or in any answer.
     let dir = TempDir::new("sec-audit");
     let log = dir.0.join("server.log");
     let env = vec![
@@ -692,6 +694,30 @@ fn audit_lines_and_no_passwords_in_logs() {
         !listed.contains("$2"),
         "no bcrypt hash in answers: {listed}"
     );
+    let members = call(&mut c, "GET", "/v1/cluster/members", ROOT, "").json();
+    let node = members["members"][0]["id"]
+        .as_str()
+        .expect("node id")
+        .to_string();
+    assert_eq!(
+        call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"orders"}"#).status,
+        201
+    );
+    let frank = ("frank", secrets[1]);
+    let decommission = format!("/v1/cluster/members/{node}/decommission");
+    for (method, path, user, want) in [
+        ("POST", decommission.as_str(), frank, 403),
+        ("POST", decommission.as_str(), ROOT, 409),
+        ("DELETE", decommission.as_str(), ROOT, 204),
+        ("POST", "/v1/cluster/members/ghost/forget", ROOT, 404),
+        ("POST", "/v1/cluster/moves/orders/0/abort", ROOT, 409),
+    ] {
+        assert_eq!(
+            call(&mut c, method, path, user, "").status,
+            want,
+            "{method} {path}"
+        );
+    }
     assert_eq!(
         call(&mut c, "DELETE", "/v1/users/frank", ROOT, "").status,
         204
@@ -718,6 +744,34 @@ fn audit_lines_and_no_passwords_in_logs() {
         );
     }
     assert!(audit.iter().any(|l| l.contains(r#""actor":"admin""#)));
+    let cluster: Vec<serde_json::Value> = audit
+        .iter()
+        .filter(|l| l.contains(r#""event":"cluster."#))
+        .map(|l| serde_json::from_str(l).expect("JSON audit line"))
+        .collect();
+    let seen: Vec<(&str, &str, &str, u64, &str)> = cluster
+        .iter()
+        .map(|v| {
+            (
+                v["event"].as_str().unwrap_or(""),
+                v["actor"].as_str().unwrap_or(""),
+                v["target"].as_str().unwrap_or(""),
+                v["status"].as_u64().unwrap_or(0),
+                v["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    let node = node.as_str();
+    assert_eq!(
+        seen,
+        [
+            ("cluster.decommission", "frank", node, 403, "denied"),
+            ("cluster.decommission", "admin", node, 409, "rejected"),
+            ("cluster.decommission.cancel", "admin", node, 204, "ok"),
+            ("cluster.forget", "admin", "ghost", 404, "rejected"),
+            ("cluster.move.abort", "admin", "orders/0", 409, "rejected"),
+        ]
+    );
     // Each audit line parses as JSON with `target` = the audited user, not the logging module:
     // JSON readers keep the last of duplicate keys, so a line must carry `target` once.
     for line in &audit {
@@ -726,7 +780,7 @@ fn audit_lines_and_no_passwords_in_logs() {
         assert_eq!(line.matches(r#""target":"#).count(), 1, "{line}");
         if v["actor"] == "system" {
             assert_eq!(v["target"], "admin", "root seeding: {line}");
-        } else {
+        } else if !line.contains(r#""event":"cluster."#) {
             assert_eq!(v["target"], "frank", "{line}");
         }
     }

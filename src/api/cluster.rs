@@ -2,16 +2,24 @@
 //! build runs one node (a configuration naming peers is refused at start), so the member list is
 //! this node, the single Raft voter and leader; no partition ever moves; and a decommission could
 //! never complete, since no other node could take the partitions, so it is refused with the
-//! reasons. Every route needs `admin` (checked by the caller, `api::authorize`).
+//! reasons. Every route needs `admin`: the reads are checked by `api::authorize`, the changes here,
+//! where every answer to them (denied ones included) writes its audit line (SEMANTICS.md §15).
 
 use std::rc::Rc;
 
 use serde_json::{json, Value};
 
 use super::params::Params;
+use super::users::{audited, ADMIN_REQUIRED};
 use super::{error, json as json_response};
+use crate::auth::Caller;
 use crate::http::{Request, Response};
 use crate::node::Node;
+
+/// The admin check of a change: `Some(403)`, audited, for anyone else.
+fn denied(c: &Caller, event: &str, target: &str) -> Option<Response> {
+    (!c.is_admin()).then(|| audited(event, c, target, error(403, ADMIN_REQUIRED)))
+}
 
 /// Go's `strconv.ParseBool`, which the original parsed these flags with.
 fn parse_bool(name: &str, q: &Params<'_>) -> Result<Option<bool>, Response> {
@@ -109,8 +117,23 @@ fn refusal_reasons(node: &Node) -> Value {
 }
 
 /// `POST /v1/cluster/members/{id}/decommission[?dry_run=true]` (§12.3).
-pub fn decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
-    let dry_run = tri!(parse_bool("dry_run", &Params::new(&req.query)));
+pub fn decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
+    const EVENT: &str = "cluster.decommission";
+    if let Some(r) = denied(c, EVENT, id) {
+        return r;
+    }
+    let dry_run = match parse_bool("dry_run", &Params::new(&req.query)) {
+        Ok(v) => v,
+        Err(r) => return audited(EVENT, c, id, r),
+    };
+    // A dry run changes nothing: answered, not audited.
+    if dry_run == Some(true) {
+        return decommission_check(node, id, true);
+    }
+    audited(EVENT, c, id, decommission_check(node, id, false))
+}
+
+fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
     if let Some(r) = unavailable(node) {
         return r;
     }
@@ -118,7 +141,7 @@ pub fn decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
         return unknown_member(id);
     }
     let reasons = refusal_reasons(node);
-    if dry_run == Some(true) {
+    if dry_run {
         return json_response(
             200,
             &json!({
@@ -151,7 +174,15 @@ pub fn decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
 
 /// `DELETE /v1/cluster/members/{id}/decommission` (§12.4): nothing is ever draining here, so
 /// cancelling is done at once.
-pub fn cancel_decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response {
+pub fn cancel_decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
+    const EVENT: &str = "cluster.decommission.cancel";
+    if let Some(r) = denied(c, EVENT, id) {
+        return r;
+    }
+    audited(EVENT, c, id, cancel_check(node, req, id))
+}
+
+fn cancel_check(node: &Rc<Node>, req: &Request, id: &str) -> Response {
     let q = Params::new(&req.query);
     if q.count("dry_run") > 0 {
         return error(
@@ -170,7 +201,16 @@ pub fn cancel_decommission(node: &Rc<Node>, req: &Request, id: &str) -> Response
 
 /// `POST /v1/cluster/moves/{topic}/{partition}/abort[?target=id]` (§12.5): a partition that
 /// exists is owned here with no move in flight.
-pub fn abort_move(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
+pub fn abort_move(node: &Rc<Node>, c: &Caller, topic: &str, partition: &str) -> Response {
+    const EVENT: &str = "cluster.move.abort";
+    let target = format!("{topic}/{partition}");
+    if let Some(r) = denied(c, EVENT, &target) {
+        return r;
+    }
+    audited(EVENT, c, &target, abort_check(node, topic, partition))
+}
+
+fn abort_check(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
     let Ok(p) = partition.parse::<u32>() else {
         return error(
             400,
@@ -194,7 +234,15 @@ pub fn abort_move(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
 
 /// `POST /v1/cluster/members/{id}/forget` (§12.6): the only Raft server is this node, the
 /// leader, which cannot be forgotten.
-pub fn forget(node: &Rc<Node>, id: &str) -> Response {
+pub fn forget(node: &Rc<Node>, c: &Caller, id: &str) -> Response {
+    const EVENT: &str = "cluster.forget";
+    if let Some(r) = denied(c, EVENT, id) {
+        return r;
+    }
+    audited(EVENT, c, id, forget_check(node, id))
+}
+
+fn forget_check(node: &Rc<Node>, id: &str) -> Response {
     if let Some(r) = unavailable(node) {
         return r;
     }

@@ -499,11 +499,11 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::UserPassword => users::set_password(node, &req, &caller, t).await,
         Route::ClusterMembers => cluster::members(node, &req),
         Route::ClusterMoves => cluster::moves(node, &req),
-        Route::ClusterDecommission => cluster::decommission(node, &req, t),
-        Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, t),
-        Route::ClusterForget => cluster::forget(node, t),
+        Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t),
+        Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, &caller, t),
+        Route::ClusterForget => cluster::forget(node, &caller, t),
         Route::ClusterMoveAbort => match args.get(1).map(percent_decode_segment) {
-            Some(Ok(p)) => cluster::abort_move(node, t, &p),
+            Some(Ok(p)) => cluster::abort_move(node, &caller, t, &p),
             _ => Response::text(404, "404 page not found\n"),
         },
     }
@@ -667,12 +667,14 @@ fn authorize(
         | Route::UserDelete
         | Route::UserGrants
         | Route::UserPassword => None,
-        Route::ClusterMembers
-        | Route::ClusterMoves
-        | Route::ClusterDecommission
+        Route::ClusterMembers | Route::ClusterMoves => {
+            (!c.is_admin()).then(|| error(403, users::ADMIN_REQUIRED))
+        }
+        // Admin too, checked by the handlers so that a refused change is audited as denied.
+        Route::ClusterDecommission
         | Route::ClusterDecommissionCancel
         | Route::ClusterMoveAbort
-        | Route::ClusterForget => (!c.is_admin()).then(|| error(403, users::ADMIN_REQUIRED)),
+        | Route::ClusterForget => None,
     }
 }
 

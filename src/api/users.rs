@@ -79,7 +79,7 @@ fn password_ok(p: &str) -> bool {
 }
 
 /// Audits the outcome of a change and passes the answer through.
-fn audited(event: &str, c: &Caller, target: &str, r: Response) -> Response {
+pub(crate) fn audited(event: &str, c: &Caller, target: &str, r: Response) -> Response {
     let outcome = match r.status {
         200..=299 => "ok",
         403 => "denied",
