@@ -113,11 +113,17 @@ pub fn run(config: Config) -> Result<(), String> {
     rcfg.shards = shards;
     // Shards still serving HTTP; a shard leaves the mesh only when this reaches 0.
     let serving = Arc::new(std::sync::atomic::AtomicU32::new(shards));
+    let budget_bytes = config.http.max_batch_body_bytes_in_flight;
+    let body_budget = (budget_bytes > 0).then(|| crate::service::BodyBudget::new(budget_bytes));
     let results = rt::run(rcfg, move |id| {
         let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
-        let serving = serving.clone();
+        let (serving, body_budget) = (serving.clone(), body_budget.clone());
         async move {
-            let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, serving).await;
+            let shared = Shared {
+                serving,
+                body_budget,
+            };
+            let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
             if r.is_err() {
                 // One shard failing takes the node down instead of leaving it half served.
                 shutdown.trigger();
@@ -167,6 +173,13 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     c
 }
 
+/// What the shards of one node share: the count of shards still serving, and the batch-body
+/// budget (both atomics).
+struct Shared {
+    serving: Arc<std::sync::atomic::AtomicU32>,
+    body_budget: Option<Arc<crate::service::BodyBudget>>,
+}
+
 async fn shard_main(
     id: ShardId,
     shards: u32,
@@ -174,8 +187,12 @@ async fn shard_main(
     mesh: MeshSetup<ShardReq, ShardResp>,
     shutdown: ShutdownSignal,
     addr: std::net::SocketAddr,
-    serving: Arc<std::sync::atomic::AtomicU32>,
+    shared: Shared,
 ) -> Result<(), String> {
+    let Shared {
+        serving,
+        body_budget,
+    } = shared;
     // Counts this shard out of `serving` however this function returns.
     let serving_guard = ServingGuard(serving.clone());
     let mesh = mesh.join(id).await.map_err(|e| e.to_string())?;
@@ -243,7 +260,7 @@ async fn shard_main(
     if id.0 == 0 {
         tracing::info!(addr = %addr, shards, "http listening");
     }
-    let service = Rc::new(crate::service::ApiService::new(node.clone()));
+    let service = Rc::new(crate::service::ApiService::new(node.clone(), body_budget));
     let limits = crate::service::limits(&config, shards);
     let grace = config.http.shutdown_grace;
     let served = crate::http::serve(listener, service, limits, shutdown.clone());

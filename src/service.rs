@@ -4,8 +4,8 @@
 
 use std::future::Future;
 use std::rc::Rc;
-
-use narad_io::rt::Semaphore;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::config::Config;
 use crate::http::{Limits, Request, RequestHead, Reservation, Response, Service};
@@ -14,21 +14,60 @@ use crate::node::Node;
 /// The answer when the batch-body budget is spent (API.md §4, §10.2).
 const BUDGET_FULL: &str = "too many large batch bodies in flight on this node; retry later";
 
+/// `http.max_batch_body_bytes_in_flight` (API.md §4): bytes of batch bodies over 1 MiB being
+/// read at once on the node. One counter shared by every shard, so the limit is the node's
+/// whatever shard a connection lands on (a per-shard split refused bodies that fit the node,
+/// and could not hold a body larger than one share). Only bodies over 1 MiB touch it, so it is
+/// never on a hot path; a compare-and-swap, never a lock.
+pub struct BodyBudget {
+    remaining: AtomicUsize,
+}
+
+impl BodyBudget {
+    pub fn new(total_bytes: usize) -> Arc<BodyBudget> {
+        Arc::new(BodyBudget {
+            remaining: AtomicUsize::new(total_bytes),
+        })
+    }
+
+    /// Takes `n` bytes if that many remain; they come back when the permit is dropped.
+    fn try_take(self: &Arc<Self>, n: usize) -> Option<BodyPermit> {
+        self.remaining
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(n))
+            .ok()?;
+        Some(BodyPermit {
+            budget: self.clone(),
+            bytes: n,
+        })
+    }
+
+    pub fn remaining_bytes(&self) -> usize {
+        self.remaining.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes held from a [`BodyBudget`] while one body is read and handled.
+struct BodyPermit {
+    budget: Arc<BodyBudget>,
+    bytes: usize,
+}
+
+impl Drop for BodyPermit {
+    fn drop(&mut self) {
+        self.budget
+            .remaining
+            .fetch_add(self.bytes, Ordering::AcqRel);
+    }
+}
+
 pub struct ApiService {
     node: Rc<Node>,
-    /// This shard's share of `http.max_batch_body_bytes_in_flight` (the node budget split evenly
-    /// over the shards, as the connection cap is, but never below one whole batch body so a
-    /// lone large batch always fits); `None` when the budget is off (0).
-    batch_budget: Option<Semaphore>,
+    /// The node's batch-body budget; `None` when it is off (0).
+    batch_budget: Option<Arc<BodyBudget>>,
 }
 
 impl ApiService {
-    pub fn new(node: Rc<Node>) -> ApiService {
-        let total = node.config.http.max_batch_body_bytes_in_flight;
-        let batch_budget = (total > 0).then(|| {
-            let share = total.div_ceil(node.shards as usize);
-            Semaphore::new(share.max(crate::api::BATCH_BODY_BYTES_MAX))
-        });
+    pub fn new(node: Rc<Node>, batch_budget: Option<Arc<BodyBudget>>) -> ApiService {
         ApiService { node, batch_budget }
     }
 }
@@ -57,7 +96,7 @@ impl Service for ApiService {
             Some(n) => (n as usize).min(limit),
             None => limit,
         };
-        match budget.try_acquire_n(want) {
+        match budget.try_take(want) {
             Some(p) => Ok(Some(Box::new(p))),
             None => {
                 let r = crate::api::error(503, BUDGET_FULL).with_header("Retry-After", "1");
@@ -102,5 +141,30 @@ pub fn limits(config: &Config, shards: u32) -> Limits {
         write_timeout: h.write_timeout,
         connections_max: per_shard,
         ..Limits::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_budget_takes_refuses_and_returns() {
+        // Proves the node budget admits bodies while bytes remain, refuses one that does not fit
+        // (also one larger than the whole budget), and gets the bytes back when a permit drops,
+        // from any thread.
+        let b = BodyBudget::new(24 << 20);
+        let first = b.try_take(10 << 20).expect("fits");
+        let second = b.try_take(10 << 20).expect("fits");
+        assert!(b.try_take(10 << 20).is_none(), "4 MiB left");
+        assert!(BodyBudget::new(2 << 20).try_take(3 << 20).is_none());
+        assert_eq!(b.remaining_bytes(), 4 << 20);
+        std::thread::spawn(move || drop(first)).join().unwrap();
+        assert!(
+            b.try_take(10 << 20).is_some(),
+            "returned by the other thread"
+        );
+        drop(second);
+        assert_eq!(b.remaining_bytes(), 24 << 20);
     }
 }
