@@ -725,3 +725,46 @@ fn a_long_poll_whose_client_left_leases_nothing() {
         "only the live consumer's lease"
     );
 }
+
+#[test]
+fn patch_groups_apply_in_order_without_a_transaction() {
+    // Proves API.md §6.4: retention → caps → partitions → schema, each its own write; the first
+    // failing group answers its error and the groups before it stay applied.
+    let (_d, s) = server("patch-order");
+    let mut c = s.client();
+    c.create_topic("pa", 4);
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/pa",
+        &[("Content-Type", "application/json")],
+        br#"{"retention_ms":9000000,"max_in_flight_per_partition":7,"partitions":2}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error().contains("decrease is not supported"),
+        "{}",
+        r.text()
+    );
+    let t = c.get("/v1/topics/pa").json();
+    assert_eq!(t["retention_ms"], 9_000_000, "retention stays applied: {t}");
+    assert_eq!(
+        t["max_in_flight_per_partition"], 7,
+        "caps stay applied: {t}"
+    );
+    assert_eq!(t["partitions"], 4);
+
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"pb","partitions":5,"schema":{"type":"object","required":["a"]}}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/pb",
+        &[("Content-Type", "application/json")],
+        br#"{"partitions":6,"schema":{"type":"string"}}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let t = c.get("/v1/topics/pb").json();
+    assert_eq!(t["partitions"], 6, "partitions stay applied: {t}");
+}

@@ -440,58 +440,6 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         return error(404, "topic not found");
     };
     let d = &node.config.topic;
-    // Validate every field before the first write, so a bad later field changes nothing.
-    let retention_ms = match retention(body.retention_ms) {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    let inflight = match body.max_in_flight_per_partition {
-        None => None,
-        Some(v) => match defaulted(
-            "max_in_flight_per_partition",
-            Some(v),
-            u64::from(d.default_max_in_flight_per_partition),
-        )
-        .and_then(|v| u32_field("max_in_flight_per_partition", v))
-        {
-            Ok(v) => Some(v),
-            Err(r) => return r,
-        },
-    };
-    let ahead = match body.max_acked_ahead_per_partition {
-        None => None,
-        Some(v) => match defaulted(
-            "max_acked_ahead_per_partition",
-            Some(v),
-            u64::from(d.default_max_acked_ahead_per_partition),
-        )
-        .and_then(|v| u32_field("max_acked_ahead_per_partition", v))
-        {
-            Ok(v) => Some(v),
-            Err(r) => return r,
-        },
-    };
-    let partitions = match body.partitions {
-        None | Some(0) => None,
-        Some(n) if n < 0 => return invalid("partitions must be > 0".into()),
-        Some(n) if n <= i64::from(t.partitions) || n > i64::from(d.max_partitions) => {
-            if n > i64::from(d.max_partitions) {
-                return invalid(format!(
-                    "partitions ({n}) exceeds topic.max_partitions ({})",
-                    d.max_partitions
-                ));
-            }
-            return invalid(format!(
-                "new partition count ({n}) must be greater than current ({}); decrease is not supported",
-                t.partitions
-            ));
-        }
-        Some(n) => Some(n as u32),
-    };
-    let new_schema = match body.schema.as_deref() {
-        None => None,
-        Some(raw) => tri!(schema_change(t, raw, body.schema_base_version)),
-    };
     let alter = |retention_ms, inflight, ahead, partitions| MetaCommand::AlterTopic {
         name: t.name.clone(),
         id: t.id,
@@ -502,33 +450,77 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         schema: None,
         schema_base_version: None,
     };
-    // Applied in the order retention → caps → partitions → schema, each its own write (API.md §6.4).
-    let mut steps = Vec::new();
-    if retention_ms.is_some() {
-        steps.push(alter(retention_ms, None, None, None));
-    }
-    if inflight.is_some() || ahead.is_some() {
-        steps.push(alter(None, inflight, ahead, None));
-    }
-    if partitions.is_some() {
-        steps.push(alter(None, None, None, partitions));
-    }
-    if let Some(s) = new_schema {
-        // Based on the version the compatibility check read: a concurrent change answers 409.
-        steps.push(MetaCommand::AlterTopic {
-            name: t.name.clone(),
-            id: t.id,
-            retention_ms: None,
-            max_in_flight_per_partition: None,
-            max_acked_ahead_per_partition: None,
-            partitions: None,
-            schema: Some(s),
-            schema_base_version: Some(t.schema_version()),
-        });
-    }
-    for step in steps {
-        if let Err(e) = node.propose(step).await {
+    // Applied in the order retention → caps → partitions → schema, each group checked and then
+    // written on its own (API.md §6.4): no transaction, so the first failure answers its error
+    // and the groups before it stay applied. (No group changes what a later one checks against:
+    // the partition count and schema version read from `t` stay current.)
+    if body.retention_ms.is_some() {
+        let retention_ms = tri!(retention(body.retention_ms));
+        if let Err(e) = node.propose(alter(retention_ms, None, None, None)).await {
             return propose_error(e);
+        }
+    }
+    if body.max_in_flight_per_partition.is_some() || body.max_acked_ahead_per_partition.is_some() {
+        let inflight = match body.max_in_flight_per_partition {
+            None => None,
+            Some(v) => Some(tri!(defaulted(
+                "max_in_flight_per_partition",
+                Some(v),
+                u64::from(d.default_max_in_flight_per_partition),
+            )
+            .and_then(|v| u32_field("max_in_flight_per_partition", v)))),
+        };
+        let ahead = match body.max_acked_ahead_per_partition {
+            None => None,
+            Some(v) => Some(tri!(defaulted(
+                "max_acked_ahead_per_partition",
+                Some(v),
+                u64::from(d.default_max_acked_ahead_per_partition),
+            )
+            .and_then(|v| u32_field("max_acked_ahead_per_partition", v)))),
+        };
+        if let Err(e) = node.propose(alter(None, inflight, ahead, None)).await {
+            return propose_error(e);
+        }
+    }
+    let partitions = match body.partitions {
+        None | Some(0) => None,
+        Some(n) if n < 0 => return invalid("partitions must be > 0".into()),
+        Some(n) if n > i64::from(d.max_partitions) => {
+            return invalid(format!(
+                "partitions ({n}) exceeds topic.max_partitions ({})",
+                d.max_partitions
+            ));
+        }
+        Some(n) if n <= i64::from(t.partitions) => {
+            return invalid(format!(
+                "new partition count ({n}) must be greater than current ({}); decrease is not supported",
+                t.partitions
+            ));
+        }
+        Some(n) => Some(n as u32),
+    };
+    if partitions.is_some() {
+        if let Err(e) = node.propose(alter(None, None, None, partitions)).await {
+            return propose_error(e);
+        }
+    }
+    if let Some(raw) = body.schema.as_deref() {
+        if let Some(s) = tri!(schema_change(t, raw, body.schema_base_version)) {
+            // Based on the version the compatibility check read: a concurrent change answers 409.
+            let step = MetaCommand::AlterTopic {
+                name: t.name.clone(),
+                id: t.id,
+                retention_ms: None,
+                max_in_flight_per_partition: None,
+                max_acked_ahead_per_partition: None,
+                partitions: None,
+                schema: Some(s),
+                schema_base_version: Some(t.schema_version()),
+            };
+            if let Err(e) = node.propose(step).await {
+                return propose_error(e);
+            }
         }
     }
     match node.topic(name) {
