@@ -138,6 +138,17 @@ fn head_only(port: u16, len: usize) -> (TcpStream, BufReader<TcpStream>, u16, St
     (w, r, code, rest)
 }
 
+/// A broker whose node batch-body budget is `bytes`.
+fn budget_server(dir: &TempDir, bytes: u64) -> Server {
+    Server::start_with(
+        dir.0.clone(),
+        vec![(
+            "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT".into(),
+            bytes.to_string(),
+        )],
+    )
+}
+
 #[test]
 fn large_batch_bodies_share_a_node_budget() {
     // Proves: bodies over 1 MiB take their declared size from one node-wide budget before they
@@ -146,13 +157,7 @@ fn large_batch_bodies_share_a_node_budget() {
     // counted in narad_http_batch_body_budget_rejections_total); small bodies still pass; the
     // bytes come back when bodies finish.
     let dir = TempDir::new("batch-budget");
-    let s = Server::start_with(
-        dir.0.clone(),
-        vec![(
-            "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT".into(),
-            (24u64 << 20).to_string(),
-        )],
-    );
+    let s = budget_server(&dir, 24 << 20);
     let mut c = s.client();
     c.create_topic("budget", 3);
     let mut held = Vec::new();
@@ -267,13 +272,7 @@ fn a_body_larger_than_the_whole_budget_is_refused() {
     // Proves the node budget is the configured size, with no per-shard floor: with 2 MiB, a
     // 3 MiB batch body is refused at once (503, Retry-After: 1), and a 1.5 MiB one is admitted.
     let dir = TempDir::new("batch-budget-small");
-    let s = Server::start_with(
-        dir.0.clone(),
-        vec![(
-            "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT".into(),
-            (2u64 << 20).to_string(),
-        )],
-    );
+    let s = budget_server(&dir, 2 << 20);
     s.client().create_topic("budget", 3);
     let (_w, _r, code, rest) = head_only(s.port, 3 << 20);
     assert_eq!(code, 503, "{rest}");

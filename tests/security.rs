@@ -40,6 +40,18 @@ fn create_user(c: &mut Client, as_user: (&str, &str), name: &str, pw: &str, gran
     )
 }
 
+/// Creates user `bob` (password `bob-pw`), who may create topics named `bob.*`.
+fn create_bob_the_creator(c: &mut Client) {
+    let r = create_user(
+        c,
+        ROOT,
+        "bob",
+        "bob-pw",
+        r#"[{"action":"create","patterns":["bob.*"]}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
 #[test]
 fn anonymous_and_wrong_credentials_get_401_with_challenge() {
     // Proves API.md §2 and §1.4: no credentials, unknown users and wrong passwords all get 401
@@ -591,14 +603,7 @@ fn fanout_children_routes_need_ownership() {
     let s = secure(&dir, &[]);
     let mut c = s.client();
     let bob = ("bob", "bob-pw");
-    let r = create_user(
-        &mut c,
-        ROOT,
-        "bob",
-        "bob-pw",
-        r#"[{"action":"create","patterns":["bob.*"]}]"#,
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
+    create_bob_the_creator(&mut c);
     assert_eq!(
         call(&mut c, "POST", "/v1/topics", bob, r#"{"name":"bob.p"}"#).status,
         201
@@ -799,14 +804,7 @@ fn remote_child_attach_answers_by_security_and_plane() {
     let dir = TempDir::new("sec-remote");
     let s = secure(&dir, &[]);
     let mut c = s.client();
-    let r = create_user(
-        &mut c,
-        ROOT,
-        "bob",
-        "bob-pw",
-        r#"[{"action":"create","patterns":["bob.*"]}]"#,
-    );
-    assert_eq!(r.status, 201, "{}", r.text());
+    create_bob_the_creator(&mut c);
     assert_eq!(
         call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"rp"}"#).status,
         201
