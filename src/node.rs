@@ -197,12 +197,12 @@ impl Node {
         self.meta_installed.get()
     }
 
-    /// Shard 0 only: the Raft state machine's current snapshot.
     /// The Raft gauges, on the shard that hosts the metadata group.
     pub fn raft_gauges(&self) -> Option<narad_raft::RaftGauges> {
         self.meta_node.as_ref().map(|m| m.gauges())
     }
 
+    /// Shard 0 only: the Raft state machine's current snapshot.
     pub fn meta_node_state(&self) -> Option<Arc<MetaState>> {
         self.meta_node.as_ref().map(|m| m.state())
     }

@@ -41,7 +41,8 @@ impl BodyBudget {
         })
     }
 
-    pub fn remaining_bytes(&self) -> usize {
+    #[cfg(test)]
+    fn remaining_bytes(&self) -> usize {
         self.remaining.load(Ordering::Acquire)
     }
 }

@@ -171,7 +171,6 @@ impl Host {
         n
     }
 
-    /// Leases that lapsed here since start, per topic (each one's message is redelivered).
     fn count_loss(&self, key: PartitionKey, corrupt_skipped: u64, dropped: u64) {
         if corrupt_skipped == 0 && dropped == 0 {
             return;
@@ -191,6 +190,7 @@ impl Host {
             .unwrap_or_default()
     }
 
+    /// Leases that lapsed here since start, per topic (each one's message is redelivered).
     pub fn leases_expired(&self) -> Vec<(TopicId, u64)> {
         self.expired
             .borrow()
@@ -243,108 +243,120 @@ impl Host {
             // A record found unreadable or lost to retention is skipped, and the partition is
             // tried again for the records after it, up to TAKE_SKIP_ROUNDS_MAX times.
             for _ in 0..TAKE_SKIP_ROUNDS_MAX {
-                let mut skipped_any = false;
                 if out.len() >= n || bytes >= TAKE_BYTES_MAX {
                     break;
                 }
-                let key = PartitionKey {
-                    topic: conf.topic,
-                    partition: p,
-                };
-                let hwm = self.log.high_watermark(key);
-                let now = now_ms();
-                let want = n - out.len();
-                let leased = self.with_queue(key, |q| {
-                    self.expire_counted(key.topic, q, now);
-                    q.take(
-                        hwm,
-                        now,
-                        conf.visibility_ms,
-                        conf.max_in_flight as usize,
-                        conf.max_acked_ahead as usize,
-                        want,
-                    )
-                });
-                // Records of a run of consecutive leased offsets, read with one call.
-                let mut ahead: VecDeque<StoredRecord> = VecDeque::new();
-                for (i, &(offset, nonce)) in leased.iter().enumerate() {
-                    if bytes >= TAKE_BYTES_MAX {
-                        // Over the scan budget: give the rest back at once.
-                        self.with_queue(key, |q| {
-                            for &(o, nn) in &leased[i..] {
-                                q.release(o, nn);
-                            }
-                        });
-                        break;
-                    }
-                    if ahead.front().is_none_or(|r| r.offset != offset) {
-                        ahead.clear();
-                        let run = 1 + leased[i..]
-                            .windows(2)
-                            .take_while(|w| w[1].0 .0 == w[0].0 .0 + 1)
-                            .count();
-                        if run > 1 {
-                            // A failed range read falls back to one read per offset below, which
-                            // tells a damaged record from the others.
-                            if let Ok(recs) = self.log.read(key, offset, run, TAKE_BYTES_MAX).await
-                            {
-                                ahead.extend(recs);
-                            }
-                        }
-                    }
-                    let got = match ahead.front() {
-                        Some(r) if r.offset == offset => {
-                            Ok(ahead.pop_front().into_iter().collect())
-                        }
-                        _ => self.log.read(key, offset, 1, usize::MAX).await,
-                    };
-                    match got {
-                        Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
-                            let record = recs.swap_remove(0);
-                            bytes +=
-                                record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
-                            out.push(Leased {
-                                partition: p,
-                                nonce,
-                                record,
-                            });
-                        }
-                        Ok(_) | Err(ReadError::Corrupt { .. }) => {
-                            tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
-                                "unreadable record skipped by queue consume");
-                            let skipped = self.with_queue(key, |q| {
-                                q.release(offset, nonce);
-                                q.skip_unreadable(offset)
-                            });
-                            if skipped {
-                                self.count_loss(key, 1, 0);
-                            }
-                            skipped_any = true;
-                        }
-                        Err(ReadError::BelowRetention { oldest }) => {
-                            let dropped = self.with_queue(key, |q| {
-                                q.release(offset, nonce);
-                                q.jump_to(oldest)
-                            });
-                            self.count_loss(key, 0, dropped);
-                            skipped_any = true;
-                        }
-                        Err(e) => {
-                            self.with_queue(key, |q| {
-                                for &(o, nn) in &leased[i..] {
-                                    q.release(o, nn);
-                                }
-                            });
-                            return Err(read_to_log_error(e));
-                        }
-                    }
-                }
-                if !skipped_any {
+                let skipped = self
+                    .take_round(conf, p, n - out.len(), &mut out, &mut bytes)
+                    .await?;
+                if !skipped {
                     break;
                 }
             }
         }
         Ok(out)
+    }
+
+    /// One pass of [`Host::take`] over partition `p`: leases up to `want` records, reads them
+    /// into `out` (counting their bytes) and skips the unreadable or retention-deleted ones.
+    /// Answers whether it skipped any (the records after them may be takeable now).
+    async fn take_round(
+        &self,
+        conf: QueueConf,
+        p: PartitionId,
+        want: usize,
+        out: &mut Vec<Leased>,
+        bytes: &mut usize,
+    ) -> Result<bool, LogError> {
+        let mut skipped_any = false;
+        let key = PartitionKey {
+            topic: conf.topic,
+            partition: p,
+        };
+        let hwm = self.log.high_watermark(key);
+        let now = now_ms();
+        let leased = self.with_queue(key, |q| {
+            self.expire_counted(key.topic, q, now);
+            q.take(
+                hwm,
+                now,
+                conf.visibility_ms,
+                conf.max_in_flight as usize,
+                conf.max_acked_ahead as usize,
+                want,
+            )
+        });
+        // Records of a run of consecutive leased offsets, read with one call.
+        let mut ahead: VecDeque<StoredRecord> = VecDeque::new();
+        for (i, &(offset, nonce)) in leased.iter().enumerate() {
+            if *bytes >= TAKE_BYTES_MAX {
+                // Over the scan budget: give the rest back at once.
+                self.with_queue(key, |q| {
+                    for &(o, nn) in &leased[i..] {
+                        q.release(o, nn);
+                    }
+                });
+                break;
+            }
+            if ahead.front().is_none_or(|r| r.offset != offset) {
+                ahead.clear();
+                let run = 1 + leased[i..]
+                    .windows(2)
+                    .take_while(|w| w[1].0 .0 == w[0].0 .0 + 1)
+                    .count();
+                if run > 1 {
+                    // A failed range read falls back to one read per offset below, which
+                    // tells a damaged record from the others.
+                    if let Ok(recs) = self.log.read(key, offset, run, TAKE_BYTES_MAX).await {
+                        ahead.extend(recs);
+                    }
+                }
+            }
+            let got = match ahead.front() {
+                Some(r) if r.offset == offset => Ok(ahead.pop_front().into_iter().collect()),
+                _ => self.log.read(key, offset, 1, usize::MAX).await,
+            };
+            match got {
+                Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
+                    let record = recs.swap_remove(0);
+                    *bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
+                    out.push(Leased {
+                        partition: p,
+                        nonce,
+                        record,
+                    });
+                }
+                Ok(_) | Err(ReadError::Corrupt { .. }) => {
+                    tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
+                        "unreadable record skipped by queue consume");
+                    let skipped = self.with_queue(key, |q| {
+                        q.release(offset, nonce);
+                        q.skip_unreadable(offset)
+                    });
+                    if skipped {
+                        self.count_loss(key, 1, 0);
+                    }
+                    skipped_any = true;
+                }
+                Err(ReadError::BelowRetention { oldest }) => {
+                    let dropped = self.with_queue(key, |q| {
+                        q.release(offset, nonce);
+                        q.jump_to(oldest)
+                    });
+                    self.count_loss(key, 0, dropped);
+                    skipped_any = true;
+                }
+                Err(e) => {
+                    self.with_queue(key, |q| {
+                        for &(o, nn) in &leased[i..] {
+                            q.release(o, nn);
+                        }
+                    });
+                    return Err(read_to_log_error(e));
+                }
+            }
+        }
+        Ok(skipped_any)
     }
 
     /// Gives back leases a caller could not deliver (its answer was cut short).

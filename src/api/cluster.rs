@@ -100,20 +100,20 @@ pub fn moves(node: &Rc<Node>, req: &Request) -> Response {
 
 /// Why this node cannot be decommissioned: it is the only voter and no node could receive its
 /// partitions (CLUSTER.md §10 reason codes).
-fn refusal_reasons(node: &Node) -> Value {
-    json!([
-        {
-            "code": "below_min_voters",
-            "message": format!(
+fn refusal_reasons(node: &Node) -> [(&'static str, String); 2] {
+    [
+        (
+            "below_min_voters",
+            format!(
                 "{} is the only Raft voter: the cluster would have none left",
                 node.config.node_id
             ),
-        },
-        {
-            "code": "no_receivers",
-            "message": "no other alive, non-draining member can receive its partitions",
-        },
-    ])
+        ),
+        (
+            "no_receivers",
+            "no other alive, non-draining member can receive its partitions".to_string(),
+        ),
+    ]
 }
 
 /// `POST /v1/cluster/members/{id}/decommission[?dry_run=true]` (§12.3).
@@ -140,7 +140,11 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
     if id != node.config.node_id {
         return unknown_member(id);
     }
-    let reasons = refusal_reasons(node);
+    let refusals = refusal_reasons(node);
+    let reasons: Vec<Value> = refusals
+        .iter()
+        .map(|(code, message)| json!({"code": code, "message": message}))
+        .collect();
     if dry_run {
         return json_response(
             200,
@@ -154,12 +158,7 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
             }),
         );
     }
-    let codes: Vec<&str> = reasons
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["code"].as_str())
-        .collect();
+    let codes: Vec<&str> = refusals.iter().map(|(code, _)| *code).collect();
     json_response(
         409,
         &json!({

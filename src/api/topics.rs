@@ -128,6 +128,16 @@ fn u32_field(field: &str, v: u64) -> Result<u32, Response> {
     u32::try_from(v).map_err(|_| invalid(format!("{field} ({v}) is too large")))
 }
 
+/// A per-partition cap (`max_*_per_partition`): 0 means the server default; stored as u32.
+fn cap_field(field: &str, v: Option<i64>, default: u32) -> Result<u32, Response> {
+    defaulted(field, v, u64::from(default)).and_then(|v| u32_field(field, v))
+}
+
+/// Proposes one metadata change; a refusal becomes its answer.
+async fn apply(node: &Rc<Node>, cmd: MetaCommand) -> Result<(), Response> {
+    node.propose(cmd).await.map(|_| ()).map_err(propose_error)
+}
+
 /// `retention_ms` of create and alter: absent → `None`, 0 → forever, else ≥ 1 h.
 fn retention(v: Option<i64>) -> Result<Option<u64>, Response> {
     match v {
@@ -270,19 +280,17 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         Ok(v) => v,
         Err(r) => return r,
     };
-    let caps = defaulted(
+    let caps = cap_field(
         "max_in_flight_per_partition",
         body.max_in_flight_per_partition,
-        u64::from(d.default_max_in_flight_per_partition),
+        d.default_max_in_flight_per_partition,
     )
-    .and_then(|v| u32_field("max_in_flight_per_partition", v))
     .and_then(|inflight| {
-        defaulted(
+        cap_field(
             "max_acked_ahead_per_partition",
             body.max_acked_ahead_per_partition,
-            u64::from(d.default_max_acked_ahead_per_partition),
+            d.default_max_acked_ahead_per_partition,
         )
-        .and_then(|v| u32_field("max_acked_ahead_per_partition", v))
         .map(|ahead| (inflight, ahead))
     });
     let (max_in_flight, max_acked_ahead) = match caps {
@@ -456,32 +464,23 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     // the partition count and schema version read from `t` stay current.)
     if body.retention_ms.is_some() {
         let retention_ms = tri!(retention(body.retention_ms));
-        if let Err(e) = node.propose(alter(retention_ms, None, None, None)).await {
-            return propose_error(e);
-        }
+        tri!(apply(node, alter(retention_ms, None, None, None)).await);
     }
     if body.max_in_flight_per_partition.is_some() || body.max_acked_ahead_per_partition.is_some() {
-        let inflight = match body.max_in_flight_per_partition {
-            None => None,
-            Some(v) => Some(tri!(defaulted(
-                "max_in_flight_per_partition",
-                Some(v),
-                u64::from(d.default_max_in_flight_per_partition),
-            )
-            .and_then(|v| u32_field("max_in_flight_per_partition", v)))),
+        let cap = |field, v: Option<i64>, default| {
+            v.map(|v| cap_field(field, Some(v), default)).transpose()
         };
-        let ahead = match body.max_acked_ahead_per_partition {
-            None => None,
-            Some(v) => Some(tri!(defaulted(
-                "max_acked_ahead_per_partition",
-                Some(v),
-                u64::from(d.default_max_acked_ahead_per_partition),
-            )
-            .and_then(|v| u32_field("max_acked_ahead_per_partition", v)))),
-        };
-        if let Err(e) = node.propose(alter(None, inflight, ahead, None)).await {
-            return propose_error(e);
-        }
+        let inflight = tri!(cap(
+            "max_in_flight_per_partition",
+            body.max_in_flight_per_partition,
+            d.default_max_in_flight_per_partition,
+        ));
+        let ahead = tri!(cap(
+            "max_acked_ahead_per_partition",
+            body.max_acked_ahead_per_partition,
+            d.default_max_acked_ahead_per_partition,
+        ));
+        tri!(apply(node, alter(None, inflight, ahead, None)).await);
     }
     let partitions = match body.partitions {
         None | Some(0) => None,
@@ -501,9 +500,7 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         Some(n) => Some(n as u32),
     };
     if partitions.is_some() {
-        if let Err(e) = node.propose(alter(None, None, None, partitions)).await {
-            return propose_error(e);
-        }
+        tri!(apply(node, alter(None, None, None, partitions)).await);
     }
     if let Some(raw) = body.schema.as_deref() {
         if let Some(s) = tri!(schema_change(t, raw, body.schema_base_version)) {
@@ -518,9 +515,7 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
                 schema: Some(s),
                 schema_base_version: Some(t.schema_version()),
             };
-            if let Err(e) = node.propose(step).await {
-                return propose_error(e);
-            }
+            tri!(apply(node, step).await);
         }
     }
     match node.topic(name) {

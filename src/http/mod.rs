@@ -166,8 +166,8 @@ impl RequestHead {
     }
 }
 
-/// Whatever [`Service::reserve_body`] holds for a request (typically a
-/// [`narad_io::rt::SemaphorePermit`] on body bytes in flight); released on drop.
+/// Whatever [`Service::reserve_body`] holds for a request (the API's is a share of the node's
+/// batch-body budget); released on drop.
 pub type Reservation = Box<dyn std::any::Any>;
 
 /// A whole request, body read.

@@ -29,14 +29,15 @@
 //! copy counters (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`) are
 //! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
 //! `parent`/`child` but no `partition` (nor has `narad_fanout_due_lag_seconds`, the most behind
-//! partition's): the fan-out keeps its counters per shard and its lag per child. Schema rejections count the reasons the validator records (`depth`, `malformed`,
-//! `invalid`, `busy`). The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the
-//! metadata group; `narad_boot_duration_seconds` and
-//! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
-//! registered without samples, as in the original. `narad_consumer_corrupt_skipped_total` and
-//! `narad_consumer_dropped_messages` count since the owner shard started (they restart at 0). Not yet present: remote and cluster series
-//! (§9.4 remote, the rest of §9.6), the §9.5 storage series. Status `499` is recorded for a
-//! long-poll whose client went away while it waited; other requests run to their answer.
+//! partition's): the fan-out keeps its counters per shard and its lag per child. Schema
+//! rejections count the reasons the validator records (`depth`, `malformed`, `invalid`, `busy`).
+//! The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the metadata group;
+//! `narad_boot_duration_seconds` and `narad_http_batch_body_budget_rejections_total` are
+//! node-wide; `narad_ack_rejected_total` is registered without samples, as in the original.
+//! `narad_consumer_corrupt_skipped_total` and `narad_consumer_dropped_messages` count since the
+//! owner shard started (they restart at 0). Not yet present: remote and cluster series (§9.4
+//! remote, the rest of §9.6), the §9.5 storage series. Status `499` is recorded for a long-poll
+//! whose client went away while it waited; other requests run to their answer.
 
 pub mod expo;
 pub mod listener;
@@ -471,8 +472,8 @@ pub struct ShardMetrics {
     pub schema: crate::schema::Counters,
     /// The shard's fan-out copy counters.
     pub fanout: narad_shard::fanout::FanoutCounters,
-    /// (parent, child, lag messages over the parent partitions whose cursors run here).
-    /// ... and the due lag in milliseconds (the most behind cursor's).
+    /// (parent, child, lag messages over the parent partitions whose cursors run here, due lag
+    /// in milliseconds of the most behind of those cursors).
     pub fanout_lag: Vec<(TopicId, TopicId, u64, u64)>,
     /// Leases that lapsed on this shard, per topic.
     pub leases_expired: Vec<(TopicId, u64)>,
