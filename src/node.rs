@@ -533,37 +533,37 @@ impl Node {
             e.0.push(i);
             e.1.push(*it);
         }
-        for (s, (idx, its)) in by_shard {
-            let rs: Vec<Result<(), SettleFailure>> = if s == self.shard {
-                self.host
-                    .settle(conf, kind, &its)
-                    .await
-                    .into_iter()
-                    .map(settle_failure)
-                    .collect()
-            } else {
-                match self
-                    .mesh
-                    .call(
-                        s,
-                        ShardReq::Settle {
-                            conf,
-                            kind,
-                            items: its,
-                        },
-                    )
-                    .await
-                {
-                    Ok(ShardResp::Settled(r)) => r,
-                    _ => idx
-                        .iter()
-                        .map(|_| Err(SettleFailure::Failed("shard unavailable".into())))
-                        .collect(),
-                }
-            };
-            for (i, r) in idx.into_iter().zip(rs) {
-                results[i] = Some(r);
+        // Every shard's part is in flight at once (a task for each other shard's, the first
+        // inline), so a batch ack waits for one group commit, not one per shard.
+        let mut groups = by_shard.into_iter();
+        let first = groups.next();
+        let rest: Vec<_> = groups
+            .map(|(s, (idx, its))| {
+                let (host, mesh, me) = (self.host.clone(), self.mesh.clone(), self.shard);
+                let task =
+                    rt::spawn(
+                        async move { settle_via(&host, &mesh, me, s, conf, kind, its).await },
+                    );
+                (idx, task)
+            })
+            .collect();
+        let mut fill = |idx: Vec<usize>, rs: Vec<Result<(), SettleFailure>>| {
+            let mut rs = rs.into_iter();
+            for i in idx {
+                results[i] = Some(
+                    rs.next()
+                        .unwrap_or_else(|| Err(SettleFailure::Failed("shard unavailable".into()))),
+                );
             }
+        };
+        if let Some((s, (idx, its))) = first {
+            fill(
+                idx,
+                settle_via(&self.host, &self.mesh, self.shard, s, conf, kind, its).await,
+            );
+        }
+        for (idx, task) in rest {
+            fill(idx, task.await);
         }
         results
             .into_iter()
@@ -795,6 +795,27 @@ async fn append_via(
     match mesh.call(s, ShardReq::Append(recs)).await {
         Ok(ShardResp::Appended(r)) => r.map(|_| ()),
         _ => Err(StoreError::Failed("shard unavailable".into())),
+    }
+}
+
+/// Settles leases on shard `s`: this shard's host directly, another shard's over the mesh. An
+/// unreachable shard answers an empty list (its items fail as unavailable).
+async fn settle_via(
+    host: &Host,
+    mesh: &NodeMesh,
+    me: ShardId,
+    s: ShardId,
+    conf: QueueConf,
+    kind: SettleKind,
+    items: Vec<Lease>,
+) -> Vec<Result<(), SettleFailure>> {
+    if s == me {
+        let rs = host.settle(conf, kind, &items).await;
+        return rs.into_iter().map(settle_failure).collect();
+    }
+    match mesh.call(s, ShardReq::Settle { conf, kind, items }).await {
+        Ok(ShardResp::Settled(r)) => r,
+        _ => Vec::new(),
     }
 }
 

@@ -238,7 +238,7 @@ impl LogError {
 
 enum Kind {
     Append,
-    Settle(PartitionKey, Vec<Offset>),
+    Settle(Vec<(PartitionKey, Vec<Offset>)>),
     Checkpoint,
 }
 
@@ -605,22 +605,34 @@ impl ShardLog {
     /// Marks offsets acked; durable through a Settle WAL record in the next group commit.
     /// Resolves when durable.
     pub async fn settle(&self, key: PartitionKey, offsets: Vec<Offset>) -> Result<(), LogError> {
+        self.settle_many(vec![(key, offsets)]).await
+    }
+
+    /// Marks offsets of several partitions acked: one Settle WAL record per partition, all in
+    /// the same group commit (one fsync for a batch ack spread over partitions). Resolves when
+    /// durable. At most [`SETTLE_OFFSETS_MAX`] offsets per call.
+    pub async fn settle_many(
+        &self,
+        mut parts: Vec<(PartitionKey, Vec<Offset>)>,
+    ) -> Result<(), LogError> {
         if let Some(e) = self.refuse() {
             return Err(e);
         }
-        if offsets.is_empty() {
+        parts.retain(|(_, offsets)| !offsets.is_empty());
+        if parts.is_empty() {
             return Ok(());
         }
-        if offsets.len() > SETTLE_OFFSETS_MAX {
+        if parts.iter().map(|(_, o)| o.len()).sum::<usize>() > SETTLE_OFFSETS_MAX {
             return Err(LogError::TooLarge);
         }
-        let rec = WalRecord::Settle {
-            key,
-            offsets: offsets.clone(),
-        };
-        self.submit(Kind::Settle(key, offsets), vec![rec])
-            .await
-            .map(|_| ())
+        let recs = parts
+            .iter()
+            .map(|(key, offsets)| WalRecord::Settle {
+                key: *key,
+                offsets: offsets.clone(),
+            })
+            .collect();
+        self.submit(Kind::Settle(parts), recs).await.map(|_| ())
     }
 
     pub fn high_watermark(&self, key: PartitionKey) -> Offset {
@@ -1225,9 +1237,11 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
                     moved.push(*key);
                 }
                 for reply in &replies {
-                    if let Kind::Settle(key, offs) = &reply.0 {
-                        if let Some(p) = st.partitions.get_mut(key) {
-                            p.settle(offs);
+                    if let Kind::Settle(parts) = &reply.0 {
+                        for (key, offs) in parts {
+                            if let Some(p) = st.partitions.get_mut(key) {
+                                p.settle(offs);
+                            }
                         }
                     }
                 }

@@ -234,6 +234,38 @@ fn settles_survive_restart() {
 }
 
 #[test]
+fn settle_of_several_partitions_is_one_commit_and_survives_restart() {
+    // Proves a settle spread over partitions writes one WAL batch (one fsync for a batch ack),
+    // and that every partition's part of it is durable once it resolves.
+    let dir = temp_dir("settle-many");
+    let cfg = small_cfg(dir.clone());
+    let keys = [key(8, 0), key(8, 1), key(8, 2)];
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(c).await.unwrap();
+        fill(&log, &keys, 0, 5).await;
+        let before = log.wal_stats().batches;
+        let parts = keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (k, (0..=i as u64).map(Offset).collect()))
+            .collect();
+        log.settle_many(parts).await.unwrap();
+        assert_eq!(log.wal_stats().batches, before + 1);
+        drop(log);
+    });
+    rt::block_on(async move {
+        let (_log, recovered, report) = ShardLog::open(cfg).await.unwrap();
+        assert_eq!(report.replayed_settles, 3);
+        for (i, &k) in keys.iter().enumerate() {
+            let r = recovered.iter().find(|r| r.key == k).unwrap();
+            assert_eq!(r.settled.frontier, Offset(i as u64 + 1), "partition {i}");
+        }
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn damaged_record_in_a_checkpointed_segment_reads_as_corrupt() {
     // Proves a bit flip inside a fsynced (checkpointed) partition segment is reported as Corrupt
     // for that offset only, counted in the recovery report, and never shifts other offsets.

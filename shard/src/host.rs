@@ -411,17 +411,18 @@ impl Host {
         if woke {
             self.wake(conf.topic);
         }
-        let mut failed: Option<LogError> = None;
-        for (p, offsets) in durable {
-            let key = PartitionKey {
-                topic: conf.topic,
-                partition: p,
-            };
-            if let Err(e) = self.log.settle(key, offsets).await {
-                failed = Some(e);
-            }
-        }
-        if let Some(e) = failed {
+        let parts: Vec<(PartitionKey, Vec<Offset>)> = durable
+            .into_iter()
+            .map(|(partition, offsets)| {
+                let key = PartitionKey {
+                    topic: conf.topic,
+                    partition,
+                };
+                (key, offsets)
+            })
+            .collect();
+        // One request for every partition: their settle records share one group commit.
+        if let Err(e) = self.log.settle_many(parts).await {
             let msg = e.to_string();
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(SettleError::Log(LogError::Io(std::io::Error::other(
