@@ -254,7 +254,8 @@ async fn shard_main(
     node.start_fanout();
     spawn_housekeeping(&node);
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
-    crate::metrics::listener::spawn(&node, &shutdown)?;
+    let metrics_stop = ShutdownSignal::new();
+    crate::metrics::listener::spawn(&node, &metrics_stop)?;
     node.mark_started();
     crate::metrics::shard_serving();
     if id.0 == 0 {
@@ -282,6 +283,7 @@ async fn shard_main(
             "shutdown grace ran out with requests in flight"
         );
     }
+    metrics_stop.trigger();
     // Other shards may still forward requests here until they too stopped serving: leave the
     // mesh only when every shard is done (a bounded wait: each one stops within the grace).
     drop(serving_guard);

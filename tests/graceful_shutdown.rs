@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -57,4 +58,63 @@ fn sigterm_ends_long_polls_and_exits_zero() {
         n += 1;
     }
     assert_eq!(n, 3);
+}
+
+#[test]
+fn metrics_listener_answers_shutting_down_while_requests_drain() {
+    // Proves API.md §15.1 during a drain: while a produce is still in flight after SIGTERM, the
+    // metrics listener (where the chart's probes go) stays up and answers `/healthz` with
+    // `503 {"status":"shutting down"}` (and `/readyz` with 503); the produce then completes with
+    // 202, the process exits 0, and the message is there after a restart.
+    let dir = common::TempDir::new("term-probe");
+    let mport = common::free_port_pair();
+    let maddr: std::net::SocketAddr = format!("127.0.0.1:{mport}").parse().unwrap();
+    let mut s = common::Server::start_with(
+        dir.0.join("data"),
+        vec![
+            ("NARAD_HTTP_METRICS_ADDR".into(), maddr.to_string()),
+            ("NARAD_HTTP_SHUTDOWN_GRACE".into(), "10s".into()),
+        ],
+    );
+    let mut c = s.client();
+    c.create_topic("t", 3);
+    let mut m = common::Client::connect(maddr).unwrap();
+    assert_eq!(m.get("/healthz").status, 200);
+    // A produce whose body is only half sent keeps its connection busy through the drain.
+    let mut p = s.client();
+    let body = b"half-sent-body";
+    let head = format!(
+        "POST /v1/topics/t/produce?partition=1 HTTP/1.1\r\nHost: x\r\n\
+         Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    p.raw().write_all(head.as_bytes()).unwrap();
+    p.raw().write_all(&body[..4]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    s.signal_term();
+    let t0 = Instant::now();
+    let mut saw = None;
+    while t0.elapsed() < Duration::from_secs(3) {
+        if let Ok(mut m) = common::Client::connect(maddr) {
+            if let Ok(r) = m.try_request("GET", "/healthz", &[], b"") {
+                if r.status == 503 {
+                    let ready = m.try_request("GET", "/readyz", &[], b"").map(|r| r.status);
+                    saw = Some((r.json(), ready.ok()));
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (health, ready) = saw.expect("/healthz never answered 503 during the drain");
+    assert_eq!(health, serde_json::json!({"status":"shutting down"}));
+    assert_eq!(ready, Some(503));
+    p.raw().write_all(&body[4..]).unwrap();
+    assert_eq!(p.read_response(false).unwrap().status, 202);
+    let status = s.terminate();
+    assert!(status.success(), "exit status {status}");
+    s.restart();
+    let r = s.client().get("/v1/topics/t/consume?partition=1&offset=0");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["payload"], "half-sent-body");
 }

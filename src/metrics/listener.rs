@@ -66,9 +66,11 @@ impl Service for MetricsService {
     }
 }
 
-/// Starts the metrics listener on this shard when `http.metrics_addr` is set; it stops with the
-/// node's shutdown signal.
-pub fn spawn(node: &Rc<Node>, shutdown: &ShutdownSignal) -> Result<(), String> {
+/// Starts the metrics listener on this shard when `http.metrics_addr` is set. It stops when
+/// `stop` triggers, which the shard does only once its API listener has drained: until then
+/// probes on this port see `/healthz` answer `503 shutting down` (API.md §15.1) instead of a
+/// refused connection.
+pub fn spawn(node: &Rc<Node>, stop: &ShutdownSignal) -> Result<(), String> {
     let addr = &node.config.http.metrics_addr;
     if addr.is_empty() {
         return Ok(());
@@ -80,13 +82,7 @@ pub fn spawn(node: &Rc<Node>, shutdown: &ShutdownSignal) -> Result<(), String> {
         ..crate::service::limits(&node.config, node.shards)
     };
     let service = Rc::new(MetricsService::new(node.clone()));
-    rt::spawn(crate::http::serve(
-        listener,
-        service,
-        limits,
-        shutdown.clone(),
-    ))
-    .detach();
+    rt::spawn(crate::http::serve(listener, service, limits, stop.clone())).detach();
     Ok(())
 }
 

@@ -135,13 +135,18 @@ impl Server {
         }
     }
 
-    /// SIGTERM and wait for the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("running");
-        // SAFETY-free: use the kill command to send SIGTERM.
+    /// Sends SIGTERM and returns at once (the process drains and exits on its own).
+    pub fn signal_term(&self) {
+        let c = self.child.as_ref().expect("running");
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status();
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal_term();
+        let mut c = self.child.take().expect("running");
         let start = Instant::now();
         loop {
             if let Some(s) = c.try_wait().unwrap() {
