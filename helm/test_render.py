@@ -1,0 +1,718 @@
+#!/usr/bin/env python3
+"""Proves that the Helm chart renders the objects, values and checks of OPERATIONS.md §10 (as far
+as this single-node build goes), and that the container args and environment it renders start the
+real binary: the pod's command line is run on loopback ports with a temporary data directory and
+its own probes, scrape annotations and credentials are exercised over HTTP.
+
+Usage: helm/test_render.py [CHART_DIR]   (default helm/narad; NARAD_BIN overrides the binary,
+default target/debug/narad). Every helm call and every wait is bounded. Exit status 1 when a
+check fails; every check runs and each failure is printed.
+"""
+
+import base64
+import json
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CHART = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / "helm" / "narad"
+EVERYTHING = ROOT / "helm" / "test-values" / "everything.yaml"
+BIN = pathlib.Path(os.environ.get("NARAD_BIN", ROOT / "target" / "debug" / "narad"))
+RELEASE = "narad"
+NS = "narad"
+HELM_TIMEOUT_S = 60
+BOOT_WAIT_S = 30
+STOP_WAIT_S = 20
+SEL = {"app.kubernetes.io/name": "narad", "app.kubernetes.io/instance": RELEASE}
+RELEASE_PODS = [{"podSelector": {"matchLabels": SEL}}]
+
+# The environment the default values render (plain values; the valueFrom ones are checked apart).
+DEFAULT_ENV = {
+    "NARAD_LOG_LEVEL": "info",
+    "NARAD_LOG_FORMAT": "json",
+    "NARAD_TOPIC_DEFAULT_PARTITIONS": "3",
+    "NARAD_TOPIC_MAX_PARTITIONS": "108",
+    "NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS": "43200000",
+    "NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS": "30000",
+    "NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION": "1024",
+    "NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION": "1024",
+    "NARAD_HTTP_MAX_CONSUME_WAIT": "10s",
+    "NARAD_HTTP_METRICS_ADDR": ":9100",
+    "NARAD_SECURITY_ENABLED": "true",
+    "NARAD_REMOTES_ALLOWED_PORTS": "443",
+    "NARAD_REMOTES_MAX_HELD_BYTES": "268435456",
+    "NARAD_REMOTES_API_HOP_ENCRYPTED": "false",
+}
+DEFAULT_ARGS = [
+    "serve",
+    "--addr=:7942",
+    "--cluster-port=7943",
+    "--node-id=$(POD_NAME)",
+    "--data-dir=/var/lib/narad",
+]
+
+
+class RenderError(Exception):
+    pass
+
+
+def helm_template(sets=(), values=(), chart=CHART, set_json=()):
+    cmd = ["helm", "template", RELEASE, str(chart), "--namespace", NS]
+    for v in values:
+        cmd += ["-f", str(v)]
+    for s in sets:
+        cmd += ["--set", s]
+    for s in set_json:
+        cmd += ["--set-json", s]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=HELM_TIMEOUT_S)
+
+
+def render(*sets, values=(), set_json=(), chart=CHART):
+    """The rendered objects by (kind, name); raises RenderError when helm fails."""
+    r = helm_template(sets, values, chart, set_json)
+    if r.returncode != 0:
+        raise RenderError(f"helm template {list(sets)} {list(set_json)} failed: {r.stderr.strip()}")
+    objs = {}
+    for doc in yaml.safe_load_all(r.stdout):
+        if doc is None:
+            continue
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in objs, f"{key} rendered twice"
+        objs[key] = doc
+    return objs
+
+
+def render_error(*sets, set_json=()):
+    """helm template's error text for values it must refuse."""
+    r = helm_template(sets, set_json=set_json)
+    assert r.returncode != 0, f"helm template {list(sets)} {list(set_json)} succeeded, expected a refusal"
+    return r.stderr
+
+
+def sts(objs, name="narad"):
+    return objs[("StatefulSet", name)]
+
+
+def pod(objs, name="narad"):
+    return sts(objs, name)["spec"]["template"]["spec"]
+
+
+def container(objs, name="narad"):
+    cs = pod(objs, name)["containers"]
+    assert len(cs) == 1, cs
+    return cs[0]
+
+
+def env_values(c):
+    """Plain env values by name (valueFrom entries excluded)."""
+    return {e["name"]: e["value"] for e in c["env"] if "value" in e}
+
+
+def env_from(c):
+    return {e["name"]: e["valueFrom"] for e in c["env"] if "valueFrom" in e}
+
+
+def env_names(c):
+    names = [e["name"] for e in c["env"]]
+    assert len(names) == len(set(names)), f"duplicate env names: {names}"
+    return names
+
+
+def ports_of(c):
+    return [(p["name"], p["containerPort"], p["protocol"]) for p in c["ports"]]
+
+
+def np_rules(np):
+    """The NetworkPolicy spec's ingress rules as (set of (port, protocol), from-list or None)."""
+    out = []
+    for rule in np["ingress"]:
+        assert rule.get("ports"), f"a rule without ports admits every port: {rule}"
+        ports = {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
+        out.append((ports, rule.get("from")))
+    return out
+
+
+def admitting(np, port, proto):
+    return [frm for ports, frm in np_rules(np) if (port, proto) in ports]
+
+
+def eq(actual, expected, what):
+    assert actual == expected, f"{what}: expected {expected!r}, got {actual!r}"
+
+
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+@check
+def default_render_has_exactly_the_default_objects():
+    objs = render()
+    eq(
+        set(objs),
+        {
+            ("StatefulSet", "narad"),
+            ("Service", "narad-headless"),
+            ("Service", "narad"),
+            ("ServiceAccount", "narad"),
+            ("PodDisruptionBudget", "narad"),
+            ("NetworkPolicy", "narad"),
+        },
+        "objects",
+    )
+
+
+@check
+def default_statefulset():
+    objs = render()
+    s = sts(objs)["spec"]
+    eq(s["replicas"], 1, "replicas (single-node build)")
+    eq(s["podManagementPolicy"], "Parallel", "podManagementPolicy")
+    eq(s["updateStrategy"], {"type": "RollingUpdate"}, "updateStrategy")
+    eq(s["serviceName"], "narad-headless", "serviceName")
+    eq(s["selector"]["matchLabels"], SEL, "selector")
+    eq(s["template"]["metadata"]["labels"], SEL, "pod labels (no chart version: upgrades alone must not restart pods)")
+    p = pod(objs)
+    eq(p["terminationGracePeriodSeconds"], 30, "terminationGracePeriodSeconds")
+    eq(p["serviceAccountName"], "narad", "serviceAccountName")
+    eq(p["automountServiceAccountToken"], False, "pod automountServiceAccountToken")
+    eq(p["securityContext"]["fsGroup"], 10001, "fsGroup")
+    eq(p["securityContext"]["fsGroupChangePolicy"], "OnRootMismatch", "fsGroupChangePolicy")
+    eq(p["securityContext"]["seccompProfile"]["type"], "Localhost", "seccompProfile")
+    assert "volumes" not in p, f"default pod has volumes: {p.get('volumes')}"
+    c = container(objs)
+    eq(c["image"], "ghcr.io/debanganthakuria/narad:latest", "image")
+    eq(c["args"], DEFAULT_ARGS, "args")
+    env_names(c)
+    eq(env_values(c), DEFAULT_ENV, "env values")
+    eq(
+        env_from(c),
+        {
+            "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
+            "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            "NARAD_ADMIN_PASSWORD": {
+                "secretKeyRef": {"name": "narad-security", "key": "admin-password", "optional": True}
+            },
+        },
+        "env valueFrom",
+    )
+    eq(
+        ports_of(c),
+        [("api", 7942, "TCP"), ("peer-udp", 7942, "UDP"), ("cluster", 7943, "TCP"), ("metrics", 9100, "TCP")],
+        "container ports",
+    )
+    eq(c["startupProbe"], {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 2, "failureThreshold": 30}, "startupProbe")
+    eq(c["livenessProbe"], {"httpGet": {"path": "/healthz", "port": "metrics"}, "periodSeconds": 10, "failureThreshold": 6}, "livenessProbe")
+    eq(c["readinessProbe"], {"httpGet": {"path": "/readyz", "port": "api"}, "periodSeconds": 5, "failureThreshold": 3}, "readinessProbe")
+    eq(
+        sts(objs)["spec"]["template"]["metadata"]["annotations"],
+        {"prometheus.io/scrape": "true", "prometheus.io/port": "9100", "prometheus.io/path": "/metrics"},
+        "pod annotations",
+    )
+    eq(c["resources"], {"requests": {"cpu": "500m", "memory": "512Mi"}}, "resources")
+    sc = c["securityContext"]
+    for k, v in [("runAsUser", 10001), ("runAsGroup", 10001), ("runAsNonRoot", True), ("allowPrivilegeEscalation", False)]:
+        eq(sc[k], v, f"securityContext.{k}")
+    eq(sc["capabilities"]["drop"], ["ALL"], "capabilities.drop")
+    eq(c["volumeMounts"], [{"name": "data", "mountPath": "/var/lib/narad"}], "volumeMounts")
+    (vct,) = s["volumeClaimTemplates"]
+    eq(vct["metadata"], {"name": "data"}, "volumeClaimTemplate metadata")
+    eq(vct["spec"], {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}, "volumeClaimTemplate spec")
+
+
+@check
+def default_services_serviceaccount_pdb():
+    objs = render()
+    h = objs[("Service", "narad-headless")]["spec"]
+    eq(h["clusterIP"], "None", "headless clusterIP")
+    eq(h["publishNotReadyAddresses"], True, "headless publishNotReadyAddresses")
+    eq(h["selector"], SEL, "headless selector")
+    eq(
+        [(p["name"], p["port"], p["protocol"], p["targetPort"]) for p in h["ports"]],
+        [("peer-udp", 7942, "UDP", "peer-udp"), ("cluster", 7943, "TCP", "cluster")],
+        "headless ports",
+    )
+    i = objs[("Service", "narad")]["spec"]
+    eq(i["type"], "ClusterIP", "internal type")
+    eq(i["selector"], SEL, "internal selector")
+    eq(
+        [(p["name"], p["port"], p["protocol"], p["targetPort"]) for p in i["ports"]],
+        [("api", 7942, "TCP", "api"), ("metrics", 9100, "TCP", "metrics")],
+        "internal ports",
+    )
+    eq(objs[("ServiceAccount", "narad")]["automountServiceAccountToken"], False, "ServiceAccount automount")
+    pdb = objs[("PodDisruptionBudget", "narad")]["spec"]
+    eq(pdb, {"maxUnavailable": 1, "selector": {"matchLabels": SEL}}, "PodDisruptionBudget spec")
+
+
+@check
+def default_networkpolicy_fences_cluster_ports():
+    np = render()[("NetworkPolicy", "narad")]["spec"]
+    eq(np["podSelector"], {"matchLabels": SEL}, "NetworkPolicy podSelector")
+    eq(np["policyTypes"], ["Ingress"], "policyTypes")
+    for port, proto in [(7943, "TCP"), (7942, "UDP")]:
+        froms = admitting(np, port, proto)
+        assert froms, f"no rule admits {port}/{proto}"
+        for frm in froms:
+            eq(frm, RELEASE_PODS, f"sources admitted to {port}/{proto}")
+    eq(admitting(np, 7942, "TCP"), [None], "API 7942/tcp sources (open)")
+    eq(admitting(np, 9100, "TCP"), [None], "metrics 9100/tcp sources (open)")
+    eq(admitting(np, 6060, "TCP"), [], "pprof 6060/tcp sources (pprof off)")
+    eq(len(np["ingress"]), 3, "rule count")
+
+
+@check
+def metrics_disabled_moves_probes_to_api_and_drops_metrics_wiring():
+    objs = render("metrics.enabled=false")
+    c = container(objs)
+    assert "NARAD_HTTP_METRICS_ADDR" not in env_names(c), "NARAD_HTTP_METRICS_ADDR still set"
+    assert "metrics" not in [p[0] for p in ports_of(c)], "metrics container port still declared"
+    eq(c["startupProbe"]["httpGet"]["port"], "api", "startupProbe port")
+    eq(c["livenessProbe"]["httpGet"]["port"], "api", "livenessProbe port")
+    eq(c["readinessProbe"]["httpGet"]["port"], "api", "readinessProbe port")
+    assert "annotations" not in sts(objs)["spec"]["template"]["metadata"], "pod annotations left"
+    eq([p["name"] for p in objs[("Service", "narad")]["spec"]["ports"]], ["api"], "internal Service ports")
+    eq(admitting(objs[("NetworkPolicy", "narad")]["spec"], 9100, "TCP"), [], "metrics rule")
+
+
+@check
+def config_renders_configmap_flag_and_mount():
+    config = {"storage": {"codec": "zstd"}, "http": {"max_connections": 100}}
+    objs = render(set_json=[f"narad.config={json.dumps(config)}"])
+    cm = objs[("ConfigMap", "narad-config")]
+    eq(json.loads(cm["data"]["narad.json"]), config, "narad.json")
+    c = container(objs)
+    eq(c["args"], DEFAULT_ARGS + ["--config=/etc/narad/narad.json"], "args")
+    assert {"name": "config", "mountPath": "/etc/narad/narad.json", "subPath": "narad.json", "readOnly": True} in c["volumeMounts"], c["volumeMounts"]
+    eq(pod(objs)["volumes"], [{"name": "config", "configMap": {"name": "narad-config"}}], "volumes")
+    assert "checksum/config" in sts(objs)["spec"]["template"]["metadata"]["annotations"], "no checksum/config annotation"
+    # An empty config renders neither.
+    objs = render(set_json=["narad.config={}"])
+    assert ("ConfigMap", "narad-config") not in objs, "ConfigMap rendered for an empty narad.config"
+    eq(container(objs)["args"], DEFAULT_ARGS, "args with empty config")
+
+
+@check
+def optional_objects_follow_their_switches():
+    cases = [
+        ("service.loadBalancer.enabled=true", ("Service", "narad-lb"), False),
+        ("serviceMonitor.enabled=true", ("ServiceMonitor", "narad"), False),
+        ("traefik.enabled=true", ("IngressRoute", "narad"), False),
+        ("service.internal.enabled=false", ("Service", "narad"), True),
+        ("podDisruptionBudget.enabled=false", ("PodDisruptionBudget", "narad"), True),
+        ("serviceAccount.create=false", ("ServiceAccount", "narad"), True),
+    ]
+    default = render()
+    for s, key, on_by_default in cases:
+        eq(key in default, on_by_default, f"{key} in the default render")
+        eq(key in render(s), not on_by_default, f"{key} with {s}")
+    objs = render("networkPolicy.enabled=false", "security.enabled=false")
+    assert ("NetworkPolicy", "narad") not in objs, "NetworkPolicy with networkPolicy.enabled=false"
+
+
+@check
+def loadbalancer_servicemonitor_ingressroute_contents():
+    objs = render(values=[EVERYTHING])
+    lb = objs[("Service", "nd-lb")]
+    eq(lb["metadata"]["annotations"], {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"}, "LB annotations")
+    s = lb["spec"]
+    eq(s["type"], "LoadBalancer", "LB type")
+    eq(s["externalTrafficPolicy"], "Local", "LB externalTrafficPolicy")
+    eq(s["loadBalancerSourceRanges"], ["10.0.0.0/8"], "LB sourceRanges")
+    eq(s["selector"], SEL, "LB selector")
+    eq([(p["name"], p["port"]) for p in s["ports"]], [("api", 7942)], "LB ports")
+    d = render("service.loadBalancer.enabled=true")[("Service", "narad-lb")]["spec"]
+    eq(d["externalTrafficPolicy"], "Cluster", "LB default externalTrafficPolicy")
+    assert "loadBalancerSourceRanges" not in d, d
+    sm = objs[("ServiceMonitor", "nd")]
+    eq(sm["metadata"]["labels"]["release"], "prometheus", "ServiceMonitor labels")
+    eq(sm["spec"]["selector"], {"matchLabels": SEL}, "ServiceMonitor selector")
+    eq(sm["spec"]["namespaceSelector"], {"matchNames": [NS]}, "ServiceMonitor namespaceSelector")
+    eq(sm["spec"]["endpoints"], [{"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "20s"}], "ServiceMonitor endpoints")
+    d = render("serviceMonitor.enabled=true")[("ServiceMonitor", "narad")]["spec"]["endpoints"][0]
+    eq((d["interval"], d["scrapeTimeout"]), ("15s", "10s"), "ServiceMonitor default interval/scrapeTimeout")
+    ir = objs[("IngressRoute", "nd")]
+    eq(ir["apiVersion"], "traefik.io/v1alpha1", "IngressRoute apiVersion")
+    eq(ir["spec"]["entryPoints"], ["websecure"], "entryPoints")
+    eq(ir["spec"]["tls"], {"secretName": "queue-tls"}, "IngressRoute tls")
+    (route,) = ir["spec"]["routes"]
+    eq(route["match"], "Host(`queue.example.org`) && !PathPrefix(`/metrics`) && !PathPrefix(`/v1/users`)", "route match")
+    eq(route["services"], [{"name": "nd", "port": "api"}], "route services")
+    eq(route["middlewares"], [{"name": "ratelimit"}], "route middlewares")
+    d = render("traefik.enabled=true")[("IngressRoute", "narad")]["spec"]
+    eq(d["entryPoints"], ["http"], "default entryPoints")
+    eq(d["routes"][0]["match"], "Host(`narad.example.com`) && !PathPrefix(`/metrics`)", "default route match")
+
+
+@check
+def everything_enabled_statefulset_and_networkpolicy():
+    objs = render(values=[EVERYTHING])
+    eq(
+        set(objs),
+        {
+            ("StatefulSet", "nd"), ("Service", "nd-headless"), ("Service", "nd"), ("Service", "nd-lb"),
+            ("ServiceAccount", "nd"), ("PodDisruptionBudget", "nd"), ("NetworkPolicy", "nd"),
+            ("ConfigMap", "nd-config"), ("ServiceMonitor", "nd"), ("IngressRoute", "nd"),
+        },
+        "objects",
+    )
+    s = sts(objs, "nd")
+    eq(s["spec"]["selector"]["matchLabels"], SEL, "selector (no commonLabels)")
+    eq(s["metadata"]["labels"]["team"], "queues", "commonLabels on the StatefulSet")
+    meta = s["spec"]["template"]["metadata"]
+    eq((meta["labels"]["team"], meta["labels"]["tier"]), ("queues", "broker"), "pod labels")
+    ann = meta["annotations"]
+    for k, v in [("example.com/owner", "queues"), ("example.com/scraped", "yes"), ("prometheus.io/scrape", "true")]:
+        eq(ann.get(k), v, f"pod annotation {k}")
+    for key, obj in objs.items():
+        eq(obj["metadata"]["labels"].get("team"), "queues", f"commonLabels on {key}")
+    p = pod(objs, "nd")
+    eq(p["imagePullSecrets"], [{"name": "regcred"}], "imagePullSecrets")
+    eq(p["nodeSelector"], {"kubernetes.io/arch": "amd64"}, "nodeSelector")
+    eq(p["tolerations"][0]["key"], "dedicated", "tolerations")
+    assert "podAntiAffinity" in p["affinity"], p.get("affinity")
+    eq(p["topologySpreadConstraints"][0]["topologyKey"], "topology.kubernetes.io/zone", "topologySpreadConstraints")
+    assert "volumeClaimTemplates" not in s["spec"], "volumeClaimTemplates with persistence.enabled=false"
+    eq(
+        p["volumes"],
+        [
+            {"name": "data", "emptyDir": {}},
+            {"name": "config", "configMap": {"name": "nd-config"}},
+            {"name": "cluster-tls", "secret": {"secretName": "raft-tls"}},
+        ],
+        "volumes",
+    )
+    c = container(objs, "nd")
+    eq(c["args"], DEFAULT_ARGS + ["--config=/etc/narad/narad.json"], "args")
+    env = env_values(c)
+    expected = dict(DEFAULT_ENV)
+    expected.update(
+        {
+            "NARAD_LOG_LEVEL": "debug",
+            "NARAD_LOG_FORMAT": "text",
+            "NARAD_HTTP_MAX_CONSUME_WAIT": "20s",
+            "NARAD_HTTP_PPROF_ADDR": ":6060",
+            "NARAD_CLUSTER_TLS_CERT_FILE": "/etc/narad/cluster-tls/tls.crt",
+            "NARAD_CLUSTER_TLS_KEY_FILE": "/etc/narad/cluster-tls/tls.key",
+            "NARAD_CLUSTER_TLS_CA_FILE": "/etc/narad/cluster-tls/ca.crt",
+            "NARAD_REMOTES_ALLOWED_HOSTS": "a.example.com,*.example.org",
+            "NARAD_REMOTES_ALLOWED_PORTS": "443,8443",
+            "NARAD_REMOTES_ALLOW_ADDRESSES": "10.1.0.0/16",
+            "NARAD_REMOTES_MAX_HELD_BYTES": "536870912",
+            "NARAD_REMOTES_API_HOP_ENCRYPTED": "true",
+            "NARAD_HTTP_SHUTDOWN_GRACE": "30s",
+            "NARAD_HTTP_WRITE_TIMEOUT": "60s",
+        }
+    )
+    eq(env, expected, "env values")
+    eq(env_from(c)["NARAD_ADMIN_PASSWORD"]["secretKeyRef"]["name"], "narad-secrets", "existingSecret")
+    assert ("pprof", 6060, "TCP") in ports_of(c), ports_of(c)
+    assert {"name": "cluster-tls", "mountPath": "/etc/narad/cluster-tls", "readOnly": True} in c["volumeMounts"], c["volumeMounts"]
+    np = objs[("NetworkPolicy", "nd")]["spec"]
+    values = yaml.safe_load(EVERYTHING.read_text())["networkPolicy"]
+    for port, proto in [(7943, "TCP"), (7942, "UDP")]:
+        for frm in admitting(np, port, proto):
+            eq(frm, RELEASE_PODS, f"sources admitted to {port}/{proto}")
+    rules = np_rules(np)
+    eq(rules[1], ({(7942, "TCP")}, values["apiFrom"]), "API rule")
+    eq(rules[2], ({(9100, "TCP")}, values["metricsFrom"]), "metrics rule")
+    eq(rules[3], ({(6060, "TCP")}, values["pprofFrom"]), "pprof rule")
+    eq(np["ingress"][4:], values["extraIngress"], "extraIngress appended")
+    eq(len(rules), 5, "rule count")
+    # pprof on without pprofFrom: nobody is admitted to it.
+    np = render("narad.pprof.enabled=true")[("NetworkPolicy", "narad")]["spec"]
+    eq(admitting(np, 6060, "TCP"), [], "pprof sources without pprofFrom")
+
+
+@check
+def persistence_values_reach_the_claim_only():
+    objs = render(
+        "persistence.size=50Gi", "persistence.storageClassName=fast", "persistence.accessModes={ReadWriteOncePod}",
+        "persistence.annotations.backup=daily", "commonLabels.team=queues",
+    )
+    (vct,) = sts(objs)["spec"]["volumeClaimTemplates"]
+    eq(vct["metadata"], {"name": "data", "annotations": {"backup": "daily"}}, "claim metadata (no commonLabels)")
+    eq(
+        vct["spec"],
+        {"accessModes": ["ReadWriteOncePod"], "storageClassName": "fast", "resources": {"requests": {"storage": "50Gi"}}},
+        "claim spec",
+    )
+    eq(sts(objs)["spec"]["selector"]["matchLabels"], SEL, "selector (no commonLabels)")
+
+
+@check
+def validation_refuses_with_the_spec_messages():
+    refused = [
+        (["initialClusterSize=2"], "initialClusterSize must be odd (Raft quorum)."),
+        (["initialClusterSize=0"], "initialClusterSize must be odd (Raft quorum)."),
+        (["initialClusterSize=3"], "replicaCount (1) must be >= initialClusterSize (3)."),
+        (["initialClusterSize=3", "replicaCount=3", "clusterPeerCount=1"], "clusterPeerCount (1) must be 0 (= initialClusterSize) or >= initialClusterSize (3)."),
+        (["replicaCount=3", "initialClusterSize=3"], "this build runs single-node only: replicaCount must be 1 until clustering lands"),
+        (["replicaCount=2"], "this build runs single-node only: replicaCount must be 1 until clustering lands"),
+        (["networkPolicy.enabled=false"], "security.enabled with security.clusterTLS.enabled=false leaves Raft traffic in plaintext"),
+        (["serviceMonitor.enabled=true", "metrics.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
+        (["serviceMonitor.enabled=true", "service.internal.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
+        (["traefik.enabled=true", "service.internal.enabled=false"], "traefik.enabled needs service.internal.enabled"),
+        (["security.enabled=false", "remotes.maxHeldBytes=5"], "remotes.* settings off their defaults require security.enabled"),
+        (["security.enabled=false", "remotes.allowedPorts={9443}"], "remotes.* settings off their defaults require security.enabled"),
+    ]
+    for sets, message in refused:
+        err = render_error(*sets)
+        assert message in err, f"{sets}: expected {message!r} in helm's error, got {err.strip()!r}"
+    # The other side of the security rule: any one of the three lets it render.
+    for sets in (
+        ["networkPolicy.enabled=false", "security.enabled=false"],
+        ["networkPolicy.enabled=false", "security.allowPlaintextRaft=true"],
+        ["networkPolicy.enabled=false", "security.clusterTLS.enabled=true"],
+        ["clusterPeerCount=1"],
+        ["clusterPeerCount=3"],
+        ["security.enabled=false"],
+    ):
+        render(*sets)
+
+
+@check
+def env_names_are_read_by_this_binary():
+    src = (ROOT / "src" / "config.rs").read_text() + (ROOT / "src" / "auth" / "seed.rs").read_text()
+    known = set(re.findall(r'"(NARAD_[A-Z0-9_]+)"', src))
+    assert "NARAD_HTTP_METRICS_ADDR" in known and "NARAD_ADMIN_PASSWORD" in known, "source scan found too little"
+    renders = [render(), render("metrics.enabled=false", "security.enabled=false"), render(values=[EVERYTHING])]
+    for objs in renders:
+        (st,) = [o for k, o in objs.items() if k[0] == "StatefulSet"]
+        for name in env_names(st["spec"]["template"]["spec"]["containers"][0]):
+            if name.startswith("NARAD_"):
+                assert name in known, f"{name} is rendered but src/config.rs does not read it"
+            assert name != "NARAD_CLUSTER_PEERS", "NARAD_CLUSTER_PEERS rendered: this build refuses it"
+
+
+@check
+def notes_name_the_service_pods_and_commands():
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = pathlib.Path(tmp) / "narad"
+        shutil.copytree(CHART, chart)
+        # helm template skips NOTES.txt: render it through a wrapper template in a copy of the chart.
+        shutil.copy(chart / "templates" / "NOTES.txt", chart / "notes-under-test.txt")
+        (chart / "templates" / "zz-notes-under-test.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes-under-test}\n"
+            'data:\n  notes: {{ tpl (.Files.Get "notes-under-test.txt") . | quote }}\n'
+        )
+        notes = render(chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+        for want in [
+            "http://narad.narad.svc.cluster.local:7942",
+            "narad-0.narad-headless.narad.svc.cluster.local",
+            "kubectl -n narad rollout status statefulset/narad",
+            "kubectl -n narad port-forward svc/narad 7942:7942",
+            "curl -s localhost:7942/healthz",
+            "curl -s localhost:7942/readyz",
+            "curl -s localhost:9100/metrics",
+        ]:
+            assert want in notes, f"NOTES.txt lacks {want!r}:\n{notes}"
+        notes = render("metrics.enabled=false", "clusterDomain=k8s.internal", chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+        for want in ["narad-0.narad-headless.narad.svc.k8s.internal", "localhost:7942/metrics"]:
+            assert want in notes, f"NOTES.txt (metrics off) lacks {want!r}:\n{notes}"
+
+
+# ---- The rendered pod command line against the real binary ----
+
+
+def free_ports(n):
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def http_get(url, auth=None):
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def loopback(addr):
+    """':7942' binds every interface in the pod; the test binds loopback only."""
+    return "127.0.0.1" + addr if addr.startswith(":") else addr
+
+
+def boot(sets=(), values=(), secret=None, set_json=()):
+    """Runs the rendered container's command line and environment, resolving what the kubelet
+    would (fieldRefs, $(POD_NAME), the Secret's keys from `secret`, the ConfigMap file) and moving
+    /var/lib/narad to a temporary directory. Returns (objects, container, process, tmp dir, ports
+    by container port name)."""
+    api, cluster, metrics, pprof = free_ports(4)
+    objs = render(
+        *sets,
+        f"service.ports.api={api}", f"service.ports.cluster={cluster}",
+        f"service.ports.metrics={metrics}", f"service.ports.pprof={pprof}",
+        values=values, set_json=set_json,
+    )
+    (st,) = [o for k, o in objs.items() if k[0] == "StatefulSet"]
+    c = st["spec"]["template"]["spec"]["containers"][0]
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="narad-helm-"))
+    data = tmp / "data"
+    data.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp)}
+    pod_name = st["metadata"]["name"] + "-0"
+    for e in c["env"]:
+        if "value" in e:
+            v = e["value"]
+            env[e["name"]] = loopback(v) if e["name"].endswith("_ADDR") else v
+            continue
+        src = e["valueFrom"]
+        if "fieldRef" in src:
+            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": NS}[src["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in src:
+            ref = src["secretKeyRef"]
+            if secret and ref["key"] in secret:
+                env[e["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{e['name']}: required Secret key {ref['key']} absent"
+        else:
+            raise AssertionError(f"unexpected valueFrom {src}")
+    args = []
+    for a in c["args"]:
+        a = a.replace("$(POD_NAME)", env["POD_NAME"])
+        if a == "--data-dir=/var/lib/narad":
+            a = f"--data-dir={data}"
+        elif a.startswith("--addr="):
+            a = "--addr=" + loopback(a[len("--addr="):])
+        elif a == "--config=/etc/narad/narad.json":
+            (cm,) = [o for k, o in objs.items() if k[0] == "ConfigMap"]
+            (tmp / "narad.json").write_text(cm["data"]["narad.json"])
+            a = f"--config={tmp / 'narad.json'}"
+        args.append(a)
+    log = open(tmp / "log", "w")
+    proc = subprocess.Popen([str(BIN)] + args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    deadline = time.monotonic() + BOOT_WAIT_S
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"narad exited with {proc.returncode}: {(tmp / 'log').read_text()[-2000:]}")
+        try:
+            if http_get(f"http://127.0.0.1:{api}/readyz")[0] == 200:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            stop(proc)
+            raise AssertionError(f"not ready after {BOOT_WAIT_S}s: {(tmp / 'log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return objs, c, proc, tmp, ports
+
+
+def stop(proc):
+    """SIGTERM, as the kubelet sends it; returns the exit status."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=STOP_WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_WAIT_S)
+        raise AssertionError(f"narad ignored SIGTERM for {STOP_WAIT_S}s")
+
+
+def probe_and_scrape(objs, c, ports):
+    """GETs each rendered probe on its port, and scrapes where the pod annotations point."""
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        g = c[probe]["httpGet"]
+        status, body = http_get(f"http://127.0.0.1:{ports[g['port']]}{g['path']}")
+        eq(status, 200, f"{probe} {g} answer ({body.strip()})")
+    ann = next(o for k, o in objs.items() if k[0] == "StatefulSet")["spec"]["template"]["metadata"].get("annotations", {})
+    if ann.get("prometheus.io/scrape") == "true":
+        status, body = http_get(f"http://127.0.0.1:{ann['prometheus.io/port']}{ann['prometheus.io/path']}")
+        eq(status, 200, "scrape status")
+        assert re.search(r"^narad_", body, re.M), f"no narad_ series in the scrape: {body[:300]!r}"
+
+
+def with_booted(fn, *args, **kwargs):
+    objs, c, proc, tmp, ports = boot(*args, **kwargs)
+    try:
+        fn(objs, c, ports, tmp)
+    finally:
+        try:
+            code = stop(proc)
+        finally:
+            log = (tmp / "log").read_text()
+            shutil.rmtree(tmp, ignore_errors=True)
+    eq(code, 0, f"exit status after SIGTERM (log tail: {log[-1000:]!r})")
+
+
+@check
+def default_pod_starts_the_binary():
+    def run(objs, c, ports, tmp):
+        probe_and_scrape(objs, c, ports)
+        # Security on without the Secret's optional key: the broker generated the root password.
+        pw = (tmp / "data" / "admin-password").read_text().strip()
+        eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics")[0], 401, "topics without credentials")
+        eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics", auth=f"admin:{pw}")[0], 200, "topics as admin")
+
+    with_booted(run)
+
+
+@check
+def everything_pod_starts_the_binary():
+    def run(objs, c, ports, tmp):
+        probe_and_scrape(objs, c, ports)
+        assert not (tmp / "data" / "admin-password").exists(), "password generated although the Secret key was given"
+        eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics", auth="admin:from-the-secret")[0], 200, "topics as admin")
+
+    with_booted(run, values=[EVERYTHING], secret={"admin-password": "from-the-secret"})
+
+
+@check
+def insecure_pod_without_metrics_starts_the_binary():
+    def run(objs, c, ports, tmp):
+        assert "metrics" not in ports, ports
+        probe_and_scrape(objs, c, ports)
+        eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics")[0], 200, "topics without credentials")
+
+    with_booted(run, sets=["metrics.enabled=false", "security.enabled=false"])
+
+
+def main():
+    sys.stdout.reconfigure(line_buffering=True)
+    print(f"chart {CHART}, binary {BIN}")
+    if not BIN.exists():
+        print(f"FAIL: {BIN} does not exist (cargo build --bin narad, or set NARAD_BIN)")
+        return 1
+    failed = 0
+    for fn in CHECKS:
+        t = time.monotonic()
+        try:
+            fn()
+            print(f"ok   {fn.__name__} ({time.monotonic() - t:.1f}s)")
+        except Exception as e:  # every check runs; each failure is reported
+            failed += 1
+            print(f"FAIL {fn.__name__}: {e}")
+            if not isinstance(e, (AssertionError, RenderError)):
+                traceback.print_exc(file=sys.stdout)
+    print(f"{len(CHECKS) - failed}/{len(CHECKS)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
