@@ -330,7 +330,9 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
     }
 }
 
-pub fn list(node: &Rc<Node>, req: &Request) -> Response {
+/// A page of topics in name order; `readable` drops the caller's unreadable topics after the
+/// page is cut (API.md §6.2: a page may be short while `next_page_token` is set).
+pub fn list(node: &Rc<Node>, req: &Request, readable: &dyn Fn(&TopicMeta) -> bool) -> Response {
     let q = Params::new(&req.query);
     let limit = match tri!(q.str("limit")) {
         None => 100,
@@ -363,7 +365,7 @@ pub fn list(node: &Rc<Node>, req: &Request) -> Response {
     json(
         200,
         &Page {
-            topics: page.into_iter().map(view).collect(),
+            topics: page.into_iter().filter(|t| readable(t)).map(view).collect(),
             next_page_token: next,
         },
     )
