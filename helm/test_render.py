@@ -193,7 +193,9 @@ def default_statefulset():
     eq(p["automountServiceAccountToken"], False, "pod automountServiceAccountToken")
     eq(p["securityContext"]["fsGroup"], 10001, "fsGroup")
     eq(p["securityContext"]["fsGroupChangePolicy"], "OnRootMismatch", "fsGroupChangePolicy")
-    eq(p["securityContext"]["seccompProfile"]["type"], "Localhost", "seccompProfile")
+    eq(p["securityContext"]["seccompProfile"], {"type": "Localhost", "localhostProfile": "profiles/narad-seccomp.json"}, "seccompProfile")
+    # The profile the values name is the one the chart ships (helm/seccomp_check.py tests its rules).
+    assert (CHART / "files" / "narad-seccomp.json").is_file(), "files/narad-seccomp.json missing"
     assert "volumes" not in p, f"default pod has volumes: {p.get('volumes')}"
     c = container(objs)
     eq(c["image"], "ghcr.io/debanganthakuria/narad:latest", "image")
