@@ -124,8 +124,10 @@ pub fn run(config: Config) -> Result<(), String> {
                 body_budget,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
-            if r.is_err() {
-                // One shard failing takes the node down instead of leaving it half served.
+            if let Err(e) = &r {
+                // One shard failing takes the node down instead of leaving it half served; say
+                // why now, not only once every other shard has stopped.
+                tracing::error!(shard = id.0, error = %e, "shard failed; the node stops");
                 shutdown.trigger();
             }
             r
@@ -148,7 +150,9 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
 /// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
-/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks).
+/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks);
+/// `NARAD_TEST_RAFT_SNAPSHOT_LOGS`: the metadata group builds a snapshot after this many entries
+/// (default 8192).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -205,12 +209,11 @@ async fn shard_main(
         ^ u64::from(std::process::id());
     let host = Host::new(log, recovered, seed);
     let meta_node = if id.0 == 0 {
-        let mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
-        Some(
-            MetaNode::start(mc)
-                .await
-                .map_err(|e| format!("metadata store: {e}"))?,
-        )
+        let mut mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
+        if let Some(n) = test_knob("NARAD_TEST_RAFT_SNAPSHOT_LOGS") {
+            mc.snapshot_logs_since_last = n.max(1);
+        }
+        Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
     } else {
         None
     };
@@ -242,6 +245,12 @@ async fn shard_main(
     } else {
         let start = std::time::Instant::now();
         while !node.meta_installed() {
+            if shutdown.is_triggered() {
+                return Err(format!(
+                    "shard {}: stopped before the metadata arrived",
+                    id.0
+                ));
+            }
             if start.elapsed() > META_WAIT_MAX {
                 return Err(format!(
                     "shard {}: no metadata from shard 0 after {META_WAIT_MAX:?}",

@@ -118,3 +118,45 @@ fn metrics_listener_answers_shutting_down_while_requests_drain() {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["payload"], "half-sent-body");
 }
+
+#[test]
+fn a_shard_failing_at_start_stops_the_node_at_once_with_the_reason() {
+    // Proves a start-up failure of shard 0 (here: its metadata store cannot be opened, because
+    // `metastore` is a file) ends the process promptly with status 2 and the reason, logged when
+    // it happens. Before, the other shards waited up to a minute for metadata that could never
+    // come, and the reason was printed only then.
+    let dir = common::TempDir::new("boot-fail");
+    let data = dir.0.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("metastore"), b"not a directory").unwrap();
+    let port = common::free_port_pair();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
+        .args(["server", "start", "--dev", "--port", &port.to_string()])
+        .arg("--data-dir")
+        .arg(&data)
+        .env("NARAD_SHARDS", "2")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if t0.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("shard failed; the node stops") && stderr.contains("metadata store"),
+        "{stderr}"
+    );
+}
