@@ -724,6 +724,8 @@ fn schema_rejections_are_counted_by_reason() {
     // busy 0, with nothing left in flight; on every shard's connection alike (node-wide merge).
     // Also `narad_produce_rejections_total{reason="schema"}` 3 for the topic (a refused batch
     // counts once more), and `{reason="delayed_child"}` for a direct produce to a delay child.
+    // `narad_schema_validation_seconds` times only validations under the slot: none for these
+    // small payloads, one for a valid 20 KiB payload.
     let dir = TempDir::new("m-schema");
     let s = Server::start(&dir);
     let mut c = s.client();
@@ -764,7 +766,17 @@ fn schema_rejections_are_counted_by_reason() {
         };
         assert_eq!(rejected("schema"), 3.0);
         assert_eq!(rejected("delayed_child"), 0.0);
+        assert_eq!(m.sum("narad_schema_validation_seconds_count", &[]), 0.0);
     }
+    let big = format!(r#"{{"id":"{}"}}"#, "x".repeat(20 << 10));
+    let r = c.post_client("/v1/topics/pay/produce", big.as_bytes());
+    assert_eq!(r.status, 202, "{}", r.text());
+    let m = scrape(&mut c);
+    assert_eq!(m.types["narad_schema_validation_seconds"], "histogram");
+    assert_eq!(m.sum("narad_schema_validation_seconds_count", &[]), 1.0);
+    let took = m.sum("narad_schema_validation_seconds_sum", &[]);
+    assert!(took > 0.0 && took < 5.0, "{took}");
+    assert_eq!(m.sum("narad_schema_validations_total", &[]), 5.0);
     let r = c.post_json(
         "/v1/topics/pay/produce/batch",
         r#"{"messages":[{"payload":{"id":"ok"}},{"payload":{"id":2}}]}"#,
@@ -796,8 +808,9 @@ fn fanout_copies_and_lag_are_exported() {
     // Proves the §9.4 local fan-out series: with an immediate child and a child delayed 60 s
     // attached to a 3-partition parent, 20 produces give `narad_fanout_committed_total` 20 (only
     // the immediate child copies), lag 0 for it and 20 for the delayed child (one series per
-    // (parent, child)), and no dropped, unreadable or failed copies. Also that the auth gauge
-    // is exported (0: security is off).
+    // (parent, child)), copied-batch histograms holding those 20 records and their bytes, and no
+    // dropped, unreadable or failed copies. Also that the auth gauge is exported (0: security
+    // is off) and `narad_colocated_child_partitions` counts the children's partitions.
     let dir = TempDir::new("m-fanout");
     let s = Server::start(&dir);
     let mut c = s.client();
@@ -807,6 +820,8 @@ fn fanout_copies_and_lag_are_exported() {
     let m = scrape(&mut c);
     assert_eq!(m.count("narad_fanout_lag_messages"), 0, "no links yet");
     assert_eq!(m.sum("narad_fanout_committed_total", &[]), 0.0);
+    assert_eq!(m.sum("narad_fanout_batch_records_count", &[]), 0.0);
+    assert_eq!(m.sum("narad_colocated_child_partitions", &[]), 0.0);
     for (child, delay) in [("kid", 0), ("late", 60_000)] {
         let r = c.post_json(
             "/v1/topics/par/children",
@@ -840,6 +855,16 @@ fn fanout_copies_and_lag_are_exported() {
     assert_eq!(m.types["narad_fanout_child_dropped_messages"], "counter");
     assert_eq!(m.count("narad_auth_verify_queued"), 1);
     assert_eq!(m.sum("narad_auth_verify_queued", &[]), 0.0);
+    // Copied batches: every record in one of them; payloads are `{}` (2 bytes).
+    assert_eq!(m.sum("narad_fanout_batch_records_sum", &[]), 20.0);
+    let batches = m.sum("narad_fanout_batch_records_count", &[]);
+    assert!((1.0..=20.0).contains(&batches), "{batches}");
+    assert_eq!(m.sum("narad_fanout_batch_bytes_count", &[]), batches);
+    assert_eq!(m.sum("narad_fanout_batch_bytes_sum", &[]), 40.0);
+    assert_eq!(m.types["narad_fanout_batch_records"], "histogram");
+    assert_eq!(m.types["narad_fanout_batch_bytes"], "histogram");
+    // Both children's 3 partitions sit with the parent's partition of the same index.
+    assert_eq!(m.sum("narad_colocated_child_partitions", &[]), 6.0);
     // The copies are in the child: its consumers see them.
     let r = c.get("/v1/topics/kid/consume");
     assert_eq!(r.status, 200, "{}", r.text());
@@ -902,4 +927,339 @@ fn oversized_bodies_are_counted_under_their_route_and_method() {
         m.sum("narad_http_requests_total", &[("method", "OTHER")]),
         0.0
     );
+}
+
+/// A server on a fresh data directory with the test knobs `knobs` (name, value).
+fn start_with_knobs(dir: &TempDir, knobs: &[(&str, &str)]) -> Server {
+    let env = knobs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Server::start_with(dir.0.join("data"), env)
+}
+
+#[test]
+fn storage_series_follow_writes_checkpoints_and_retention() {
+    // Proves the §9.5 per-partition series: segment writes (flush) count with their frame bytes,
+    // which with the 40-byte segment headers make up the partition's size; checkpoints (every
+    // 50 ms here) time the partition's fsyncs and its high-watermark persist (outcome ok, no
+    // error); retention (1 h, judged with the clock 2 h ahead, every 100 ms) deletes the sealed
+    // segments of the partition it applies to and counts exactly the offsets it deleted, the
+    // bytes and one timed pass per run, and a topic kept forever has no retention pass. A
+    // partition never written has counters at 0 and no histograms.
+    let dir = TempDir::new("m-storage");
+    let s = start_with_knobs(
+        &dir,
+        &[
+            ("NARAD_TEST_PARTITION_SEGMENT_BYTES", "65536"),
+            ("NARAD_TEST_RETENTION_INTERVAL_MS", "100"),
+            ("NARAD_TEST_RETENTION_CLOCK_SKEW_MS", "7200000"),
+            ("NARAD_TEST_CHECKPOINT_INTERVAL_MS", "50"),
+        ],
+    );
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"logs","partitions":3,"retention_ms":3600000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"keep","partitions":3,"retention_ms":0}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000));
+    for _ in 0..400 {
+        let r = c.post_client("/v1/topics/logs/produce?partition=0", body.as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    for _ in 0..5 {
+        let r = c.post_client("/v1/topics/keep/produce?partition=0", body.as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let p = |t: &'static str, n: &'static str| [("topic", t), ("partition", n)];
+    // Retention leaves only the active segment; a checkpoint ran after the last write.
+    let m = scrape_until(
+        &mut c,
+        "retention down to one segment and a checkpoint",
+        |m| {
+            m.sum("narad_segments", &p("logs", "0")) == 1.0
+                && m.sum(
+                    "narad_storage_retention_messages_deleted_total",
+                    &p("logs", "0"),
+                ) > 0.0
+                && m.sum(
+                    "narad_storage_high_watermark_persist_duration_seconds_count",
+                    &p("keep", "0"),
+                ) >= 1.0
+        },
+    );
+    let v = c.get("/v1/topics/logs?partition=0").json();
+    let oldest = v["partition_stats"][0]["oldest_offset"].as_u64().unwrap();
+    assert!(oldest > 0, "{v}");
+    // Samples match when their labels include these (`reason="age"` on the retention counters).
+    let logs0 = |name: &str| m.sum(name, &p("logs", "0"));
+    assert!(m
+        .samples
+        .iter()
+        .filter(|s| s.name.starts_with("narad_storage_retention_") && s.name.ends_with("_total"))
+        .all(|s| s.labels.get("reason").map(String::as_str) == Some("age")));
+    assert_eq!(
+        logs0("narad_storage_retention_messages_deleted_total"),
+        oldest as f64,
+        "every offset below the oldest one was deleted by retention"
+    );
+    let deleted = logs0("narad_storage_retention_bytes_deleted_total");
+    assert!(deleted >= oldest as f64 * 1000.0, "{deleted} for {oldest}");
+    assert!(logs0("narad_storage_retention_run_duration_seconds_count") >= 1.0);
+    let flushed = logs0("narad_storage_flush_bytes_total");
+    assert!(flushed >= 400.0 * 1000.0, "{flushed}");
+    let writes = logs0("narad_storage_flush_duration_seconds_count");
+    assert!((1.0..=400.0).contains(&writes), "{writes}");
+    assert!(logs0("narad_storage_fsync_duration_seconds_count") >= 1.0);
+    // Without retention the written frames and the headers are the partition's whole size.
+    let keep0 = p("keep", "0");
+    let headers = 40.0 * m.sum("narad_segments", &keep0);
+    assert_eq!(
+        m.sum("narad_storage_flush_bytes_total", &keep0) + headers,
+        m.sum("narad_partition_size_bytes", &keep0)
+    );
+    assert!(m.sum("narad_storage_flush_bytes_total", &keep0) >= 5000.0);
+    assert!(m.sum("narad_storage_fsync_duration_seconds_count", &keep0) >= 1.0);
+    let persist = "narad_storage_high_watermark_persist_duration_seconds_count";
+    let outcome = |t, o| m.sum(persist, &[("topic", t), ("partition", "0"), ("outcome", o)]);
+    assert!(outcome("keep", "ok") >= 1.0);
+    assert!(outcome("logs", "ok") >= 1.0);
+    assert_eq!(outcome("keep", "error") + outcome("logs", "error"), 0.0);
+    assert_eq!(
+        m.sum("narad_storage_retention_run_duration_seconds_count", &keep0),
+        0.0,
+        "retention_ms 0 keeps forever: no pass"
+    );
+    assert_eq!(
+        m.sum(
+            "narad_storage_retention_bytes_deleted_total",
+            &[("topic", "keep")]
+        ),
+        0.0
+    );
+    // A partition never written: zero counters, no histogram series.
+    let logs2 = p("logs", "2");
+    assert_eq!(m.sum("narad_storage_flush_bytes_total", &logs2), 0.0);
+    assert!(!m.samples.iter().any(
+        |s| s.name.starts_with("narad_storage_flush_duration_seconds")
+            && s.labels.get("topic").map(String::as_str) == Some("logs")
+            && s.labels.get("partition").map(String::as_str) == Some("2")
+    ));
+    assert_eq!(m.count("narad_storage_flush_bytes_total"), 6);
+    assert_eq!(m.count("narad_storage_retention_messages_deleted_total"), 6);
+    for (name, ty) in [
+        ("narad_storage_flush_duration_seconds", "histogram"),
+        ("narad_storage_fsync_duration_seconds", "histogram"),
+        (
+            "narad_storage_high_watermark_persist_duration_seconds",
+            "histogram",
+        ),
+        ("narad_storage_retention_run_duration_seconds", "histogram"),
+        ("narad_storage_flush_bytes_total", "counter"),
+        ("narad_storage_retention_bytes_deleted_total", "counter"),
+        ("narad_storage_retention_messages_deleted_total", "counter"),
+    ] {
+        assert_eq!(m.types[name], ty, "{name}");
+    }
+    let storage_errors = m.sum("narad_errors_total", &[("component", "storage")]);
+    assert_eq!(storage_errors, 0.0);
+}
+
+#[test]
+fn oldest_unconsumed_age_grows_until_the_oldest_is_acked() {
+    // Proves `narad_oldest_unconsumed_message_age_seconds{topic,partition}` (§9.2): the age of the
+    // oldest record not yet acked grows while it waits, stays while it is only leased and while
+    // a newer record is acked ahead of it, and drops to 0 once it is acked; partitions with
+    // nothing waiting report 0.
+    let dir = TempDir::new("m-oldest");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("q", 3);
+    let age = |m: &Exposition, p: &'static str| {
+        m.sum(
+            "narad_oldest_unconsumed_message_age_seconds",
+            &[("topic", "q"), ("partition", p)],
+        )
+    };
+    let m = scrape(&mut c);
+    assert_eq!(m.count("narad_oldest_unconsumed_message_age_seconds"), 3);
+    assert_eq!(age(&m, "1"), 0.0);
+    assert_eq!(
+        m.types["narad_oldest_unconsumed_message_age_seconds"],
+        "gauge"
+    );
+    for body in [&b"first"[..], b"second"] {
+        let r = c.post_client("/v1/topics/q/produce?partition=1", body);
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let m = scrape(&mut c);
+    let waited = age(&m, "1");
+    assert!((1.0..60.0).contains(&waited), "{waited}");
+    assert_eq!(age(&m, "0") + age(&m, "2"), 0.0);
+    std::thread::sleep(Duration::from_millis(300));
+    let m = scrape(&mut c);
+    assert!(
+        age(&m, "1") >= waited + 0.25,
+        "{} after {waited}",
+        age(&m, "1")
+    );
+
+    let handle = |r: &common::Resp| r.json()["receipt_handle"].as_str().unwrap().to_string();
+    let first = c.get("/v1/topics/q/consume?partition=1");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let second = c.get("/v1/topics/q/consume?partition=1");
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(second.json()["offset"], 1);
+    let ack = |c: &mut Client, h: &str| {
+        let r = c.post_client(&format!("/v1/topics/q/ack?receipt_handle={h}"), b"");
+        assert_eq!(r.status, 204, "{}", r.text());
+    };
+    // Leased is not acked; the newer record acked ahead leaves the older one waiting.
+    ack(&mut c, &handle(&second));
+    let m = scrape(&mut c);
+    assert!(age(&m, "1") >= waited, "{}", age(&m, "1"));
+    ack(&mut c, &handle(&first));
+    let m = scrape(&mut c);
+    assert_eq!(age(&m, "1"), 0.0);
+    assert_eq!(m.sum("narad_consumer_lag_messages", &[("topic", "q")]), 0.0);
+}
+
+#[test]
+fn metastore_snapshots_are_measured() {
+    // Proves the §9.6 metastore series: before any snapshot its size and duration are 0; with
+    // the metadata group snapshotting every 3 entries (test knob), creating topics writes one
+    // whose size is the size of `metastore/snapshot.json` and whose duration is above 0, with no
+    // failure, no apply error, and the group still applying.
+    let dir = TempDir::new("m-snapshot");
+    let plain = Server::start(&dir);
+    let m = scrape(&mut plain.client());
+    assert_eq!(m.sum("narad_metastore_snapshot_bytes", &[]), 0.0);
+    assert_eq!(m.sum("narad_metastore_snapshot_duration_seconds", &[]), 0.0);
+    drop(plain);
+
+    let dir = TempDir::new("m-snapshot-3");
+    let s = start_with_knobs(&dir, &[("NARAD_TEST_RAFT_SNAPSHOT_LOGS", "3")]);
+    let mut c = s.client();
+    for i in 0..6 {
+        c.create_topic(&format!("t{i}"), 3);
+    }
+    let file = s.data_dir().join("metastore").join("snapshot.json");
+    let m = scrape_until(&mut c, "a metadata snapshot", |m| {
+        let bytes = m.sum("narad_metastore_snapshot_bytes", &[]);
+        bytes > 0.0 && std::fs::metadata(&file).is_ok_and(|f| f.len() as f64 == bytes)
+    });
+    assert!(m.sum("narad_metastore_snapshot_duration_seconds", &[]) > 0.0);
+    assert_eq!(m.sum("narad_metastore_snapshot_failures_total", &[]), 0.0);
+    assert_eq!(
+        m.sum("narad_metastore_apply_errors_total", &[("kind", "storage")]),
+        0.0
+    );
+    assert_eq!(m.count("narad_metastore_apply_errors_total"), 1);
+    assert_eq!(m.sum("narad_metastore_apply_stopped", &[]), 0.0);
+    for (name, ty) in [
+        ("narad_metastore_snapshot_bytes", "gauge"),
+        ("narad_metastore_snapshot_duration_seconds", "gauge"),
+        ("narad_metastore_snapshot_failures_total", "counter"),
+        ("narad_metastore_apply_errors_total", "counter"),
+        ("narad_metastore_apply_stopped", "gauge"),
+    ] {
+        assert_eq!(m.types[name], ty, "{name}");
+    }
+}
+
+#[test]
+fn node_health_errors_and_single_node_cluster_series() {
+    // Proves on a secured node with `remotes.allowed_hosts` set: `narad_remotes_allowlist_configured`
+    // 1 (0 on a dev node), `narad_errors_total{component="http",kind="5xx"}` counts a 501 (the
+    // remote-child attach this build answers so) and nothing for 4xx, the storage kinds stay 0;
+    // `narad_orphan_topic_dirs` counts a topic directory whose topic the metadata does not know
+    // and not the directories of live topics; and the single-node values of the cluster series
+    // (no moves, no decommission reasons, no dispatch backlog, no remotes over plaintext Raft).
+    let dir = TempDir::new("m-health");
+    let dev = Server::start(&dir);
+    let m = scrape(&mut dev.client());
+    assert_eq!(m.sum("narad_remotes_allowlist_configured", &[]), 0.0);
+    drop(dev);
+
+    let pw = "metrics-admin-password-1";
+    let env = vec![
+        ("NARAD_ADMIN_PASSWORD".to_string(), pw.to_string()),
+        (
+            "NARAD_HTTP_METRICS_UNAUTHENTICATED".to_string(),
+            "true".to_string(),
+        ),
+        (
+            "NARAD_REMOTES_ALLOWED_HOSTS".to_string(),
+            "narad.example.com".to_string(),
+        ),
+    ];
+    let dir = TempDir::new("m-health-secure");
+    let s = Server::start_secure(dir.0.join("data"), env);
+    let mut c = s.client();
+    let auth = common::basic_auth("admin", pw);
+    let admin = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
+    let r = c.request("POST", "/v1/topics", &admin, br#"{"name":"rp"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.request(
+        "POST",
+        "/v1/topics/rp/produce",
+        &[("Authorization", auth.as_str()), ("X-Narad-Client", "t")],
+        b"x",
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(c.get("/v1/topics").status, 401);
+    let m = scrape(&mut c);
+    let errors = |m: &Exposition, component, kind| {
+        m.sum(
+            "narad_errors_total",
+            &[("component", component), ("kind", kind)],
+        )
+    };
+    assert_eq!(errors(&m, "http", "5xx"), 0.0, "a 401 is not an error");
+    assert_eq!(m.sum("narad_remotes_allowlist_configured", &[]), 1.0);
+    assert_eq!(m.sum("narad_orphan_topic_dirs", &[]), 0.0, "rp is live");
+    let r = c.request(
+        "POST",
+        "/v1/topics/rp/children",
+        &admin,
+        br#"{"child":"rp-to-b","remote":"b"}"#,
+    );
+    assert_eq!(r.status, 501, "{}", r.text());
+    std::fs::create_dir_all(s.data_dir().join("topics").join("00000000deadbeef")).unwrap();
+    let m = scrape(&mut c);
+    assert_eq!(errors(&m, "http", "5xx"), 1.0);
+    for kind in ["fsync_poisoned", "checkpoint", "retention_unlink"] {
+        assert_eq!(errors(&m, "storage", kind), 0.0, "{kind}");
+    }
+    assert_eq!(m.count("narad_errors_total"), 4);
+    assert_eq!(m.types["narad_errors_total"], "counter");
+    assert_eq!(m.sum("narad_orphan_topic_dirs", &[]), 1.0);
+    // A node that is its whole cluster.
+    for name in [
+        "narad_remotes_plaintext_raft",
+        "narad_ingress_dispatch_backlog_records",
+        "narad_moves_inflight",
+        "narad_moves_total",
+        "narad_moves_bytes_total",
+        "narad_moves_blocked",
+        "narad_moves_duration_seconds_count",
+    ] {
+        assert!(m.count(name) >= 1, "{name} missing");
+        assert_eq!(m.sum(name, &[]), 0.0, "{name}");
+    }
+    assert_eq!(m.count("narad_moves_blocked"), 4);
+    assert_eq!(m.count("narad_moves_total"), 2);
+    assert_eq!(m.types["narad_decommission_blocked"], "gauge");
+    assert_eq!(m.count("narad_decommission_blocked"), 0, "no node drains");
+    assert_eq!(m.sum("narad_colocated_child_partitions", &[]), 0.0);
 }

@@ -58,7 +58,8 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{self, WalPosition, WalRecord};
 use crate::partition::{
-    self, frame, EncodedBatch, PartitionLog, PartitionStats, ScanReport, SyncError, SyncWork,
+    self, frame, EncodedBatch, PartitionIoStats, PartitionLog, PartitionStats, ScanReport,
+    SyncError, SyncTimes, SyncWork,
 };
 use crate::rt::{oneshot, Notify, Task};
 use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
@@ -154,6 +155,16 @@ pub struct RecoveredPartition {
     pub next_offset: Offset,
     pub oldest_offset: Offset,
     pub settled: Settled,
+}
+
+/// Storage work of this shard log that failed and is not a partition's own figure
+/// (`narad_errors_total{component="storage"}`), since the log was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogFailures {
+    /// Checkpoints that failed (retried at the next one, or the log stopped).
+    pub checkpoints: u64,
+    /// Retention passes over a topic that failed to delete a file.
+    pub retention: u64,
 }
 
 /// What `open` found and did.
@@ -279,6 +290,7 @@ struct Inner {
     callbacks: RefCell<Vec<Rc<CommitCallback>>>,
     checkpoint_running: Cell<bool>,
     checkpoint_done: Notify,
+    failures: Cell<LogFailures>,
 }
 
 /// Wake-ups shared with the committer without keeping the log alive.
@@ -487,6 +499,7 @@ impl ShardLog {
             callbacks: RefCell::new(Vec::new()),
             checkpoint_running: Cell::new(false),
             checkpoint_done: Notify::new(),
+            failures: Cell::new(LogFailures::default()),
         });
         let signals = Rc::new(Signals {
             work: Notify::new(),
@@ -762,7 +775,13 @@ impl ShardLog {
             .values_mut()
             .filter(|p| p.key().topic == topic)
         {
-            deleted += p.enforce_retention(retention_ms, now)?;
+            match p.enforce_retention(retention_ms, now) {
+                Ok(n) => deleted += n,
+                Err(e) => {
+                    count_failure(&self.inner, |f| f.retention += 1);
+                    return Err(e.into());
+                }
+            }
         }
         Ok(deleted)
     }
@@ -824,6 +843,33 @@ impl ShardLog {
         self.inner.wal.stats()
     }
 
+    /// What the storage work of partition `key` cost since its log was opened here (`None` when
+    /// this shard holds no log for it).
+    pub fn io_stats(&self, key: PartitionKey) -> Option<PartitionIoStats> {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)
+            .map(PartitionLog::io_stats)
+    }
+
+    /// Commit time of the record at `offset` of partition `key` (see
+    /// [`PartitionLog::commit_ms_at`]): one read of that record from the segment file.
+    pub fn commit_ms_at(&self, key: PartitionKey, offset: Offset) -> Option<UnixMillis> {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .get(&key)?
+            .commit_ms_at(offset)
+    }
+
+    /// Checkpoints and retention passes of this log that failed, since it was opened.
+    pub fn failures(&self) -> LogFailures {
+        self.inner.failures.get()
+    }
+
     /// Bytes of offset index held in memory by this shard's partitions.
     pub fn index_bytes(&self) -> usize {
         self.inner
@@ -834,6 +880,12 @@ impl ShardLog {
             .map(PartitionLog::index_bytes)
             .sum()
     }
+}
+
+fn count_failure(inner: &Inner, f: impl FnOnce(&mut LogFailures)) {
+    let mut v = inner.failures.get();
+    f(&mut v);
+    inner.failures.set(v);
 }
 
 fn poison(inner: &Inner, why: String) {
@@ -853,7 +905,12 @@ async fn run_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(), 
         done.await;
     }
     inner.checkpoint_running.set(true);
+    // A log that already stopped refuses checkpoints: not a new failure.
+    let poisoned_before = inner.state.borrow().poisoned.is_some() || inner.wal.poisoned().is_some();
     let r = checkpoint_once(inner, signals).await;
+    if r.is_err() && !poisoned_before {
+        count_failure(inner, |f| f.checkpoints += 1);
+    }
     inner.checkpoint_running.set(false);
     inner.checkpoint_done.notify_waiters();
     r
@@ -880,14 +937,29 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
         (upto, works)
     };
     if !works.is_empty() {
-        let synced = glommio::executor()
-            .spawn_blocking(move || -> Result<(), SyncError> {
+        let (times, synced) = glommio::executor()
+            .spawn_blocking(move || {
+                let mut times: Vec<(PartitionKey, SyncTimes, bool)> =
+                    Vec::with_capacity(works.len());
                 for w in works {
-                    w.run()?;
+                    let key = w.key();
+                    let (t, r) = w.run_timed();
+                    times.push((key, t, r.is_ok()));
+                    if let Err(e) = r {
+                        return (times, Err(e));
+                    }
                 }
-                Ok(())
+                (times, Ok(()))
             })
             .await;
+        {
+            let mut st = inner.state.borrow_mut();
+            for (key, t, ok) in times {
+                if let Some(p) = st.partitions.get_mut(&key) {
+                    p.record_sync(t, ok);
+                }
+            }
+        }
         match synced {
             Ok(()) => {}
             // Nothing replaced, WAL not released: retry at the next checkpoint.

@@ -1,6 +1,8 @@
-//! Per-shard I/O statistics for `/metrics` that the storage types do not keep themselves: today
-//! the latency of every WAL `fdatasync`, in fixed buckets with a running sum, so that it can be
-//! exposed as a Prometheus histogram (`_bucket`, `_sum`, `_count`).
+//! Per-shard I/O statistics for `/metrics` that the storage types do not keep themselves: the
+//! latency of every WAL `fdatasync`, in fixed buckets with a running sum, so that it can be
+//! exposed as a Prometheus histogram (`_bucket`, `_sum`, `_count`). Also [`Durations`], the
+//! fixed-bucket histogram the storage types embed for their own timings (a partition's segment
+//! writes, its share of a checkpoint, its retention passes).
 //!
 //! Owns: one thread-local set of plain `Cell` counters per executor thread, that is per shard (a
 //! shard is one thread). Recording is a bucket search over a small fixed array and two `Cell`
@@ -19,6 +21,35 @@ pub const FSYNC_BUCKET_BOUNDS_US: [u64; 15] = [
 ];
 
 const FSYNC_BUCKETS: usize = FSYNC_BUCKET_BOUNDS_US.len() + 1;
+
+/// Upper bounds, in microseconds, of [`Durations`]: 5 µs (a page-cache write) to 10 s; one more
+/// bucket counts everything above.
+pub const DURATION_BOUNDS_US: [u64; 19] = [
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 10_000_000,
+];
+
+/// Durations in the buckets of [`DURATION_BOUNDS_US`] with their sum: a plain value embedded in
+/// whatever owns the timed work (no allocation, no atomics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durations {
+    /// Count per bucket (not cumulative); the last one holds durations above the last bound.
+    pub buckets: [u64; DURATION_BOUNDS_US.len() + 1],
+    pub sum_us: u64,
+}
+
+impl Durations {
+    pub fn record(&mut self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let i = DURATION_BOUNDS_US.partition_point(|&b| b < us);
+        self.buckets[i] = self.buckets[i].wrapping_add(1);
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
 
 /// WAL fsync latencies recorded on one shard since it started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -98,5 +129,20 @@ mod tests {
         std::thread::spawn(|| assert_eq!(wal_fsync().count(), 0))
             .join()
             .unwrap();
+    }
+
+    #[test]
+    fn durations_land_in_their_bucket_and_sum() {
+        // Proves the bounds are inclusive (Prometheus `le`), values above the last bound go to
+        // the overflow bucket, and count and sum follow every record.
+        let mut d = Durations::default();
+        d.record(Duration::from_micros(5));
+        d.record(Duration::from_micros(6));
+        d.record(Duration::from_secs(11));
+        assert_eq!(d.buckets[0], 1);
+        assert_eq!(d.buckets[1], 1);
+        assert_eq!(d.buckets[DURATION_BOUNDS_US.len()], 1);
+        assert_eq!(d.count(), 3);
+        assert_eq!(d.sum_us, 11 + 11_000_000);
     }
 }

@@ -134,6 +134,10 @@ pub struct RaftGauges {
     pub last_contact_seconds: Option<f64>,
     pub voters: u64,
     pub nonvoters: u64,
+    /// The group stopped on a fatal error (a storage failure, a panic) and applies nothing more.
+    pub apply_stopped: bool,
+    /// The state machine's snapshot and apply figures.
+    pub store: crate::store::StoreFigures,
 }
 
 /// The metadata node handle. Cheap to clone; all clones drive the same group.
@@ -341,6 +345,8 @@ impl MetaNode {
             last_contact_seconds: contact.map(|t| t.elapsed().as_secs_f64()),
             voters: membership.voter_ids().count() as u64,
             nonvoters: membership.learner_ids().count() as u64,
+            apply_stopped: m.running_state.is_err(),
+            store: self.published.figures(),
         }
     }
 

@@ -42,12 +42,13 @@
 //! changes), and each costs one `fdatasync` (~0.1–1 ms on these machines). Never touches partition
 //! data.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures_util::StreamExt;
 use openraft::storage::{
@@ -551,6 +552,22 @@ pub type Subscriber = Rc<dyn Fn(Arc<MetaState>)>;
 pub struct Published {
     current: RefCell<Arc<MetaState>>,
     subscribers: RefCell<Vec<Subscriber>>,
+    figures: Cell<StoreFigures>,
+}
+
+/// What the state machine's work cost and how it failed, since this process opened the store
+/// (OPERATIONS.md §9.6, read by [`crate::MetaNode::gauges`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreFigures {
+    /// Entries the state machine could not apply because reading them from the log failed
+    /// (openraft then stops the group: fail-stop, never a retry).
+    pub apply_errors_storage: u64,
+    /// Size of the last snapshot built here (`snapshot.json`), 0 before the first.
+    pub snapshot_bytes: u64,
+    /// How long building it took, from the copy of the state to the file's rename and sync.
+    pub snapshot_duration_us: u64,
+    /// Snapshot builds that failed (serialisation, or writing `snapshot.json`).
+    pub snapshot_failures: u64,
 }
 
 /// Subscribers per node: a bound on the callbacks run after each apply.
@@ -559,6 +576,17 @@ pub const SUBSCRIBERS_MAX: usize = 64;
 impl Published {
     pub fn current(&self) -> Arc<MetaState> {
         self.current.borrow().clone()
+    }
+
+    /// The store's figures so far.
+    pub fn figures(&self) -> StoreFigures {
+        self.figures.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut StoreFigures)) {
+        let mut v = self.figures.get();
+        f(&mut v);
+        self.figures.set(v);
     }
 
     /// Adds a subscriber; refuses more than [`SUBSCRIBERS_MAX`].
@@ -655,12 +683,11 @@ pub struct SnapshotBuilder {
     dir: PathBuf,
     meta: SnapshotMeta,
     state: MetaState,
+    published: Rc<Published>,
 }
 
-impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    type SnapshotData = Vec<u8>;
-
-    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+impl SnapshotBuilder {
+    fn write(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
         let file = SnapshotFile {
             format: SNAPSHOT_FORMAT,
             meta: self.meta.clone(),
@@ -677,6 +704,27 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta: file.meta,
             snapshot: bytes,
         })
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    type SnapshotData = Vec<u8>;
+
+    async fn build_snapshot(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+        let t0 = Instant::now();
+        let r = self.write();
+        let us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match &r {
+            Ok(snap) => self.published.count(|f| {
+                f.snapshot_bytes = snap.snapshot.len() as u64;
+                f.snapshot_duration_us = us;
+            }),
+            Err(e) => {
+                tracing::error!(error = %e, "metadata snapshot failed");
+                self.published.count(|f| f.snapshot_failures += 1);
+            }
+        }
+        r
     }
 }
 
@@ -699,7 +747,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut answers = Vec::new();
         let mut changed = false;
         while let Some(item) = entries.next().await {
-            let (entry, responder) = item?;
+            let (entry, responder) = item.inspect_err(|_| {
+                self.published.count(|f| f.apply_errors_storage += 1);
+            })?;
             let index = entry.log_id.index;
             let outcome = match entry.payload {
                 EntryPayload::Normal(cmd) => {
@@ -738,6 +788,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 last_membership: self.last_membership.clone(),
             },
             state: self.state.clone(),
+            published: self.published.clone(),
         }
     }
 
@@ -1014,6 +1065,41 @@ mod tests {
         });
         let _ = std::fs::remove_dir_all(&a);
         let _ = std::fs::remove_dir_all(&b);
+    }
+
+    #[test]
+    fn snapshot_figures_follow_builds_and_failures() {
+        // Proves the `/metrics` figures of snapshots: a build sets the size of the file it wrote
+        // and a duration; a build that cannot write its file (directory gone) counts a failure
+        // and leaves the last size in place.
+        let a = temp_dir("snap-figures");
+        narad_io::rt::block_on(async {
+            let published = Rc::new(Published::default());
+            let mut sm = StateMachine::open(&a, published.clone()).expect("open");
+            assert_eq!(published.figures(), StoreFigures::default());
+            let snap = sm
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .expect("build");
+            let f = published.figures();
+            let on_disk = std::fs::metadata(a.join(SNAPSHOT_FILE))
+                .expect("file")
+                .len();
+            assert_eq!(f.snapshot_bytes, snap.snapshot.len() as u64);
+            assert_eq!(f.snapshot_bytes, on_disk);
+            assert!(f.snapshot_duration_us > 0);
+            assert_eq!(f.snapshot_failures, 0);
+            std::fs::remove_dir_all(&a).expect("remove");
+            let mut builder = sm.get_snapshot_builder().await;
+            assert!(builder.build_snapshot().await.is_err());
+            let g = published.figures();
+            assert_eq!(g.snapshot_failures, 1);
+            assert_eq!(g.snapshot_bytes, f.snapshot_bytes);
+            assert_eq!(g.apply_errors_storage, 0);
+        });
+        let _ = std::fs::remove_dir_all(&a);
     }
 
     #[test]

@@ -51,6 +51,24 @@ use narad_io::types::{
 pub const FANOUT_BATCH_RECORDS_MAX: usize = 4096;
 /// Bytes one copy step moves at most (`fanout.max_batch_bytes`); the first record always goes.
 pub const FANOUT_BATCH_BYTES_MAX: usize = 4 << 20;
+/// Upper bounds of the records-per-copied-batch buckets (`narad_fanout_batch_records`): powers
+/// of two up to [`FANOUT_BATCH_RECORDS_MAX`].
+pub const FANOUT_BATCH_RECORDS_BOUNDS: [u64; 13] =
+    [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096];
+/// Upper bounds of the payload-bytes-per-copied-batch buckets (`narad_fanout_batch_bytes`): 256 B
+/// to [`FANOUT_BATCH_BYTES_MAX`] by fours (a batch whose first record alone is larger goes
+/// above).
+pub const FANOUT_BATCH_BYTES_BOUNDS: [u64; 9] = [
+    256,
+    1 << 10,
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    2 << 20,
+    4 << 20,
+];
 /// Wait before retrying a copy the sink refused (child owner down, disk full, ...).
 pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// An idle cursor re-checks its parent this often even without a commit notification.
@@ -118,6 +136,13 @@ pub struct FanoutCounters {
     pub unreadable: u64,
     /// Copy attempts the sink refused (retried).
     pub failed_copies: u64,
+    /// Copied batches by records, per bucket of [`FANOUT_BATCH_RECORDS_BOUNDS`] (not cumulative;
+    /// the last one counts larger batches). Their records sum to `copied`.
+    pub batch_records: [u64; FANOUT_BATCH_RECORDS_BOUNDS.len() + 1],
+    /// Copied batches by payload bytes, per bucket of [`FANOUT_BATCH_BYTES_BOUNDS`].
+    pub batch_bytes: [u64; FANOUT_BATCH_BYTES_BOUNDS.len() + 1],
+    /// Payload bytes of every copied batch.
+    pub batch_bytes_sum: u64,
 }
 
 /// The lag of one child over the parent partitions of this shard.
@@ -534,6 +559,7 @@ impl Fanout {
         let last = recs.last().map_or(next, |r| r.offset);
         let copies = self.copies(c, recs);
         let n = copies.len() as u64;
+        let bytes: u64 = copies.iter().map(|r| r.payload.len() as u64).sum();
         match (self.sink)(copies).await {
             Ok(()) => {
                 // Never move backwards (a concurrent skip may have moved it further).
@@ -541,7 +567,12 @@ impl Fanout {
                     c.next.set(Offset(last.0 + 1));
                 }
                 c.head_due_ms.set(next_due);
-                self.count(|k| k.copied += n);
+                self.count(|k| {
+                    k.copied += n;
+                    k.batch_records[FANOUT_BATCH_RECORDS_BOUNDS.partition_point(|&b| b < n)] += 1;
+                    k.batch_bytes[FANOUT_BATCH_BYTES_BOUNDS.partition_point(|&b| b < bytes)] += 1;
+                    k.batch_bytes_sum += bytes;
+                });
                 self.mark_dirty();
                 Step::Progress
             }
@@ -697,7 +728,13 @@ mod tests {
             );
             let k = log.read(key(2, 1), Offset(0), 1, usize::MAX).await.unwrap();
             assert_eq!(k[0].msg_key.as_deref(), Some(&b"abc"[..]), "key kept");
-            assert_eq!(f.counters().copied, 20);
+            let k = f.counters();
+            assert_eq!(k.copied, 20);
+            // Every copied batch is in both histograms; payloads are "m0".."m9", twice.
+            let batches: u64 = k.batch_records.iter().sum();
+            assert!((2..=20).contains(&batches), "{k:?}");
+            assert_eq!(k.batch_bytes.iter().sum::<u64>(), batches);
+            assert_eq!(k.batch_bytes_sum, 40);
             f.close().await;
             log.close().await.unwrap();
 

@@ -17,27 +17,45 @@
 //! bound). Every bounded map has a named maximum: beyond it new series are dropped, never
 //! unbounded memory.
 //!
-//! Deviations, deliberate: the spec's `narad_storage_fsync_duration_seconds{topic,partition}`
-//! measures per-partition fsyncs of the original; here one WAL fsync per shard covers every
-//! partition of a batch, so it is exposed as `narad_wal_fsync_duration_seconds{shard}` with
-//! `narad_wal_batch_records{shard}` (records per group commit). Added series (no spec name
+//! Storage (§9.5) figures are kept by each partition's log on its owner shard
+//! (`narad_io::partition::PartitionIoStats`) and read at scrape time: a segment write is one
+//! flush (timed per commit batch, never per record), a partition's share of a checkpoint gives
+//! `narad_storage_fsync_duration_seconds` (its fsyncs) and
+//! `narad_storage_high_watermark_persist_duration_seconds` (the whole share: there is no `hwm`
+//! file here, the checkpoint is what makes a partition's high watermark durable without the
+//! WAL), and a retention pass is timed whole. Their histograms are exported for the partitions
+//! whose owner holds a log, their counters for every partition. The oldest unconsumed age is the
+//! commit time of the record at the committed frontier (or the oldest stored offset, if
+//! retention passed the frontier), read from the log once per frontier position.
+//!
+//! Deviations, deliberate: one WAL fsync per shard covers every partition of a batch, so the
+//! group commit's fsync is `narad_wal_fsync_duration_seconds{shard}` with
+//! `narad_wal_batch_records{shard}` (records per group commit), next to the per-partition
+//! checkpoint fsyncs of the spec's series. Added series (no spec name
 //! covers them): `narad_messages_acked_total{topic}`, `narad_shard_*{shard}` queue depths,
 //! `narad_lease_expired_total{topic}` (lapsed leases, each one a redelivery; nacks are
-//! `narad_nack_total`), `narad_schema_validations_total` (validation count; the spec's
-//! `narad_schema_validation_seconds` histogram needs timings the validator does not record),
-//! `narad_fanout_unreadable_skipped_total` and `narad_fanout_copy_failures_total`. The fan-out
+//! `narad_nack_total`), `narad_schema_validations_total` (every validation; the spec's
+//! `narad_schema_validation_seconds` times only those under the validation slot, as the
+//! original does), `narad_fanout_unreadable_skipped_total` and
+//! `narad_fanout_copy_failures_total`. The fan-out
 //! copy counters (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`) are
 //! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
 //! `parent`/`child` but no `partition` (nor has `narad_fanout_due_lag_seconds`, the most behind
 //! partition's): the fan-out keeps its counters per shard and its lag per child. Schema
 //! rejections count the reasons the validator records (`depth`, `malformed`, `invalid`, `busy`).
-//! The §9.6 Raft gauges (`narad_raft_*`) come from the shard that hosts the metadata group;
-//! `narad_boot_duration_seconds` and `narad_http_batch_body_budget_rejections_total` are
-//! node-wide; `narad_ack_rejected_total` is registered without samples, as in the original.
-//! `narad_consumer_corrupt_skipped_total` and `narad_consumer_dropped_messages` count since the
-//! owner shard started (they restart at 0). Not yet present: remote and cluster series (§9.4
-//! remote, the rest of §9.6), the §9.5 storage series. Status `499` is recorded for a long-poll
-//! whose client went away while it waited; other requests run to their answer.
+//! The §9.6 Raft and metastore gauges (`narad_raft_*`, `narad_metastore_*`) come from the shard
+//! that hosts the metadata group; `narad_boot_duration_seconds` and
+//! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
+//! registered without samples, as in the original. `narad_consumer_corrupt_skipped_total`,
+//! `narad_consumer_dropped_messages` and the storage figures count since the owner shard
+//! started (they restart at 0). The cluster series whose meaning is settled for a node that is
+//! its whole cluster are exported with that value (no moves, no member draining, no remotes
+//! held, the co-location of child partitions). Not present: the remote plane (§9.4
+//! `narad_fanout_remote_*`, `narad_remote_*`), what describes machinery this build does not have
+//! (idle-log eviction and the cold retention walk, a supervised retention loop to restart,
+//! quarantined copies, an `fsm.db` and apply retries, member heartbeats and dead marking,
+//! cluster RPC, the metrics poller). Status `499` is recorded for a long-poll whose client went
+//! away while it waited; other requests run to their answer.
 
 pub mod expo;
 pub mod listener;
@@ -48,8 +66,11 @@ use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use narad_io::log::AppendRecord;
-use narad_io::types::{PartitionId, PartitionKey, TopicId};
+use narad_io::log::{AppendRecord, LogFailures, ShardLog};
+use narad_io::partition::PartitionIoStats;
+use narad_io::stats::{Durations, DURATION_BOUNDS_US};
+use narad_io::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+use narad_shard::fanout::{FANOUT_BATCH_BYTES_BOUNDS, FANOUT_BATCH_RECORDS_BOUNDS};
 use narad_shard::host::{Leased, SettleKind};
 
 use crate::http::{Request, RequestHead, Response};
@@ -146,6 +167,9 @@ pub struct PartitionGauges {
     pub corrupt_skipped: u64,
     /// Unsettled offsets lost to retention since the owner shard started.
     pub dropped: u64,
+    /// Milliseconds since the oldest unsettled record still stored was committed (0 when every
+    /// record is settled).
+    pub oldest_unconsumed_age_ms: u64,
 }
 
 /// The counters of one shard. Lives in the shard's `Node`; never leaves its thread.
@@ -161,6 +185,9 @@ pub struct Metrics {
     data_dir_size: Cell<Option<(Instant, u64)>>,
     /// Batch bodies refused because the node's batch-body budget was spent.
     budget_rejections: Cell<u64>,
+    /// Per owned partition: the offset last found oldest unsettled and its commit time, so a
+    /// scrape reads a record only when a partition's frontier moved.
+    oldest_unsettled: RefCell<HashMap<PartitionKey, (Offset, UnixMillis)>>,
 }
 
 impl Default for Metrics {
@@ -174,6 +201,7 @@ impl Default for Metrics {
             next_request: Cell::new(0),
             data_dir_size: Cell::new(None),
             budget_rejections: Cell::new(0),
+            oldest_unsettled: RefCell::new(HashMap::new()),
         }
     }
 }
@@ -357,6 +385,41 @@ impl Metrics {
             .record(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
     }
 
+    /// Milliseconds since the record at `at` (the oldest unsettled one still stored) of `key`
+    /// was committed, as of `now`; 0 when `at` is at or past the high watermark (all settled).
+    /// The commit time is read from the log once per position and remembered.
+    fn unsettled_age_ms(
+        &self,
+        log: &ShardLog,
+        key: PartitionKey,
+        at: Offset,
+        hwm: Offset,
+        now: UnixMillis,
+    ) -> u64 {
+        if at >= hwm {
+            self.oldest_unsettled.borrow_mut().remove(&key);
+            return 0;
+        }
+        let known = self.oldest_unsettled.borrow().get(&key).copied();
+        let committed = match known {
+            Some((o, t)) if o == at => Some(t),
+            _ => {
+                let t = log.commit_ms_at(key, at);
+                let mut m = self.oldest_unsettled.borrow_mut();
+                match t {
+                    Some(t) if m.contains_key(&key) || m.len() < PARTITION_SERIES_MAX => {
+                        m.insert(key, (at, t));
+                    }
+                    _ => {
+                        m.remove(&key);
+                    }
+                }
+                t
+            }
+        };
+        committed.map_or(0, |t| now.0.saturating_sub(t.0))
+    }
+
     /// A fresh request id, unique within this process: shard in the top byte, then a counter.
     fn next_request_id(&self, shard: u32) -> u64 {
         let n = self.next_request.get().wrapping_add(1);
@@ -462,6 +525,10 @@ pub struct ShardMetrics {
     pub topics: Vec<(TopicId, TopicCounters)>,
     pub consume_wait: Vec<((TopicId, &'static str), Histogram)>,
     pub partitions: Vec<(PartitionKey, PartitionGauges)>,
+    /// The storage figures of the owned partitions that have a log here.
+    pub partition_io: Vec<(PartitionKey, PartitionIoStats)>,
+    /// Checkpoints and retention passes of the shard's log that failed.
+    pub log_failures: LogFailures,
     pub wal_fsync_us: Histogram,
     pub wal_batch_records: Histogram,
     pub wal_bytes_written: u64,
@@ -496,7 +563,13 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
     m.consume_wait
         .borrow_mut()
         .retain(|k, _| live.contains(&k.0));
+    m.oldest_unsettled
+        .borrow_mut()
+        .retain(|k, _| live.contains(&k.topic));
+    let log = node.host.log();
+    let now = UnixMillis::now();
     let mut partitions = Vec::new();
+    let mut partition_io = Vec::new();
     for t in meta.topics.values() {
         for p in 0..t.partitions {
             let key = PartitionKey {
@@ -509,6 +582,12 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             let s = node.host.stats(key);
             let (in_flight, acked_ahead, frontier) = node.host.queue_stats(key);
             let losses = node.host.consumer_losses(key);
+            // Below the oldest stored offset nothing is left to read: retention took it.
+            let at = frontier.max(s.oldest_offset);
+            let age_ms = m.unsettled_age_ms(log, key, at, s.high_watermark, now);
+            if let Some(io) = log.io_stats(key) {
+                partition_io.push((key, io));
+            }
             partitions.push((
                 key,
                 PartitionGauges {
@@ -520,6 +599,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
                     acked_ahead: acked_ahead as u64,
                     corrupt_skipped: losses.corrupt_skipped,
                     dropped: losses.dropped,
+                    oldest_unconsumed_age_ms: age_ms,
                 },
             ));
         }
@@ -537,7 +617,6 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             fanout_lag.push((parent, l.child, l.lag_messages, l.due_lag_ms));
         }
     }
-    let log = node.host.log();
     let wal = log.wal_stats();
     let fsync = narad_io::stats::wal_fsync();
     ShardMetrics {
@@ -558,6 +637,8 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             .map(|(k, v)| (*k, v.clone()))
             .collect(),
         partitions,
+        partition_io,
+        log_failures: log.failures(),
         wal_fsync_us: Histogram::from_counts(
             &narad_io::stats::FSYNC_BUCKET_BOUNDS_US,
             &fsync.buckets,
@@ -647,6 +728,291 @@ fn available_bytes(dir: &Path) -> Option<u64> {
     Some((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
 }
 
+/// Topic directories under `<data_dir>/topics` whose topic is not in `live`, visiting at most
+/// [`DATA_DIR_WALK_ENTRIES_MAX`] entries. Entries that are not topic directories are not counted.
+fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>) -> u64 {
+    let Ok(rd) = std::fs::read_dir(narad_io::partition::topics_dir(data_dir)) else {
+        return 0;
+    };
+    rd.flatten()
+        .take(DATA_DIR_WALK_ENTRIES_MAX)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_str()?;
+            (name.len() == 16)
+                .then(|| u64::from_str_radix(name, 16).ok())
+                .flatten()
+        })
+        .filter(|id| !live.contains(&TopicId(*id)))
+        .count() as u64
+}
+
+/// A storage timing as a histogram of seconds' worth of microseconds.
+fn durations(d: &Durations) -> Histogram {
+    Histogram::from_counts(&DURATION_BOUNDS_US, &d.buckets, d.sum_us)
+}
+
+/// §9.5 per partition: segment writes, checkpoint shares and retention passes. Counters for
+/// every partition of every topic (0 until the owner did the work); histograms for the
+/// partitions whose owner holds a log (one was written, or recovered, since the shard started).
+fn render_partition_storage(
+    e: &mut Expo,
+    meta: &narad_raft::MetaState,
+    io: &HashMap<PartitionKey, PartitionIoStats>,
+) {
+    let blank = PartitionIoStats::default();
+    let each = |f: &mut dyn FnMut(&str, &str, &PartitionIoStats, bool)| {
+        for t in meta.topics.values() {
+            for p in 0..t.partitions {
+                let key = PartitionKey {
+                    topic: t.id,
+                    partition: PartitionId(p),
+                };
+                let ps = p.to_string();
+                match io.get(&key) {
+                    Some(s) => f(&t.name, &ps, s, true),
+                    None => f(&t.name, &ps, &blank, false),
+                }
+            }
+        }
+    };
+    type TimingSeries = (
+        &'static str,
+        &'static str,
+        fn(&PartitionIoStats) -> &Durations,
+    );
+    let timings: [TimingSeries; 3] = [
+        (
+            "narad_storage_flush_duration_seconds",
+            "Time spent writing committed records to the partition's segment file (page cache), \
+             one write per commit batch.",
+            |s| &s.flush,
+        ),
+        (
+            "narad_storage_fsync_duration_seconds",
+            "Time spent syncing the partition's segment files and directories to disk, per \
+             checkpoint (the write-ahead log's own fsyncs are narad_wal_fsync_duration_seconds).",
+            |s| &s.fsync,
+        ),
+        (
+            "narad_storage_retention_run_duration_seconds",
+            "Time one retention pass over the partition took.",
+            |s| &s.retention_runs,
+        ),
+    ];
+    for (name, help, get) in timings {
+        e.family(name, Kind::Histogram, help);
+        each(&mut |topic, partition, s, open| {
+            if open {
+                let labels = [("topic", topic), ("partition", partition)];
+                e.histogram(name, &labels, &durations(get(s)), 1e6);
+            }
+        });
+    }
+    let name = "narad_storage_high_watermark_persist_duration_seconds";
+    e.family(
+        name,
+        Kind::Histogram,
+        "Time spent making the partition's high watermark durable without the write-ahead log: \
+         its share of a checkpoint (segment fsyncs, index and consumer state files), by outcome.",
+    );
+    each(&mut |topic, partition, s, open| {
+        if open {
+            for (outcome, d) in [("ok", &s.persist_ok), ("error", &s.persist_failed)] {
+                let labels = [
+                    ("topic", topic),
+                    ("partition", partition),
+                    ("outcome", outcome),
+                ];
+                e.histogram(name, &labels, &durations(d), 1e6);
+            }
+        }
+    });
+    let name = "narad_storage_flush_bytes_total";
+    e.family(
+        name,
+        Kind::Counter,
+        "Bytes of record frames written to the partition's segment files.",
+    );
+    each(&mut |topic, partition, s, _| {
+        e.int(
+            name,
+            &[("topic", topic), ("partition", partition)],
+            s.flush_bytes,
+        );
+    });
+    type CountSeries = (&'static str, &'static str, fn(&PartitionIoStats) -> u64);
+    let deleted: [CountSeries; 2] = [
+        (
+            "narad_storage_retention_bytes_deleted_total",
+            "Segment bytes deleted by retention, by reason (age).",
+            |s| s.retention_bytes_deleted,
+        ),
+        (
+            "narad_storage_retention_messages_deleted_total",
+            "Messages (offsets) deleted by retention, by reason (age).",
+            |s| s.retention_records_deleted,
+        ),
+    ];
+    for (name, help, get) in deleted {
+        e.family(name, Kind::Counter, help);
+        each(&mut |topic, partition, s, _| {
+            let labels = [
+                ("topic", topic),
+                ("partition", partition),
+                ("reason", "age"),
+            ];
+            e.int(name, &labels, get(s));
+        });
+    }
+}
+
+/// §9.6 metastore, from the shard that hosts the metadata group.
+fn render_metastore(e: &mut Expo, r: &narad_raft::RaftGauges) {
+    e.family(
+        "narad_metastore_apply_errors_total",
+        Kind::Counter,
+        "Raft entries the metadata state machine could not apply, by kind (storage: reading them \
+         from the Raft log failed; the group then stops).",
+    );
+    e.int(
+        "narad_metastore_apply_errors_total",
+        &[("kind", "storage")],
+        r.store.apply_errors_storage,
+    );
+    e.family(
+        "narad_metastore_apply_stopped",
+        Kind::Gauge,
+        "1 once the metadata group stopped on a fatal error and applies no more entries.",
+    );
+    e.int(
+        "narad_metastore_apply_stopped",
+        &[],
+        u64::from(r.apply_stopped),
+    );
+    e.family(
+        "narad_metastore_snapshot_bytes",
+        Kind::Gauge,
+        "Size of the last metadata snapshot this process wrote (0 before the first).",
+    );
+    e.int(
+        "narad_metastore_snapshot_bytes",
+        &[],
+        r.store.snapshot_bytes,
+    );
+    e.family(
+        "narad_metastore_snapshot_duration_seconds",
+        Kind::Gauge,
+        "How long that snapshot took, from the copy of the state to the synced file.",
+    );
+    e.float(
+        "narad_metastore_snapshot_duration_seconds",
+        &[],
+        r.store.snapshot_duration_us as f64 / 1e6,
+    );
+    e.family(
+        "narad_metastore_snapshot_failures_total",
+        Kind::Counter,
+        "Metadata snapshots that failed (Raft tries again at its next threshold).",
+    );
+    e.int(
+        "narad_metastore_snapshot_failures_total",
+        &[],
+        r.store.snapshot_failures,
+    );
+}
+
+/// Upper bounds (seconds) of `narad_moves_duration_seconds`.
+static MOVE_DURATION_BOUNDS_S: [u64; 10] = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600];
+
+/// §9.4 and §9.6 series of the cluster and remote planes whose meaning is settled for a node
+/// that is its whole cluster: no partition moves (there is no other node), no member draining
+/// (a decommission is refused), no remotes held; the allowlist and co-location are facts of
+/// this node's configuration and metadata.
+fn render_cluster(e: &mut Expo, node: &Node, meta: &narad_raft::MetaState) {
+    e.family(
+        "narad_remotes_allowlist_configured",
+        Kind::Gauge,
+        "1 when remotes.allowed_hosts is set on this node.",
+    );
+    e.int(
+        "narad_remotes_allowlist_configured",
+        &[],
+        u64::from(!node.config.remotes.allowed_hosts.is_empty()),
+    );
+    e.family(
+        "narad_remotes_plaintext_raft",
+        Kind::Gauge,
+        "1 when this node holds remotes and its Raft transport runs without TLS (it holds none).",
+    );
+    e.int("narad_remotes_plaintext_raft", &[], 0);
+    e.family(
+        "narad_moves_inflight",
+        Kind::Gauge,
+        "Partition moves this node runs as the destination (none: a single node).",
+    );
+    e.int("narad_moves_inflight", &[], 0);
+    e.family(
+        "narad_moves_total",
+        Kind::Counter,
+        "Finished partition moves, by outcome.",
+    );
+    for outcome in ["completed", "force_promoted"] {
+        e.int("narad_moves_total", &[("outcome", outcome)], 0);
+    }
+    e.family(
+        "narad_moves_duration_seconds",
+        Kind::Histogram,
+        "Time from a move starting to the ownership change.",
+    );
+    e.histogram(
+        "narad_moves_duration_seconds",
+        &[],
+        &Histogram::new(&MOVE_DURATION_BOUNDS_S),
+        1.0,
+    );
+    e.family(
+        "narad_moves_bytes_total",
+        Kind::Counter,
+        "Bytes copied by finished moves.",
+    );
+    e.int("narad_moves_bytes_total", &[], 0);
+    e.family(
+        "narad_moves_blocked",
+        Kind::Gauge,
+        "Moves that cannot finish on their own, by reason.",
+    );
+    for reason in [
+        "copy_unverifiable",
+        "source_dead_copy_behind",
+        "source_dead",
+        "target_dead",
+    ] {
+        e.int("narad_moves_blocked", &[("reason", reason)], 0);
+    }
+    e.family(
+        "narad_decommission_blocked",
+        Kind::Gauge,
+        "1 per reason a draining node's decommission cannot progress (no series: no node drains).",
+    );
+    e.family(
+        "narad_colocated_child_partitions",
+        Kind::Gauge,
+        "Fan-out child partitions on the same node as their parent's partition of the same \
+         index (on a single node, every child partition whose index the parent has).",
+    );
+    let colocated: u64 = meta
+        .topics
+        .values()
+        .filter_map(|c| {
+            let parent = meta.topic(c.parent.as_deref()?)?;
+            Some(u64::from(c.partitions.min(parent.partitions)))
+        })
+        .sum();
+    e.int("narad_colocated_child_partitions", &[], colocated);
+}
+
 /// Merges every shard's snapshot and renders the node's `/metrics` document.
 pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let meta = node.meta();
@@ -664,7 +1030,23 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut expired: HashMap<TopicId, u64> = HashMap::new();
     let mut budget_rejections = 0u64;
     let mut raft = None;
+    let mut partition_io: HashMap<PartitionKey, PartitionIoStats> = HashMap::new();
+    let mut log_failures = LogFailures::default();
+    let mut shards_poisoned = 0u64;
+    let mut schema_seconds = Histogram::new(&DURATION_BOUNDS_US);
     for s in &shards {
+        partition_io.extend(s.partition_io.iter().copied());
+        log_failures.checkpoints += s.log_failures.checkpoints;
+        log_failures.retention += s.log_failures.retention;
+        shards_poisoned += u64::from(s.wal_failed);
+        schema_seconds.merge(&durations(&s.schema.slot_validation));
+        for (a, b) in fanout.batch_records.iter_mut().zip(s.fanout.batch_records) {
+            *a += b;
+        }
+        for (a, b) in fanout.batch_bytes.iter_mut().zip(s.fanout.batch_bytes) {
+            *a += b;
+        }
+        fanout.batch_bytes_sum += s.fanout.batch_bytes_sum;
         budget_rejections += s.budget_rejections;
         if s.raft.is_some() {
             raft.clone_from(&s.raft);
@@ -976,6 +1358,26 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         }
     }
     e.family(
+        "narad_oldest_unconsumed_message_age_seconds",
+        Kind::Gauge,
+        "Age (since its commit) of the oldest record not yet acked, 0 when every record is.",
+    );
+    for t in meta.topics.values() {
+        for p in 0..t.partitions {
+            let key = PartitionKey {
+                topic: t.id,
+                partition: PartitionId(p),
+            };
+            let ms = gauges.get(&key).map_or(0, |g| g.oldest_unconsumed_age_ms);
+            let ps = p.to_string();
+            e.float(
+                "narad_oldest_unconsumed_message_age_seconds",
+                &[("topic", &t.name), ("partition", &ps)],
+                ms as f64 / 1e3,
+            );
+        }
+    }
+    e.family(
         "narad_topic_bytes",
         Kind::Gauge,
         "Bytes of a topic's segment files.",
@@ -992,7 +1394,16 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             .sum();
         e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
     }
+    render_partition_storage(&mut e, &meta, &partition_io);
+
     // §9.3 schema.
+    e.family(
+        "narad_schema_validation_seconds",
+        Kind::Histogram,
+        "Time of each validation run under the validation slot (payloads over 16 KiB, costly \
+         schemas), decoding included, the wait for the slot excluded; others are not timed.",
+    );
+    e.histogram("narad_schema_validation_seconds", &[], &schema_seconds, 1e6);
     e.family(
         "narad_schema_validations_total",
         Kind::Counter,
@@ -1081,6 +1492,28 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         e.family(name, Kind::Counter, help);
         e.int(name, &[], v);
     }
+    e.family(
+        "narad_fanout_batch_records",
+        Kind::Histogram,
+        "Records per batch copied into a child.",
+    );
+    let h = Histogram::from_counts(
+        &FANOUT_BATCH_RECORDS_BOUNDS,
+        &fanout.batch_records,
+        fanout.copied,
+    );
+    e.histogram("narad_fanout_batch_records", &[], &h, 1.0);
+    e.family(
+        "narad_fanout_batch_bytes",
+        Kind::Histogram,
+        "Payload bytes per batch copied into a child.",
+    );
+    let h = Histogram::from_counts(
+        &FANOUT_BATCH_BYTES_BOUNDS,
+        &fanout.batch_bytes,
+        fanout.batch_bytes_sum,
+    );
+    e.histogram("narad_fanout_batch_bytes", &[], &h, 1.0);
 
     // §9.6 auth.
     e.family(
@@ -1165,6 +1598,34 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             e.float("narad_raft_last_contact_seconds", &[], s);
         }
     }
+    if let Some(r) = &raft {
+        render_metastore(&mut e, r);
+    }
+    render_cluster(&mut e, node, &meta);
+    let http_5xx: u64 = http
+        .iter()
+        .filter(|(k, _)| k.status >= 500)
+        .map(|(_, v)| v.duration_us.count())
+        .sum();
+    e.family(
+        "narad_errors_total",
+        Kind::Counter,
+        "Errors by where they happened: HTTP answers 5xx; shard logs that stopped after a write or \
+         fsync failure (fsync_poisoned); checkpoints that failed; retention passes that could not \
+         delete a file (retention_unlink).",
+    );
+    for (component, kind, n) in [
+        ("http", "5xx", http_5xx),
+        ("storage", "fsync_poisoned", shards_poisoned),
+        ("storage", "checkpoint", log_failures.checkpoints),
+        ("storage", "retention_unlink", log_failures.retention),
+    ] {
+        e.int(
+            "narad_errors_total",
+            &[("component", component), ("kind", kind)],
+            n,
+        );
+    }
     let boot_us = BOOT_DURATION_US.load(std::sync::atomic::Ordering::Relaxed);
     if boot_us > 0 {
         e.family(
@@ -1213,6 +1674,25 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "1 when a shard's write-ahead log stopped accepting writes after an I/O failure.",
     );
     e.int("narad_ingress_wal_failed", &[], u64::from(wal_failed));
+    e.family(
+        "narad_ingress_dispatch_backlog_records",
+        Kind::Gauge,
+        "Records accepted here for a partition another node owns and not yet handed to it: \
+         always 0 on a single node, which owns every partition and commits each record there.",
+    );
+    e.int("narad_ingress_dispatch_backlog_records", &[], 0);
+    e.family(
+        "narad_orphan_topic_dirs",
+        Kind::Gauge,
+        "Topic directories under the data directory whose topic the metadata no longer knows \
+         (a delete that did not finish removing them).",
+    );
+    let live: std::collections::HashSet<TopicId> = meta.topics.values().map(|t| t.id).collect();
+    e.int(
+        "narad_orphan_topic_dirs",
+        &[],
+        orphan_topic_dirs(&node.config.data_dir, &live),
+    );
 
     let dir = &node.config.data_dir;
     let size = match node.metrics.data_dir_size.get() {

@@ -105,6 +105,9 @@ pub struct Counters {
     pub rejected_invalid: u64,
     pub rejected_busy: u64,
     pub in_flight: u64,
+    /// Validations run under the slot (large payloads, costly schemas), decode included, the
+    /// wait for the slot excluded: `narad_schema_validation_seconds`. Others are not timed.
+    pub slot_validation: narad_io::stats::Durations,
 }
 
 struct Cached {
@@ -240,9 +243,15 @@ impl Compiled {
         } else {
             None
         };
+        let t0 = permit.is_some().then(std::time::Instant::now);
         count(|c| c.in_flight += 1);
         let r = self.check_now(payload);
-        count(|c| c.in_flight -= 1);
+        count(|c| {
+            c.in_flight -= 1;
+            if let Some(t0) = t0 {
+                c.slot_validation.record(t0.elapsed());
+            }
+        });
         drop(permit);
         narad_io::rt::yield_if_needed().await;
         r

@@ -4,7 +4,9 @@
 //! segment files `<20-digit first offset>.seg` and the `consumer.state` file — and the in-memory
 //! offset index over them (per segment a `Vec<u32>` of record positions: 4 bytes per record,
 //! O(1) lookup of an offset inside a segment, O(log segments) to find the segment). Reads of a
-//! range cost one `pread` per segment touched.
+//! range cost one `pread` per segment touched. Also the figures of its own storage work for
+//! `/metrics` ([`PartitionIoStats`]: one timing per batch write, per checkpoint share and per
+//! retention pass, never per record).
 //!
 //! Never does: assign offsets (the caller, `io::log::ShardLog`, does), decide what is durable,
 //! or cache payloads. It never rewrites a record once written; retention deletes whole sealed
@@ -35,7 +37,9 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use crate::stats::Durations;
 use crate::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
 pub use state::{Settled, SettledSet};
 
@@ -97,6 +101,35 @@ pub struct PartitionStats {
     pub next_offset: Offset,
     pub high_watermark: Offset,
     pub oldest_segment_at: Option<UnixMillis>,
+}
+
+/// What one partition's storage work cost since its log was opened here (OPERATIONS.md §9.5).
+/// Kept on the partition (plain fields, no allocation), read at scrape time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionIoStats {
+    /// Writes of committed frames to the active segment (page cache), one per commit batch.
+    pub flush: Durations,
+    /// Frame bytes those writes carried.
+    pub flush_bytes: u64,
+    /// The fdatasyncs and directory fsyncs of this partition's share of each checkpoint.
+    pub fsync: Durations,
+    /// This partition's whole share of each checkpoint (fsyncs, index and consumer state
+    /// files), after which its high watermark no longer depends on the WAL: completed ones.
+    pub persist_ok: Durations,
+    /// The same, for shares that failed.
+    pub persist_failed: Durations,
+    /// Retention passes over this partition (topics with a retention only).
+    pub retention_runs: Durations,
+    /// Segment bytes and records (offsets) retention deleted.
+    pub retention_bytes_deleted: u64,
+    pub retention_records_deleted: u64,
+}
+
+/// How long one partition's checkpoint share took: its fsyncs alone and the whole share.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncTimes {
+    pub fsync: Duration,
+    pub total: Duration,
 }
 
 /// What recovery found in one partition's files.
@@ -298,6 +331,7 @@ impl Segment {
 
 /// Files fsynced and written by a checkpoint for one partition (blocking: run off the executor).
 pub struct SyncWork {
+    key: PartitionKey,
     files: Vec<File>,
     dirs: Vec<PathBuf>,
     state: Option<(PathBuf, Settled)>,
@@ -335,23 +369,53 @@ fn write_index_file(seg: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, seg.with_extension("idx"))
 }
 
+/// Runs `f` (an fsync), adding the time it took to `spent`.
+fn timed<T>(spent: &mut Duration, f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let r = f();
+    *spent += t0.elapsed();
+    r
+}
+
 impl SyncWork {
+    /// The partition this work belongs to.
+    pub fn key(&self) -> PartitionKey {
+        self.key
+    }
+
     /// fdatasyncs the segment files, fsyncs the directories whose entries changed, and replaces
     /// the consumer state file atomically.
     pub fn run(self) -> Result<(), SyncError> {
+        self.run_timed().1
+    }
+
+    /// [`SyncWork::run`], also answering how long its fsyncs and the whole work took (whether
+    /// it succeeded or not).
+    pub fn run_timed(self) -> (SyncTimes, Result<(), SyncError>) {
+        let t0 = Instant::now();
+        let mut fsync = Duration::ZERO;
+        let r = self.run_inner(&mut fsync);
+        let times = SyncTimes {
+            fsync,
+            total: t0.elapsed(),
+        };
+        (times, r)
+    }
+
+    fn run_inner(&self, fsync: &mut Duration) -> Result<(), SyncError> {
         let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
         for f in &self.files {
-            f.sync_data().map_err(SyncError::Fsync)?;
+            timed(fsync, || f.sync_data()).map_err(SyncError::Fsync)?;
         }
         for (seg, _) in &self.seal {
-            match File::open(seg).and_then(|f| f.sync_data()) {
+            match timed(fsync, || File::open(seg).and_then(|f| f.sync_data())) {
                 // Deleted since (retention, delete_topic).
                 Err(e) if gone(&e) => {}
                 r => r.map_err(SyncError::Fsync)?,
             }
         }
         for d in &self.dirs {
-            match state::sync_dir(d) {
+            match timed(fsync, || state::sync_dir(d)) {
                 // The partition was deleted since (delete_topic): nothing left to make durable.
                 Err(e) if gone(&e) => {}
                 r => r.map_err(SyncError::Fsync)?,
@@ -364,7 +428,7 @@ impl SyncWork {
             }
         }
         for d in self.seal.iter().filter_map(|(p, _)| p.parent()) {
-            match state::sync_dir(d) {
+            match timed(fsync, || state::sync_dir(d)) {
                 Err(e) if gone(&e) => {}
                 r => r.map_err(SyncError::Fsync)?,
             }
@@ -435,6 +499,7 @@ pub struct PartitionLog {
     settled_dirty: bool,
     /// Offset ranges `[from, to)` found damaged or missing by the recovery scan.
     damaged: Vec<(Offset, Offset)>,
+    io: PartitionIoStats,
 }
 
 fn open_rw(path: &Path) -> std::io::Result<File> {
@@ -629,6 +694,7 @@ impl PartitionLog {
             settled: SettledSet::default(),
             settled_dirty: false,
             damaged: Vec::new(),
+            io: PartitionIoStats::default(),
         })
     }
 
@@ -720,6 +786,7 @@ impl PartitionLog {
             settled: SettledSet::default(),
             settled_dirty: false,
             damaged,
+            io: PartitionIoStats::default(),
         };
         settled.raise_frontier(p.oldest_offset());
         p.settled = settled;
@@ -812,6 +879,7 @@ impl PartitionLog {
             self.roll()?;
         }
         let at = self.active_segment().size_bytes;
+        let t0 = Instant::now();
         if let Err(e) = self.active.write_all_at(&batch.bytes, at) {
             let _ = self.active.set_len(at);
             return Err(e);
@@ -819,6 +887,8 @@ impl PartitionLog {
         if let Some((from, len)) = completed_blocks(at, batch.bytes.len() as u64) {
             start_writeback(&self.active, from, len);
         }
+        self.io.flush.record(t0.elapsed());
+        self.io.flush_bytes += batch.bytes.len() as u64;
         let seg = self.active_segment();
         seg.positions
             .extend(batch.starts.iter().map(|&s| at as u32 + s));
@@ -980,6 +1050,13 @@ impl PartitionLog {
         if retention_ms == 0 {
             return Ok(0);
         }
+        let t0 = Instant::now();
+        let r = self.delete_expired(retention_ms, now);
+        self.io.retention_runs.record(t0.elapsed());
+        r
+    }
+
+    fn delete_expired(&mut self, retention_ms: u64, now: UnixMillis) -> std::io::Result<u64> {
         let cutoff = now.0.saturating_sub(retention_ms);
         let mut deleted = 0;
         while self.segments.len() > 1 {
@@ -994,6 +1071,8 @@ impl PartitionLog {
                 }
             }
             deleted += s.size_bytes;
+            self.io.retention_bytes_deleted += s.size_bytes;
+            self.io.retention_records_deleted += s.positions.len() as u64;
             self.segments.pop_front();
         }
         if deleted > 0 {
@@ -1061,11 +1140,48 @@ impl PartitionLog {
             s.indexed = true;
         }
         Ok(SyncWork {
+            key: self.key,
             files,
             dirs,
             state,
             seal,
         })
+    }
+
+    /// Records how this partition's share of a checkpoint went.
+    pub fn record_sync(&mut self, times: SyncTimes, ok: bool) {
+        self.io.fsync.record(times.fsync);
+        if ok {
+            self.io.persist_ok.record(times.total);
+        } else {
+            self.io.persist_failed.record(times.total);
+        }
+    }
+
+    /// What this partition's storage work cost since its log was opened here.
+    pub fn io_stats(&self) -> PartitionIoStats {
+        self.io
+    }
+
+    /// Commit time of the record at `offset` (its frame read and CRC-checked), or `None` outside
+    /// `[oldest, next)`. For a damaged record: the first commit time of its segment, which is no
+    /// later (an age computed from it is an upper bound).
+    pub fn commit_ms_at(&self, offset: Offset) -> Option<UnixMillis> {
+        if offset < self.oldest_offset() || offset >= self.next_offset() {
+            return None;
+        }
+        match self.read(offset, 1, 0) {
+            Ok(recs) => match recs.first() {
+                Some(r) if r.offset == offset => Some(r.commit_ms),
+                _ => self.segment_first_commit_ms(offset),
+            },
+            Err(_) => self.segment_first_commit_ms(offset),
+        }
+    }
+
+    fn segment_first_commit_ms(&self, offset: Offset) -> Option<UnixMillis> {
+        let i = self.segments.partition_point(|s| s.base <= offset);
+        self.segments.get(i.checked_sub(1)?)?.first_commit_ms
     }
 
     pub fn stats(&self) -> PartitionStats {

@@ -369,3 +369,51 @@ fn writeback_covers_each_aligned_block_once_when_an_append_completes_it() {
     }
     assert_eq!(covered, at / M * M);
 }
+
+#[test]
+fn io_stats_follow_writes_checkpoints_and_retention() {
+    // Proves the per-partition figures of `/metrics`: every batch write counts once with its
+    // frame bytes (which, with the segment headers, make up the partition's size), a checkpoint
+    // share counts one fsync and one completed persist, a retention pass counts once and adds
+    // exactly the bytes and records it deleted, and `commit_ms_at` reads a record's commit time
+    // (none outside the retained range).
+    let t = TempDir::new("io-stats");
+    let mut p = PartitionLog::create(&t.0, KEY, 4096).unwrap();
+    assert_eq!(p.io_stats(), PartitionIoStats::default());
+    fill(&mut p, 300, 10);
+    let s = p.io_stats();
+    assert_eq!(s.flush.count(), 30);
+    let headers = frame::SEGMENT_HEADER_BYTES as u64 * u64::from(p.stats().segments);
+    assert_eq!(s.flush_bytes + headers, p.stats().size_bytes);
+    assert_eq!((s.fsync.count(), s.persist_ok.count()), (0, 0));
+
+    let w = p.take_sync_work().unwrap();
+    assert_eq!(w.key(), KEY);
+    let (times, r) = w.run_timed();
+    assert!(r.is_ok());
+    assert!(times.fsync <= times.total);
+    p.record_sync(times, true);
+    let s = p.io_stats();
+    assert_eq!((s.fsync.count(), s.persist_ok.count()), (1, 1));
+    assert_eq!(s.persist_failed.count(), 0);
+
+    assert_eq!(p.commit_ms_at(Offset(42)), Some(UnixMillis(1042)));
+    assert_eq!(p.commit_ms_at(Offset(300)), None);
+    let (size, oldest) = (p.stats().size_bytes, p.oldest_offset());
+    p.enforce_retention(0, UnixMillis(u64::MAX)).unwrap();
+    assert_eq!(
+        p.io_stats().retention_runs.count(),
+        0,
+        "no retention: no pass"
+    );
+    let deleted = p
+        .enforce_retention(1_000_000, UnixMillis(1_001_150))
+        .unwrap();
+    let s = p.io_stats();
+    assert_eq!(s.retention_runs.count(), 1);
+    assert_eq!(s.retention_bytes_deleted, deleted);
+    assert_eq!(size - p.stats().size_bytes, deleted);
+    assert_eq!(s.retention_records_deleted, p.oldest_offset().0 - oldest.0);
+    assert!(s.retention_records_deleted > 0);
+    assert_eq!(p.commit_ms_at(Offset(0)), None, "deleted by retention");
+}
