@@ -139,6 +139,10 @@ pub struct Config {
     pub cluster_addr: String,
     /// `cluster.raft_snapshot_interval`: validated, not used by a single-node build yet.
     pub raft_snapshot_interval: Duration,
+    /// `cluster.raft_snapshot_threshold`: the metadata group snapshots after this many entries.
+    pub raft_snapshot_threshold: u64,
+    /// `cluster.raft_trailing_logs`: metadata log entries kept behind a snapshot.
+    pub raft_trailing_logs: u64,
     pub data_dir: PathBuf,
     pub storage: StorageConfig,
     pub topic: TopicDefaults,
@@ -174,6 +178,8 @@ impl Default for Config {
             node_id: hostname(),
             cluster_addr: ":7943".into(),
             raft_snapshot_interval: Duration::from_secs(120),
+            raft_snapshot_threshold: 8192,
+            raft_trailing_logs: 10_240,
             data_dir: PathBuf::from("data"),
             storage: StorageConfig {
                 codec: "none".into(),
@@ -436,6 +442,12 @@ impl Config {
             if let Some(v) = cl.raft_snapshot_interval {
                 self.raft_snapshot_interval = dur("cluster.raft_snapshot_interval", &v)?;
             }
+            if let Some(v) = cl.raft_snapshot_threshold {
+                self.raft_snapshot_threshold = v;
+            }
+            if let Some(v) = cl.raft_trailing_logs {
+                self.raft_trailing_logs = v;
+            }
         }
         if let Some(s) = f.storage {
             for (k, v) in s {
@@ -614,6 +626,12 @@ impl Config {
         }
         if let Some(v) = get("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL") {
             self.raft_snapshot_interval = dur("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", &v)?;
+        }
+        if let Some(v) = num("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD")? {
+            self.raft_snapshot_threshold = v;
+        }
+        if let Some(v) = num("NARAD_CLUSTER_RAFT_TRAILING_LOGS")? {
+            self.raft_trailing_logs = v;
         }
         for (key, dst) in [
             (
@@ -813,6 +831,9 @@ impl Config {
         }
         if self.node_id.is_empty() {
             return Err("cluster.node_id must not be empty".into());
+        }
+        if self.raft_snapshot_threshold == 0 {
+            return Err("cluster.raft_snapshot_threshold (0) must be >= 1".into());
         }
         if self.raft_snapshot_interval < RAFT_SNAPSHOT_INTERVAL_MIN {
             return Err(format!(
@@ -1128,6 +1149,10 @@ mod tests {
                 "cluster.raft_snapshot_interval (1ms) must be >= 5ms",
             ),
             (
+                r#"{"cluster":{"raft_snapshot_threshold":0}}"#,
+                "cluster.raft_snapshot_threshold (0) must be >= 1",
+            ),
+            (
                 r#"{"security":{"cluster_tls_cert_file":"/x"}}"#,
                 "security.cluster_tls_cert_file, security.cluster_tls_key_file and security.cluster_tls_ca_file must be set together or not at all (missing: security.cluster_tls_key_file, security.cluster_tls_ca_file)",
             ),
@@ -1143,11 +1168,16 @@ mod tests {
             r#"{"storage":{"compression_level":"default"}}"#,
             r#"{"storage":{"compression_level":"better"}}"#,
             r#"{"cluster":{"raft_snapshot_interval":"5ms"}}"#,
+            r#"{"cluster":{"raft_snapshot_threshold":5,"raft_trailing_logs":0}}"#,
             r#"{"security":{"cluster_tls_cert_file":"/c","cluster_tls_key_file":"/k","cluster_tls_ca_file":"/a"}}"#,
         ] {
             assert_eq!(file(json), Ok(()), "{json}");
         }
         let c = Config::default();
+        assert_eq!(
+            (c.raft_snapshot_threshold, c.raft_trailing_logs),
+            (8192, 10_240)
+        );
         assert_eq!(
             (
                 c.storage.codec.as_str(),
@@ -1165,6 +1195,16 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e, "cluster.raft_snapshot_interval (4ms) must be >= 5ms");
+        let c = Config::load(
+            None,
+            &env(&[
+                ("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD", "3"),
+                ("NARAD_CLUSTER_RAFT_TRAILING_LOGS", "7"),
+            ]),
+            &Default::default(),
+        )
+        .unwrap();
+        assert_eq!((c.raft_snapshot_threshold, c.raft_trailing_logs), (3, 7));
         let e = Config::load(
             None,
             &env(&[

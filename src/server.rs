@@ -150,9 +150,7 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
 /// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
-/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks);
-/// `NARAD_TEST_RAFT_SNAPSHOT_LOGS`: the metadata group builds a snapshot after this many entries
-/// (default 8192).
+/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -210,9 +208,8 @@ async fn shard_main(
     let host = Host::new(log, recovered, seed);
     let meta_node = if id.0 == 0 {
         let mut mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
-        if let Some(n) = test_knob("NARAD_TEST_RAFT_SNAPSHOT_LOGS") {
-            mc.snapshot_logs_since_last = n.max(1);
-        }
+        mc.snapshot_logs_since_last = config.raft_snapshot_threshold;
+        mc.logs_kept_after_snapshot = config.raft_trailing_logs;
         Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
     } else {
         None

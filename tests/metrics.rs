@@ -1134,9 +1134,9 @@ fn oldest_unconsumed_age_grows_until_the_oldest_is_acked() {
 #[test]
 fn metastore_snapshots_are_measured() {
     // Proves the §9.6 metastore series: before any snapshot its size and duration are 0; with
-    // the metadata group snapshotting every 3 entries (test knob), creating topics writes one
-    // whose size is the size of `metastore/snapshot.json` and whose duration is above 0, with no
-    // failure, no apply error, and the group still applying.
+    // the metadata group snapshotting every 3 entries (cluster.raft_snapshot_threshold, by env),
+    // creating topics writes one whose size is the size of `metastore/snapshot.json` and whose
+    // duration is above 0, with no failure, no apply error, and the group still applying.
     let dir = TempDir::new("m-snapshot");
     let plain = Server::start(&dir);
     let m = scrape(&mut plain.client());
@@ -1145,7 +1145,7 @@ fn metastore_snapshots_are_measured() {
     drop(plain);
 
     let dir = TempDir::new("m-snapshot-3");
-    let s = start_with_knobs(&dir, &[("NARAD_TEST_RAFT_SNAPSHOT_LOGS", "3")]);
+    let s = start_with_knobs(&dir, &[("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD", "3")]);
     let mut c = s.client();
     for i in 0..6 {
         c.create_topic(&format!("t{i}"), 3);
