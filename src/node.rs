@@ -13,7 +13,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use narad_io::log::{AppendRecord, LogError, ReadError, StoredRecord};
@@ -126,8 +127,8 @@ pub struct Node {
     mesh: NodeMesh,
     meta: RefCell<Arc<MetaState>>,
     meta_node: Option<MetaNode>,
-    /// Round-robin cursor per topic for keyless produces.
-    rr: RefCell<HashMap<TopicId, u32>>,
+    /// This shard's handles on the node-wide round-robin cursors ([`node_rotation`]).
+    rr: RefCell<HashMap<TopicId, Arc<AtomicU32>>>,
     /// Remote shards with long-polls parked per topic, and until when.
     interest: RefCell<HashMap<TopicId, Vec<(ShardId, u64)>>>,
     /// Topics this shard already told the others it waits on, and until when.
@@ -381,14 +382,19 @@ impl Node {
         owner_shard(key, self.shards)
     }
 
-    /// Next partition for a keyless produce: one rotation per topic per shard, from a random start.
+    /// Next partition for a keyless produce (and where a consume starts looking): one rotation
+    /// per topic per node, whichever shard took the request, from a random start (SEMANTICS.md
+    /// §5).
     pub fn next_round_robin(&self, topic: TopicId, partitions: u32) -> u32 {
+        self.round_robin_turns(topic, 1) % partitions
+    }
+
+    /// Reserves `n` consecutive turns of the topic's node-wide rotation and returns the first
+    /// (take it modulo the partition count; the next ones follow it).
+    pub fn round_robin_turns(&self, topic: TopicId, n: u32) -> u32 {
         let mut rr = self.rr.borrow_mut();
-        let c = rr
-            .entry(topic)
-            .or_insert_with(|| (now_ms() ^ topic.0) as u32);
-        *c = c.wrapping_add(1);
-        *c % partitions
+        let c = rr.entry(topic).or_insert_with(|| node_rotation(topic));
+        c.fetch_add(n, Ordering::Relaxed).wrapping_add(1)
     }
 
     /// Appends records that may belong to partitions on several shards: one message per owner
@@ -796,6 +802,20 @@ async fn append_via(
         Ok(ShardResp::Appended(r)) => r.map(|_| ()),
         _ => Err(StoreError::Failed("shard unavailable".into())),
     }
+}
+
+/// The node-wide round-robin cursor of a topic: one atomic shared by every shard, found through
+/// this map (locked) only the first time a shard meets the topic; after that the shard uses its
+/// own handle, so a keyless produce costs one relaxed `fetch_add`.
+fn node_rotation(topic: TopicId) -> Arc<AtomicU32> {
+    static CURSORS: OnceLock<Mutex<HashMap<TopicId, Arc<AtomicU32>>>> = OnceLock::new();
+    let mut m = CURSORS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    m.entry(topic)
+        .or_insert_with(|| Arc::new(AtomicU32::new((now_ms() ^ topic.0) as u32)))
+        .clone()
 }
 
 /// Settles leases on shard `s`: this shard's host directly, another shard's over the mesh. An

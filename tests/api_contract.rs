@@ -768,3 +768,47 @@ fn patch_groups_apply_in_order_without_a_transaction() {
     let t = c.get("/v1/topics/pb").json();
     assert_eq!(t["partitions"], 6, "partitions stay applied: {t}");
 }
+
+#[test]
+fn keyless_produces_rotate_once_per_topic_per_node() {
+    // Proves SEMANTICS.md §5: keyless records go round-robin, one rotation per topic per node,
+    // whichever shard took the connection (each produce here is on a new connection, so they
+    // land on both shards), single and batch produces alike: message i+1 is in the partition
+    // after message i's, and the partitions end up exactly even.
+    let (_d, s) = server("keyless-rr");
+    let mut c = s.client();
+    c.create_topic("rr", 4);
+    let single = 40;
+    for i in 0..single {
+        let r = s
+            .client()
+            .post_client("/v1/topics/rr/produce", format!("m{i}").as_bytes());
+        assert_eq!(r.status, 202);
+    }
+    let batch: Vec<_> = (single..single + 8)
+        .map(|i| serde_json::json!({"payload": format!("m{i}")}))
+        .collect();
+    let r = c.post_json(
+        "/v1/topics/rr/produce/batch",
+        &serde_json::json!({ "messages": batch }).to_string(),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let total = single + 8;
+    let mut partition_of = vec![None; total];
+    for p in 0..4u32 {
+        for off in 0..total {
+            let r = c.get(&format!("/v1/topics/rr/consume?partition={p}&offset={off}"));
+            if r.status == 204 {
+                break;
+            }
+            assert_eq!(r.status, 200);
+            let payload = r.json()["payload"].as_str().unwrap().to_string();
+            let i: usize = payload.trim_start_matches('m').parse().unwrap();
+            partition_of[i] = Some(p);
+        }
+    }
+    let parts: Vec<u32> = partition_of.into_iter().map(|p| p.unwrap()).collect();
+    for i in 1..total {
+        assert_eq!(parts[i], (parts[i - 1] + 1) % 4, "message {i}: {parts:?}");
+    }
+}

@@ -95,13 +95,20 @@ fn partition_param(q: &Params, partitions: u32) -> Result<Option<u32>, Response>
     Ok(Some(n as u32))
 }
 
-fn pick_partition(node: &Node, t: &TopicMeta, key: Option<&[u8]>, pinned: Option<u32>) -> u32 {
+/// The partition of a produced record: pinned, else its key's hash, else the topic's next
+/// round-robin turn (`next_turn`, called only then).
+fn pick_partition(
+    t: &TopicMeta,
+    key: Option<&[u8]>,
+    pinned: Option<u32>,
+    next_turn: impl FnOnce() -> u32,
+) -> u32 {
     if let Some(p) = pinned {
         return p;
     }
     match key {
         Some(k) if !k.is_empty() => wire::fnv1a32(k) % t.partitions,
-        _ => node.next_round_robin(t.id, t.partitions),
+        _ => next_turn() % t.partitions,
     }
 }
 
@@ -137,7 +144,9 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     if pinned.is_some_and(|p| p >= t.partitions) {
         return error(400, "invalid argument: partition out of range");
     }
-    let p = pick_partition(node, t, key.as_deref(), pinned);
+    let p = pick_partition(t, key.as_deref(), pinned, || {
+        node.round_robin_turns(t.id, 1)
+    });
     let rec = AppendRecord {
         key: PartitionKey {
             topic: t.id,
@@ -192,6 +201,16 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
     // one append per shard.
     let schema = tri!(crate::schema::for_topic(t).map_err(|r| r.response()));
     let mut records = Vec::with_capacity(msgs.len());
+    // The keyless messages take consecutive turns of the topic's rotation, reserved at once.
+    let keyless = msgs
+        .iter()
+        .filter(|m| m.partition.is_none() && m.key.as_deref().is_none_or(<[u8]>::is_empty))
+        .count() as u32;
+    let mut turn = if keyless > 0 {
+        node.round_robin_turns(t.id, keyless)
+    } else {
+        0
+    };
     for (i, m) in msgs.into_iter().enumerate() {
         if let Some(s) = &schema {
             tri!(s.check(&m.payload).await.map_err(|r| {
@@ -207,7 +226,10 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
                 );
             }
         }
-        let p = pick_partition(node, t, m.key.as_deref(), m.partition.map(|p| p.0));
+        let p = pick_partition(t, m.key.as_deref(), m.partition.map(|p| p.0), || {
+            turn = turn.wrapping_add(1);
+            turn.wrapping_sub(1)
+        });
         records.push(AppendRecord {
             key: PartitionKey {
                 topic: t.id,
