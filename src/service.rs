@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::auth::caps::{CapGuard, Kind};
 use crate::config::Config;
 use crate::http::{Limits, Request, RequestHead, Reservation, Response, Service};
 use crate::node::Node;
@@ -73,19 +74,51 @@ impl ApiService {
     }
 }
 
-impl Service for ApiService {
-    fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
-        crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
+/// What a request holds while its body is read and handled: a unit of its identity's produce
+/// cap (taken over by the handler, see [`BodyHold::take_produce_slot`]) and batch-body bytes.
+pub struct BodyHold {
+    produce_slot: Option<CapGuard>,
+    _budget: Option<BodyPermit>,
+}
+
+impl BodyHold {
+    /// The produce-cap unit taken before the body was read, if any.
+    pub fn take_produce_slot(req: &mut Request) -> Option<CapGuard> {
+        req.reservation
+            .as_mut()?
+            .downcast_mut::<BodyHold>()?
+            .produce_slot
+            .take()
+    }
+}
+
+impl ApiService {
+    /// One unit of the produce cap for a produce whose caller is known from the head.
+    fn produce_slot(&self, head: &RequestHead) -> Result<Option<CapGuard>, Response> {
+        let cap = self.node.config.http.max_produce_in_flight_per_identity;
+        if cap == 0 || !crate::api::is_produce(head.method.as_str(), &head.path) {
+            return Ok(None);
+        }
+        let Some(identity) = crate::auth::head_identity(&head.headers, head.peer, &head.path)
+        else {
+            return Ok(None);
+        };
+        crate::auth::node_auth()
+            .caps
+            .acquire(Kind::Produce, &identity, 1, cap)
+            .map_err(|_| {
+                let r = crate::api::error(429, &crate::auth::caps::refusal(Kind::Produce, cap));
+                self.node.metrics.early_answer(head, r.status);
+                r
+            })
     }
 
-    /// Bodies over 1 MiB (only batch produce allows them) take their declared size from the
-    /// budget before a byte is read; a chunked body of such a route takes the route's cap, since
-    /// its size is unknown until read.
-    fn reserve_body(
+    /// Batch-body budget bytes for a body over 1 MiB.
+    fn budget_bytes(
         &self,
         head: &RequestHead,
         limit: usize,
-    ) -> Result<Option<Reservation>, Response> {
+    ) -> Result<Option<BodyPermit>, Response> {
         let Some(budget) = &self.batch_budget else {
             return Ok(None);
         };
@@ -98,7 +131,7 @@ impl Service for ApiService {
             None => limit,
         };
         match budget.try_take(want) {
-            Some(p) => Ok(Some(Box::new(p))),
+            Some(p) => Ok(Some(p)),
             None => {
                 let r = crate::api::error(503, BUDGET_FULL).with_header("Retry-After", "1");
                 self.node.metrics.early_answer(head, r.status);
@@ -106,6 +139,34 @@ impl Service for ApiService {
                 Err(r)
             }
         }
+    }
+}
+
+impl Service for ApiService {
+    fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
+        crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
+    }
+
+    /// Before a produce body is read, its caller takes one unit of the per-identity produce cap
+    /// when that is on and the identity is known from the head (API.md §4: "a batch counts as 1
+    /// while its body is read"); a full cap answers `429` without reading the body. Bodies over
+    /// 1 MiB (only batch produce allows them) also take their declared size from the batch-body
+    /// budget; a chunked body of such a route takes the route's cap, since its size is unknown
+    /// until read.
+    fn reserve_body(
+        &self,
+        head: &RequestHead,
+        limit: usize,
+    ) -> Result<Option<Reservation>, Response> {
+        let produce_slot = self.produce_slot(head)?;
+        let budget = self.budget_bytes(head, limit)?;
+        if produce_slot.is_none() && budget.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(BodyHold {
+            produce_slot,
+            _budget: budget,
+        })))
     }
 
     fn on_refused(&self, status: u16) {

@@ -812,3 +812,55 @@ fn keyless_produces_rotate_once_per_topic_per_node() {
         assert_eq!(parts[i], (parts[i - 1] + 1) % 4, "message {i}: {parts:?}");
     }
 }
+
+#[test]
+fn produce_cap_counts_a_request_while_its_body_is_read() {
+    // Proves API.md §4's produce cap (`http.max_produce_in_flight_per_identity`, here 1; with
+    // security off the identity is the client IP): a produce whose body is still being read
+    // already holds its identity's unit, so other produces get the exact 429 (refused before
+    // their bodies are read); once it is answered, the unit is free again. A batch larger than
+    // the cap is clamped to it and goes through alone.
+    let dir = TempDir::new("produce-cap");
+    let s = Server::start_with(
+        dir.0.join("data"),
+        vec![(
+            "NARAD_HTTP_MAX_PRODUCE_IN_FLIGHT_PER_IDENTITY".into(),
+            "1".into(),
+        )],
+    );
+    let mut c = s.client();
+    c.create_topic("cap", 3);
+    let refusal = "too many in-flight produce requests for this identity (limit 1 per node)";
+    let batch = r#"{"messages":[{"payload":1},{"payload":2},{"payload":3}]}"#;
+    for held_path in ["/v1/topics/cap/produce/batch", "/v1/topics/cap/produce"] {
+        let body = if held_path.ends_with("batch") {
+            batch
+        } else {
+            "held"
+        };
+        let mut held = s.client();
+        let head = format!(
+            "POST {held_path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        held.raw().write_all(head.as_bytes()).unwrap();
+        held.raw().write_all(&body.as_bytes()[..2]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let r = c.post_client("/v1/topics/cap/produce", b"x");
+        assert_eq!((r.status, r.error()), (429, refusal.into()), "{held_path}");
+        let r = c.post_json("/v1/topics/cap/produce/batch", batch);
+        assert_eq!((r.status, r.error()), (429, refusal.into()), "{held_path}");
+        held.raw().write_all(&body.as_bytes()[2..]).unwrap();
+        assert_eq!(
+            held.read_response(false).unwrap().status,
+            202,
+            "{held_path}"
+        );
+        assert_eq!(c.post_client("/v1/topics/cap/produce", b"x").status, 202);
+        assert_eq!(
+            c.post_json("/v1/topics/cap/produce/batch", batch).status,
+            202
+        );
+    }
+}

@@ -395,6 +395,15 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
     }
 }
 
+/// Whether a request head is a produce (single or batch), for the produce cap taken before the
+/// body is read.
+pub fn is_produce(method: &str, path: &str) -> bool {
+    matches!(
+        route(method, path),
+        Match::Found(Route::Produce | Route::ProduceBatch, _)
+    )
+}
+
 /// The body cap of a route (API.md §4).
 fn route_body_cap(r: Route) -> usize {
     match r {
@@ -453,7 +462,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     };
     let t = topic.as_deref().unwrap_or("");
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
-    let _cap = tri!(identity_cap(node, &caller, r, &req));
+    let _cap = tri!(identity_cap(node, &caller, r, &mut req));
     // Authorization (step 7, API.md §16); user routes check their own rules.
     let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
     if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req) {
@@ -525,10 +534,18 @@ fn identity_cap(
     node: &Node,
     caller: &Caller,
     r: Route,
-    req: &Request,
+    req: &mut Request,
 ) -> Result<Option<auth::caps::CapGuard>, Response> {
     use auth::caps::Kind;
     let h = &node.config.http;
+    // A produce whose caller was known from the head took its unit before the body was read
+    // (`service::ApiService::reserve_body`): a single produce keeps it; a batch gives it back
+    // for its message count below.
+    let held = crate::service::BodyHold::take_produce_slot(req);
+    if r == Route::Produce && held.is_some() {
+        return Ok(held);
+    }
+    drop(held);
     let (kind, cap, units) = match r {
         Route::Consume => {
             // A batch consume counts as its `max` (clamped to the cap).

@@ -511,6 +511,18 @@ pub fn precheck(headers: &Headers, path: &str) -> Pre {
     }
 }
 
+/// The caps identity of a request decided from its head alone (security off: the client IP; a
+/// credential a cache already verified: the username); `None` when a bcrypt check is pending
+/// or the request will be refused.
+pub fn head_identity(headers: &Headers, peer: std::net::SocketAddr, path: &str) -> Option<String> {
+    let node = shard_node()?;
+    match fast(&node, headers, path) {
+        Fast::Open => Some(peer.ip().to_string()),
+        Fast::Verified(u, _) => Some(u),
+        Fast::Deny(_) | Fast::Slow { .. } => None,
+    }
+}
+
 /// Authenticates a request, running a bcrypt check on a helper thread when no cache knows the
 /// credential. The client IP is the identity with security off; `path` is the raw path.
 pub async fn authenticate(
