@@ -38,9 +38,16 @@ fn queue_conf(t: &TopicMeta) -> QueueConf {
     }
 }
 
+/// The answer to a produce the log did not take. Both are API.md §10.1's `500 produce failed`,
+/// the status the Go SDK retries on another node and counts against this one's breaker; a full
+/// disk says so after that prefix, and nothing was stored. (Unlike an fsync failure, it is not
+/// final: produces are taken again once space is free.)
 fn store_failure(e: StoreError) -> Response {
     match e {
-        StoreError::DiskFull => error(507, "disk full: the message was not stored; retry later"),
+        StoreError::DiskFull => error(
+            500,
+            "produce failed: disk full, the message was not stored; retry later",
+        ),
         StoreError::Failed(detail) => {
             tracing::error!(error = %detail, "produce failed");
             error(500, "produce failed")
@@ -582,4 +589,24 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     }
     body.extend_from_slice(b"]}\n");
     Response::json(200, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_failures_answer_500_produce_failed() {
+        // Proves both log refusals are API.md §10.1's 500 whose error starts "produce failed"
+        // (what clients retry elsewhere), and that a full disk says so.
+        let full = store_failure(StoreError::DiskFull);
+        let other = store_failure(StoreError::Failed("fsync: EIO".into()));
+        for r in [&full, &other] {
+            assert_eq!(r.status, 500);
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            assert!(v["error"].as_str().unwrap().starts_with("produce failed"));
+        }
+        assert!(String::from_utf8_lossy(&full.body).contains("disk full"));
+        assert_eq!(&other.body[..], &b"{\"error\":\"produce failed\"}\n"[..]);
+    }
 }
