@@ -31,13 +31,14 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+from testlib import free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "helm" / "narad" / "files" / "narad-seccomp.json"
@@ -376,18 +377,6 @@ def check_denials(profile_path, profile):
 
 
 # ---- The real broker under the filter ----
-
-
-def free_ports(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def http(method, url, body=None, headers=None):

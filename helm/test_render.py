@@ -15,7 +15,6 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ import urllib.error
 import urllib.request
 
 import yaml
+
+from testlib import free_ports
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHART = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else ROOT / "helm" / "narad"
@@ -530,18 +531,6 @@ def notes_name_the_service_pods_and_commands():
 
 
 # ---- The rendered pod command line against the real binary ----
-
-
-def free_ports(n):
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def http_get(url, auth=None):
