@@ -44,13 +44,42 @@ pub fn view(u: &UserMeta) -> UserView<'_> {
     }
 }
 
-/// A grant as a request carries it (strict: unknown fields are refused).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A grant as a request carries it: a JSON object only (serde's positional array form is
+/// refused, as Go's decoder does), unknown fields refused, and `"patterns": null` read as no
+/// patterns (what Go's encoder writes for a nil slice).
 struct GrantBody {
     action: String,
-    #[serde(default)]
     patterns: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for GrantBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<GrantBody, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            action: String,
+            #[serde(default)]
+            patterns: Option<Vec<String>>,
+        }
+        struct ObjectOnly;
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = GrantBody;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a grant object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<GrantBody, A::Error> {
+                let f = Fields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(GrantBody {
+                    action: f.action,
+                    patterns: f.patterns.unwrap_or_default(),
+                })
+            }
+        }
+        d.deserialize_map(ObjectOnly)
+    }
 }
 
 fn grants_of(g: Option<Vec<GrantBody>>) -> Vec<Grant> {
@@ -335,5 +364,38 @@ async fn set_password_inner(
     match node.propose(cmd).await {
         Ok(_) => Response::empty(204),
         Err(e) => propose_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grants(json: &str) -> Result<Vec<(String, Vec<String>)>, String> {
+        crate::wire::body::decode_strict::<GrantsBody>(json.as_bytes(), "grantsRequest").map(|b| {
+            b.grants
+                .unwrap_or_default()
+                .into_iter()
+                .map(|g| (g.action, g.patterns))
+                .collect()
+        })
+    }
+
+    #[test]
+    fn grant_elements_are_objects_and_null_patterns_are_none() {
+        // Proves a grant element must be an object (no positional array form), unknown fields
+        // are refused, and `"patterns": null` or absent means no patterns, as Go reads them.
+        assert_eq!(
+            grants(r#"{"grants":[{"action":"admin","patterns":null},{"action":"admin"}]}"#),
+            Ok(vec![("admin".into(), vec![]), ("admin".into(), vec![])])
+        );
+        assert_eq!(
+            grants(r#"{"grants":[{"action":"produce","patterns":["a*"]}]}"#),
+            Ok(vec![("produce".into(), vec!["a*".into()])])
+        );
+        let e = grants(r#"{"grants":[["produce",["a*"]]]}"#).unwrap_err();
+        assert!(e.starts_with("invalid json:"), "{e}");
+        let e = grants(r#"{"grants":[{"action":"produce","x":1}]}"#).unwrap_err();
+        assert!(e.contains("unknown field"), "{e}");
     }
 }
