@@ -22,6 +22,8 @@ use crate::node::{Node, ShardReq, ShardResp};
 const MESH_CAPACITY: usize = 1024;
 /// How long a shard waits at start for shard 0's first metadata push.
 const META_WAIT_MAX: Duration = Duration::from_secs(60);
+/// Descriptors wanted beyond `http.max_connections`: segment, WAL and metadata files, sockets.
+const OPEN_FILES_MARGIN: u64 = 1024;
 /// Retention runs this often on every shard (SEMANTICS.md §6).
 const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 /// Expired leases are swept this often (SEMANTICS.md §2.2).
@@ -102,6 +104,18 @@ pub fn run(config: Config) -> Result<(), String> {
     let addr = parse_listen_addr(&config.http.addr)?;
     // Bind once here so that a port in use is a clear start-up error, not a panic in a shard.
     drop(std::net::TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?);
+    if let Some(files) = rt::raise_process_limits() {
+        // Each connection is a descriptor, and so are segment files, WAL segments and sockets.
+        let wanted = config.http.max_connections as u64 + OPEN_FILES_MARGIN;
+        if config.http.max_connections > 0 && files < wanted {
+            tracing::warn!(
+                open_files_limit = files,
+                max_connections = config.http.max_connections,
+                "the open-files limit is below http.max_connections plus {OPEN_FILES_MARGIN} for \
+                 files: raise it (ulimit -n, LimitNOFILE=) or lower http.max_connections"
+            );
+        }
+    }
     let shutdown = ShutdownSignal::new();
     rt::install_termination_handler(&shutdown).map_err(|e| e.to_string())?;
     let mesh: MeshSetup<ShardReq, ShardResp> = MeshSetup::new(shards, MESH_CAPACITY);

@@ -112,6 +112,39 @@ fn memlock_limit_bytes() -> Option<u64> {
     (rc == 0).then_some(r.rlim_cur)
 }
 
+/// Raises the soft limit of `resource` to its hard limit (as Go's runtime does for open files)
+/// and answers the soft limit in force afterwards; `None` when it cannot be read.
+fn raise_soft_limit(resource: libc::__rlimit_resource_t) -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit struct we own.
+    if unsafe { libc::getrlimit(resource, &mut r) } != 0 {
+        return None;
+    }
+    if r.rlim_cur < r.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: r.rlim_max,
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit struct we own; raising a soft limit up to the hard
+        // one needs no privilege. On failure the old limit stays.
+        if unsafe { libc::setrlimit(resource, &raised) } == 0 {
+            return Some(raised.rlim_cur);
+        }
+    }
+    Some(r.rlim_cur)
+}
+
+/// Raises this process's soft limits on open files and locked memory to their hard limits, so
+/// that a shell's or unit's low default (often 1024 files) does not cap connections and files
+/// below what the configuration allows. Answers the open-files limit now in force.
+pub fn raise_process_limits() -> Option<u64> {
+    let _ = raise_soft_limit(libc::RLIMIT_MEMLOCK);
+    raise_soft_limit(libc::RLIMIT_NOFILE)
+}
+
 /// Checks that io_uring can be set up at all, so that a refused syscall becomes a clear message
 /// rather than a panic inside an executor thread.
 fn probe_io_uring() -> Result<(), StartError> {
