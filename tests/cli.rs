@@ -1022,17 +1022,23 @@ fn cluster_commands_send_the_admin_requests() {
 
 #[test]
 fn routes_the_server_lacks_exit_1_with_a_clear_message() {
-    // Proves that against a broker without the remote-cluster routes, each command exits 1 and
-    // says the server does not offer the route, instead of a bare "404 page not found".
-    let (_d, s) = server("cli-missing");
-    let probe = |path: &str| s.client().get(path).status;
-    let mut cases: Vec<Vec<&str>> = vec![vec!["remote", "ls"], vec!["remote", "rm", "x"]];
-    if probe("/v1/users") == 404 {
-        cases.push(vec!["user", "ls"]);
-        cases.push(vec!["user", "rm", "x"]);
-    }
-    for args in cases {
-        let o = narad(&s, &args, b"");
+    // Proves that against a broker without a route (an older release: a plain "404 page not
+    // found"), each command exits 1 and says the server does not offer the route; and that this
+    // build's own refusal of the remote plane in dev mode is printed as the server said it.
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["remote", "ls"],
+        vec!["remote", "rm", "x"],
+        vec!["user", "ls"],
+        vec!["user", "rm", "x"],
+    ];
+    let (url, h) = fake_server_full(
+        cases
+            .iter()
+            .map(|_| (404, "404 page not found\n".to_string()))
+            .collect(),
+    );
+    for args in &cases {
+        let o = narad_env(&url, args, b"", &[]);
         assert_eq!(o.code, 1, "{args:?}: {}", o.stderr);
         assert!(
             o.stderr.contains("this server does not offer")
@@ -1042,6 +1048,15 @@ fn routes_the_server_lacks_exit_1_with_a_clear_message() {
             o.stderr
         );
     }
+    assert_eq!(h.join().unwrap().len(), cases.len());
+    let (_d, s) = server("cli-missing");
+    let o = narad(&s, &["remote", "ls"], b"");
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("remotes require security") && o.stderr.contains("403"),
+        "{}",
+        o.stderr
+    );
 }
 
 #[test]

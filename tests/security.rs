@@ -810,7 +810,8 @@ fn remote_child_attach_answers_by_security_and_plane() {
     // Proves API.md §9.1 and §18 for a remote-child attach on this build (no remote plane): on a
     // secured node an admin gets `501` (not `403 remotes require security`, since security is on),
     // with or without `dry_run`; a non-admin owner of both topics gets `403 remotes require
-    // security`; with security off (dev) every caller gets that `403`.
+    // security`; with security off (dev) every caller gets that `403`. The same for every route
+    // of the remote plane (§9.4-9.6, §14), which were not routed at all before (404).
     const NEED_SECURITY: &str = "remotes require security";
     let dir = TempDir::new("sec-remote");
     let s = secure(&dir, &[]);
@@ -852,6 +853,43 @@ fn remote_child_attach_answers_by_security_and_plane() {
         call(&mut c, "GET", "/v1/topics/rp-to-b", ROOT, "").status,
         404
     );
+    // The remote-plane routes (§9.4-9.6, §14): admin gets 501, anyone else the 403.
+    let routes = [
+        ("POST", "/v1/remotes", r#"{"name":"b"}"#),
+        ("GET", "/v1/remotes", ""),
+        ("GET", "/v1/remotes/b", ""),
+        ("PATCH", "/v1/remotes/b", "{}"),
+        ("DELETE", "/v1/remotes/b", ""),
+        ("POST", "/v1/remotes/b/test", r#"{"topic":"t"}"#),
+        ("POST", "/v1/cluster/reencrypt-remotes", ""),
+        ("POST", "/v1/topics/rp/children/rp-to-b/pause", ""),
+        ("POST", "/v1/topics/rp/children/rp-to-b/resume", ""),
+        (
+            "POST",
+            "/v1/topics/rp/children/rp-to-b/skip",
+            r#"{"partition":0,"offset":0}"#,
+        ),
+    ];
+    for (method, path, body) in routes {
+        let r = call(&mut c, method, path, ROOT, body);
+        assert_eq!(r.status, 501, "{method} {path}: {}", r.text());
+        assert!(
+            r.error().ends_with("this node has no remote plane"),
+            "{}",
+            r.error()
+        );
+        let r = call(&mut c, method, path, ("bob", "bob-pw"), body);
+        assert_eq!(
+            (r.status, r.error()),
+            (403, NEED_SECURITY.into()),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(
+        call(&mut c, "PUT", "/v1/remotes", ROOT, "").status,
+        405,
+        "wrong method"
+    );
     drop(c);
     drop(s);
 
@@ -860,5 +898,9 @@ fn remote_child_attach_answers_by_security_and_plane() {
     let mut c = dev.client();
     c.create_topic("rp", 3);
     let r = c.post_json("/v1/topics/rp/children", r#"{"child":"x","remote":"b"}"#);
+    assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
+    let r = c.post_json("/v1/remotes", r#"{"name":"b"}"#);
+    assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
+    let r = c.get("/v1/remotes");
     assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
 }

@@ -13,7 +13,8 @@ use narad_raft::{MetaCommand, MetaResponse, TopicMeta};
 use serde::{Deserialize, Serialize};
 
 use super::params::Params;
-use super::{error, json, propose_error};
+use super::{error, json, propose_error, users, Route};
+use crate::auth::Caller;
 use crate::http::{Request, Response};
 use crate::node::Node;
 
@@ -22,6 +23,41 @@ const DELAY_MS_MAX: i64 = 31_536_000_000;
 
 /// The `403` of a remote-child request without security or by a non-admin (API.md §9.1).
 pub const REMOTES_NEED_SECURITY: &str = "remotes require security";
+/// The `501` of a remotes route: this node has no remote plane (API.md §14, §18).
+pub const NO_REMOTES_PLANE: &str = "remotes are not supported: this node has no remote plane";
+
+/// The routes of the remote plane (API.md §9.4-9.6, §14): admin with security on, then `501`,
+/// since this build has none. Every request writes one audit line (§14), refusals included.
+pub fn remote_plane(
+    node: &Node,
+    c: &Caller,
+    r: Route,
+    first: &str,
+    second: Option<&str>,
+) -> Response {
+    let (event, target) = match r {
+        Route::RemotesCreate => ("remote.create", String::new()),
+        Route::RemotesList => ("remote.list", String::new()),
+        Route::RemoteGet => ("remote.get", first.to_string()),
+        Route::RemotePatch => ("remote.change", first.to_string()),
+        Route::RemoteDelete => ("remote.delete", first.to_string()),
+        Route::RemoteTest => ("remote.test", first.to_string()),
+        Route::RemotesReencrypt => ("remote.reencrypt", String::new()),
+        Route::ChildPause => ("child.pause", format!("{first}/{}", second.unwrap_or(""))),
+        Route::ChildResume => ("child.resume", format!("{first}/{}", second.unwrap_or(""))),
+        _ => ("child.skip", format!("{first}/{}", second.unwrap_or(""))),
+    };
+    // "admin, security on (`403 remotes require security` otherwise)", as for a remote attach.
+    let resp = if !node.config.security_enabled || !c.is_admin() {
+        error(403, REMOTES_NEED_SECURITY)
+    } else if matches!(r, Route::ChildPause | Route::ChildResume | Route::ChildSkip) {
+        error(501, NO_REMOTE_PLANE)
+    } else {
+        error(501, NO_REMOTES_PLANE)
+    };
+    users::audited(event, c, &target, resp)
+}
+
 /// The `501` of a remote-child request: this node has no remote plane (API.md §18).
 pub const NO_REMOTE_PLANE: &str =
     "remote children are not supported: this node has no remote plane";

@@ -90,6 +90,16 @@ pub enum Route {
     ClusterDecommissionCancel,
     ClusterMoveAbort,
     ClusterForget,
+    RemotesCreate,
+    RemotesList,
+    RemoteGet,
+    RemotePatch,
+    RemoteDelete,
+    RemoteTest,
+    RemotesReencrypt,
+    ChildPause,
+    ChildResume,
+    ChildSkip,
 }
 
 impl Route {
@@ -127,6 +137,16 @@ impl Route {
             Route::ClusterDecommissionCancel => "DELETE /v1/cluster/members/{id}/decommission",
             Route::ClusterMoveAbort => "POST /v1/cluster/moves/{topic}/{partition}/abort",
             Route::ClusterForget => "POST /v1/cluster/members/{id}/forget",
+            Route::RemotesCreate => "POST /v1/remotes",
+            Route::RemotesList => "GET /v1/remotes",
+            Route::RemoteGet => "GET /v1/remotes/{name}",
+            Route::RemotePatch => "PATCH /v1/remotes/{name}",
+            Route::RemoteDelete => "DELETE /v1/remotes/{name}",
+            Route::RemoteTest => "POST /v1/remotes/{name}/test",
+            Route::RemotesReencrypt => "POST /v1/cluster/reencrypt-remotes",
+            Route::ChildPause => "POST /v1/topics/{parent}/children/{child}/pause",
+            Route::ChildResume => "POST /v1/topics/{parent}/children/{child}/resume",
+            Route::ChildSkip => "POST /v1/topics/{parent}/children/{child}/skip",
         }
     }
 }
@@ -163,6 +183,16 @@ pub const ROUTES: &[Route] = &[
     Route::ClusterDecommissionCancel,
     Route::ClusterMoveAbort,
     Route::ClusterForget,
+    Route::RemotesCreate,
+    Route::RemotesList,
+    Route::RemoteGet,
+    Route::RemotePatch,
+    Route::RemoteDelete,
+    Route::RemoteTest,
+    Route::RemotesReencrypt,
+    Route::ChildPause,
+    Route::ChildResume,
+    Route::ChildSkip,
 ];
 
 /// Whether `route(method, path)` finds `r` (for the OpenAPI test, which cannot name `Match`).
@@ -342,6 +372,44 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
                 Match::WrongMethod("POST")
             }
         }
+        ["v1", "cluster", "reencrypt-remotes"] => {
+            if method == "POST" {
+                found(RemotesReencrypt, Args::NONE)
+            } else {
+                Match::WrongMethod("POST")
+            }
+        }
+        ["v1", "remotes"] => match method {
+            "POST" => found(RemotesCreate, Args::NONE),
+            "GET" | "HEAD" => found(RemotesList, Args::NONE),
+            _ => Match::WrongMethod("GET, HEAD, POST"),
+        },
+        ["v1", "remotes", n] if !n.is_empty() => match method {
+            "GET" | "HEAD" => found(RemoteGet, Args::one(n)),
+            "PATCH" => found(RemotePatch, Args::one(n)),
+            "DELETE" => found(RemoteDelete, Args::one(n)),
+            _ => Match::WrongMethod("DELETE, GET, HEAD, PATCH"),
+        },
+        ["v1", "remotes", n, "test"] if !n.is_empty() => {
+            if method == "POST" {
+                found(RemoteTest, Args::one(n))
+            } else {
+                Match::WrongMethod("POST")
+            }
+        }
+        ["v1", "topics", t, "children", c, action @ ("pause" | "resume" | "skip")]
+            if !t.is_empty() && !c.is_empty() =>
+        {
+            if method != "POST" {
+                return Match::WrongMethod("POST");
+            }
+            let r = match *action {
+                "pause" => ChildPause,
+                "resume" => ChildResume,
+                _ => ChildSkip,
+            };
+            found(r, Args::two(t, c))
+        }
         _ => Match::NotFound,
     }
 }
@@ -511,6 +579,16 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t),
         Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, &caller, t),
         Route::ClusterForget => cluster::forget(node, &caller, t),
+        Route::RemotesCreate
+        | Route::RemotesList
+        | Route::RemoteGet
+        | Route::RemotePatch
+        | Route::RemoteDelete
+        | Route::RemoteTest
+        | Route::RemotesReencrypt
+        | Route::ChildPause
+        | Route::ChildResume
+        | Route::ChildSkip => children::remote_plane(node, &caller, r, t, second.as_deref()),
         Route::ClusterMoveAbort => match args.get(1).map(percent_decode_segment) {
             Some(Ok(p)) => cluster::abort_move(node, &caller, t, &p),
             _ => Response::text(404, "404 page not found\n"),
@@ -692,6 +770,17 @@ fn authorize(
         | Route::ClusterDecommissionCancel
         | Route::ClusterMoveAbort
         | Route::ClusterForget => None,
+        // Admin and security on (the handler says the latter, and audits either refusal).
+        Route::RemotesCreate
+        | Route::RemotesList
+        | Route::RemoteGet
+        | Route::RemotePatch
+        | Route::RemoteDelete
+        | Route::RemoteTest
+        | Route::RemotesReencrypt
+        | Route::ChildPause
+        | Route::ChildResume
+        | Route::ChildSkip => None,
     }
 }
 
