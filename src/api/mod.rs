@@ -244,6 +244,24 @@ enum Match<'a> {
     NotFound,
 }
 
+/// `found` when the request's method is `want`, else `405` allowing only `want`.
+fn only<'a>(method: &str, want: &'static str, found: Match<'a>) -> Match<'a> {
+    if method == want {
+        found
+    } else {
+        Match::WrongMethod(want)
+    }
+}
+
+/// `found` for GET or HEAD, else `405` allowing those.
+fn only_get(get: bool, found: Match<'_>) -> Match<'_> {
+    if get {
+        found
+    } else {
+        Match::WrongMethod("GET, HEAD")
+    }
+}
+
 fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
     let mut buf = [""; ROUTE_SEGMENTS_MAX];
     let mut n = 0;
@@ -279,32 +297,16 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
             _ => Match::WrongMethod("DELETE, GET, HEAD, PATCH"),
         },
         ["v1", "topics", t, "schema"] if !t.is_empty() => {
-            if get {
-                found(TopicSchema, Args::one(t))
-            } else {
-                Match::WrongMethod("GET, HEAD")
-            }
+            only_get(get, found(TopicSchema, Args::one(t)))
         }
         ["v1", "topics", t, "produce"] if !t.is_empty() => {
-            if method == "POST" {
-                found(Produce, Args::one(t))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(Produce, Args::one(t)))
         }
         ["v1", "topics", t, "produce", "batch"] if !t.is_empty() => {
-            if method == "POST" {
-                found(ProduceBatch, Args::one(t))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(ProduceBatch, Args::one(t)))
         }
         ["v1", "topics", t, "consume"] if !t.is_empty() => {
-            if get {
-                found(Consume, Args::one(t))
-            } else {
-                Match::WrongMethod("GET, HEAD")
-            }
+            only_get(get, found(Consume, Args::one(t)))
         }
         ["v1", "topics", t, "children"] if !t.is_empty() => match method {
             "POST" => found(ChildrenAttach, Args::one(t)),
@@ -312,18 +314,10 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
             _ => Match::WrongMethod("GET, HEAD, POST"),
         },
         ["v1", "topics", t, "children", c] if !t.is_empty() && !c.is_empty() => {
-            if method == "DELETE" {
-                found(ChildDetach, Args::two(t, c))
-            } else {
-                Match::WrongMethod("DELETE")
-            }
+            only(method, "DELETE", found(ChildDetach, Args::two(t, c)))
         }
         ["v1", "topics", t, "ack"] if !t.is_empty() => {
-            if method == "POST" {
-                found(Ack, Args::one(t))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(Ack, Args::one(t)))
         }
         ["v1", "users"] => match method {
             "POST" => found(UsersCreate, Args::NONE),
@@ -336,18 +330,10 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
             _ => Match::WrongMethod("DELETE, GET, HEAD"),
         },
         ["v1", "users", u, "grants"] if !u.is_empty() => {
-            if method == "PUT" {
-                found(UserGrants, Args::one(u))
-            } else {
-                Match::WrongMethod("PUT")
-            }
+            only(method, "PUT", found(UserGrants, Args::one(u)))
         }
         ["v1", "users", u, "password"] if !u.is_empty() => {
-            if method == "PUT" {
-                found(UserPassword, Args::one(u))
-            } else {
-                Match::WrongMethod("PUT")
-            }
+            only(method, "PUT", found(UserPassword, Args::one(u)))
         }
         ["v1", "cluster", "members"] if get => found(ClusterMembers, Args::NONE),
         ["v1", "cluster", "members"] => Match::WrongMethod("GET, HEAD"),
@@ -359,25 +345,13 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
             _ => Match::WrongMethod("DELETE, POST"),
         },
         ["v1", "cluster", "members", id, "forget"] if !id.is_empty() => {
-            if method == "POST" {
-                found(ClusterForget, Args::one(id))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(ClusterForget, Args::one(id)))
         }
         ["v1", "cluster", "moves", t, p, "abort"] if !t.is_empty() && !p.is_empty() => {
-            if method == "POST" {
-                found(ClusterMoveAbort, Args::two(t, p))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(ClusterMoveAbort, Args::two(t, p)))
         }
         ["v1", "cluster", "reencrypt-remotes"] => {
-            if method == "POST" {
-                found(RemotesReencrypt, Args::NONE)
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(RemotesReencrypt, Args::NONE))
         }
         ["v1", "remotes"] => match method {
             "POST" => found(RemotesCreate, Args::NONE),
@@ -391,11 +365,7 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
             _ => Match::WrongMethod("DELETE, GET, HEAD, PATCH"),
         },
         ["v1", "remotes", n, "test"] if !n.is_empty() => {
-            if method == "POST" {
-                found(RemoteTest, Args::one(n))
-            } else {
-                Match::WrongMethod("POST")
-            }
+            only(method, "POST", found(RemoteTest, Args::one(n)))
         }
         ["v1", "topics", t, "children", c, action @ ("pause" | "resume" | "skip")]
             if !t.is_empty() && !c.is_empty() =>
