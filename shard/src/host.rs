@@ -312,13 +312,18 @@ impl Host {
                     }
                 }
             }
+            // The record at `offset`: from the run read above, else read alone (`None`: the
+            // log answered without it).
             let got = match ahead.front() {
-                Some(r) if r.offset == offset => Ok(ahead.pop_front().into_iter().collect()),
-                _ => self.log.read(key, offset, 1, usize::MAX).await,
+                Some(r) if r.offset == offset => Ok(ahead.pop_front()),
+                _ => self
+                    .log
+                    .read(key, offset, 1, usize::MAX)
+                    .await
+                    .map(|recs| recs.into_iter().next().filter(|r| r.offset == offset)),
             };
             match got {
-                Ok(mut recs) if !recs.is_empty() && recs[0].offset == offset => {
-                    let record = recs.swap_remove(0);
+                Ok(Some(record)) => {
                     *bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
                     out.push(Leased {
                         partition: p,
@@ -326,7 +331,7 @@ impl Host {
                         record,
                     });
                 }
-                Ok(_) | Err(ReadError::Corrupt { .. }) => {
+                Ok(None) | Err(ReadError::Corrupt { .. }) => {
                     tracing::error!(topic = %conf.topic, partition = p.0, offset = offset.0,
                         "unreadable record skipped by queue consume");
                     let skipped = self.with_queue(key, |q| {
