@@ -129,6 +129,8 @@ pub struct Node {
     meta_node: Option<MetaNode>,
     /// This shard's handles on the node-wide round-robin cursors ([`node_rotation`]).
     rr: RefCell<HashMap<TopicId, Arc<AtomicU32>>>,
+    /// Where this shard's next queue consume starts looking (rotating over the partitions).
+    take_start: Cell<u32>,
     /// Remote shards with long-polls parked per topic, and until when.
     interest: RefCell<HashMap<TopicId, Vec<(ShardId, u64)>>>,
     /// Topics this shard already told the others it waits on, and until when.
@@ -161,6 +163,7 @@ impl Node {
             meta: RefCell::new(meta),
             meta_node,
             rr: RefCell::new(HashMap::new()),
+            take_start: Cell::new((now_ms() as u32) ^ shard.0),
             interest: RefCell::new(HashMap::new()),
             announced: RefCell::new(HashMap::new()),
             shutdown,
@@ -382,15 +385,10 @@ impl Node {
         owner_shard(key, self.shards)
     }
 
-    /// Next partition for a keyless produce (and where a consume starts looking): one rotation
-    /// per topic per node, whichever shard took the request, from a random start (SEMANTICS.md
-    /// §5).
-    pub fn next_round_robin(&self, topic: TopicId, partitions: u32) -> u32 {
-        self.round_robin_turns(topic, 1) % partitions
-    }
-
-    /// Reserves `n` consecutive turns of the topic's node-wide rotation and returns the first
-    /// (take it modulo the partition count; the next ones follow it).
+    /// Reserves `n` consecutive turns of the topic's node-wide keyless-produce rotation (one
+    /// rotation per topic per node, whichever shard took the request, from a random start:
+    /// SEMANTICS.md §5) and returns the first (take it modulo the partition count; the next
+    /// ones follow it).
     pub fn round_robin_turns(&self, topic: TopicId, n: u32) -> u32 {
         let mut rr = self.rr.borrow_mut();
         let c = rr.entry(topic).or_insert_with(|| node_rotation(topic));
@@ -448,7 +446,11 @@ impl Node {
         partitions: &[PartitionId],
         n: usize,
     ) -> Result<Vec<Leased>, StoreError> {
-        let start = self.next_round_robin(conf.topic, partitions.len().max(1) as u32) as usize;
+        // Consumes start at rotating partitions too, on this shard's own cursor: taking turns of
+        // the produce rotation would move keyless records out of their round-robin order.
+        let start = self.take_start.get().wrapping_add(1);
+        self.take_start.set(start);
+        let start = start as usize;
         let mut by_shard: Vec<Vec<PartitionId>> = (0..self.shards).map(|_| Vec::new()).collect();
         for i in 0..partitions.len() {
             let p = partitions[(start + i) % partitions.len()];

@@ -773,8 +773,8 @@ fn patch_groups_apply_in_order_without_a_transaction() {
 fn keyless_produces_rotate_once_per_topic_per_node() {
     // Proves SEMANTICS.md §5: keyless records go round-robin, one rotation per topic per node,
     // whichever shard took the connection (each produce here is on a new connection, so they
-    // land on both shards), single and batch produces alike: message i+1 is in the partition
-    // after message i's, and the partitions end up exactly even.
+    // land on both shards), single and batch produces alike, with queue consumes in between:
+    // message i+1 is in the partition after message i's, and the partitions end up even.
     let (_d, s) = server("keyless-rr");
     let mut c = s.client();
     c.create_topic("rr", 4);
@@ -793,7 +793,16 @@ fn keyless_produces_rotate_once_per_topic_per_node() {
         &serde_json::json!({ "messages": batch }).to_string(),
     );
     assert_eq!(r.status, 202, "{}", r.text());
-    let total = single + 8;
+    // Queue consumes between produces do not take turns of the produce rotation.
+    for i in single + 8..single + 16 {
+        let r = s.client().get("/v1/topics/rr/consume");
+        assert_eq!(r.status, 200);
+        let r = s
+            .client()
+            .post_client("/v1/topics/rr/produce", format!("m{i}").as_bytes());
+        assert_eq!(r.status, 202);
+    }
+    let total = single + 16;
     let mut partition_of = vec![None; total];
     for p in 0..4u32 {
         for off in 0..total {
