@@ -539,6 +539,12 @@ impl ShardLog {
 
     /// Queues a request (waiting while the queue is full) and waits for its answer.
     async fn submit(&self, kind: Kind, records: Vec<WalRecord>) -> Result<Vec<Offset>, LogError> {
+        self.enqueue(kind, records).await?.await
+    }
+
+    /// Queues a request, waiting while the queue is full (backpressure). The returned
+    /// [`Durable`] resolves with the request's answer once its batch is durable.
+    async fn enqueue(&self, kind: Kind, records: Vec<WalRecord>) -> Result<Durable, LogError> {
         let wal_bytes: usize = records.iter().map(codec::encoded_len).sum();
         if codec::BATCH_HEADER_BYTES + wal_bytes > self.inner.cfg.wal_append_limit()
             || records.len() > self.inner.cfg.wal_batch_records_max
@@ -574,7 +580,7 @@ impl ShardLog {
             });
         }
         self.signals.work.notify_waiters();
-        rx.await.unwrap_or(Err(LogError::Closed))
+        Ok(Durable(rx))
     }
 
     /// Assigns offsets (dense per partition, from 0) and commit times (non-decreasing per
@@ -618,22 +624,26 @@ impl ShardLog {
     /// Marks offsets acked; durable through a Settle WAL record in the next group commit.
     /// Resolves when durable.
     pub async fn settle(&self, key: PartitionKey, offsets: Vec<Offset>) -> Result<(), LogError> {
-        self.settle_many(vec![(key, offsets)]).await
+        self.settle_many(vec![(key, offsets)])
+            .await?
+            .await
+            .map(|_| ())
     }
 
     /// Marks offsets of several partitions acked: one Settle WAL record per partition, all in
-    /// the same group commit (one fsync for a batch ack spread over partitions). Resolves when
-    /// durable. At most [`SETTLE_OFFSETS_MAX`] offsets per call.
+    /// the same group commit (one fsync for a batch ack spread over partitions). Resolves once
+    /// the records are queued (waiting while the queue is full); the returned [`Durable`]
+    /// resolves when they are durable. At most [`SETTLE_OFFSETS_MAX`] offsets per call.
     pub async fn settle_many(
         &self,
         mut parts: Vec<(PartitionKey, Vec<Offset>)>,
-    ) -> Result<(), LogError> {
+    ) -> Result<Durable, LogError> {
         if let Some(e) = self.refuse() {
             return Err(e);
         }
         parts.retain(|(_, offsets)| !offsets.is_empty());
         if parts.is_empty() {
-            return Ok(());
+            return Ok(Durable::done());
         }
         if parts.iter().map(|(_, o)| o.len()).sum::<usize>() > SETTLE_OFFSETS_MAX {
             return Err(LogError::TooLarge);
@@ -645,7 +655,7 @@ impl ShardLog {
                 offsets: offsets.clone(),
             })
             .collect();
-        self.submit(Kind::Settle(parts), recs).await.map(|_| ())
+        self.enqueue(Kind::Settle(parts), recs).await
     }
 
     pub fn high_watermark(&self, key: PartitionKey) -> Offset {
@@ -1167,6 +1177,33 @@ struct Planned {
 
 /// Where a queued call learns its offsets (or why it failed).
 type Reply = oneshot::Sender<Result<Vec<Offset>, LogError>>;
+
+/// The answer to a queued request: resolves when the batch holding it is durable (or failed).
+/// Dropping it does not withdraw the request; it is still written.
+#[must_use = "a queued request is durable only once this resolves"]
+pub struct Durable(oneshot::Receiver<Result<Vec<Offset>, LogError>>);
+
+impl Durable {
+    /// Already durable: nothing was queued.
+    fn done() -> Self {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Ok(Vec::new()));
+        Durable(rx)
+    }
+}
+
+impl std::future::Future for Durable {
+    type Output = Result<Vec<Offset>, LogError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(LogError::Closed)))
+    }
+}
 
 /// Assigns offsets and times and encodes the segment frames of `batch`. Offsets continue after
 /// the batches still in flight (`planned_next`), else after the partition's end in its files.

@@ -250,7 +250,7 @@ fn settle_of_several_partitions_is_one_commit_and_survives_restart() {
             .enumerate()
             .map(|(i, &k)| (k, (0..=i as u64).map(Offset).collect()))
             .collect();
-        log.settle_many(parts).await.unwrap();
+        log.settle_many(parts).await.unwrap().await.unwrap();
         assert_eq!(log.wal_stats().batches, before + 1);
         drop(log);
     });

@@ -426,8 +426,11 @@ impl Host {
                 (key, offsets)
             })
             .collect();
-        // One request for every partition: their settle records share one group commit.
-        if let Err(e) = self.log.settle_many(parts).await {
+        // One request for every partition: their settle records share one group commit. The
+        // ack is answered once its records are queued, not once they are durable: the lease
+        // state above already settled them in memory, a graceful stop writes the queue out,
+        // and a crash redelivers at most the acks of the batch being written (DESIGN.md §2.5).
+        if let Err(e) = self.log.settle_many(parts).await.map(drop) {
             let msg = e.to_string();
             for r in results.iter_mut().filter(|r| r.is_ok()) {
                 *r = Err(SettleError::Log(LogError::Io(std::io::Error::other(
