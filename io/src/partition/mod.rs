@@ -45,8 +45,12 @@ pub use state::{Settled, SettledSet};
 
 /// Positions are `u32`, so a segment must stay below 4 GiB; configs are clamped to this.
 pub const SEGMENT_BYTES_MAX_LIMIT: u64 = 1 << 30;
-/// Segment space is reserved (fallocate, size kept) ahead of writes in chunks of this size, so
-/// that a full disk shows up before the WAL write, not after it.
+/// Segment space is reserved (fallocate, size kept) ahead of writes, so that a full disk shows
+/// up before the WAL write, not after it. A reservation runs as far ahead as the segment is
+/// long, between these two bounds: a partition that gets one small message holds 16 KiB of disk,
+/// not a megabyte (thousands of quiet partitions would otherwise fill a volume with nothing), and
+/// a busy one reserves a megabyte at a time.
+pub const RESERVE_CHUNK_BYTES_MIN: u64 = 16 << 10;
 pub const RESERVE_CHUNK_BYTES: u64 = 1 << 20;
 /// Bound on the records one read returns, whatever the caller asks.
 pub const READ_RECORDS_MAX: usize = 65_536;
@@ -926,7 +930,8 @@ impl PartitionLog {
     }
 
     /// Makes room for `bytes` more frames before they are committed: rolls to a new segment if
-    /// needed and reserves disk blocks for them (in chunks of `RESERVE_CHUNK_BYTES`). An
+    /// needed and reserves disk blocks for them (ahead by the segment's length, clamped to
+    /// `RESERVE_CHUNK_BYTES_MIN..=RESERVE_CHUNK_BYTES`). An
     /// ENOSPC error here means nothing was written; after it succeeds, [`Self::append`] of that
     /// many bytes does not need new blocks.
     pub fn reserve(&mut self, bytes: u64) -> std::io::Result<()> {
@@ -938,7 +943,8 @@ impl PartitionLog {
         if need <= self.reserved_end {
             return Ok(());
         }
-        let end = need.max((size + RESERVE_CHUNK_BYTES).min(self.segment_bytes_max));
+        let ahead = size.clamp(RESERVE_CHUNK_BYTES_MIN, RESERVE_CHUNK_BYTES);
+        let end = need.max((size + ahead).min(self.segment_bytes_max));
         let from = self.reserved_end.max(size);
         use std::os::fd::AsRawFd;
         // SAFETY: fallocate on a file descriptor we own; KEEP_SIZE leaves the file length (and so

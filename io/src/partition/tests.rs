@@ -305,6 +305,52 @@ fn reserve_allocates_without_changing_length_and_rolls_early() {
 }
 
 #[test]
+fn reservation_grows_with_the_segment() {
+    // Proves a quiet partition holds little disk (one small message: at most the minimum chunk
+    // plus a block), while a growing segment reserves ahead by its own length, up to a megabyte.
+    use std::os::unix::fs::MetadataExt;
+    let t = TempDir::new("reserve-grow");
+    let mut p = PartitionLog::create(&t.0, KEY, 64 << 20).unwrap();
+    let seg0 = segment_path(&partition_dir(&t.0, KEY), Offset(0));
+    let disk = || std::fs::metadata(&seg0).unwrap().blocks() * 512;
+    p.reserve(300).unwrap();
+    fill(&mut p, 1, 1);
+    assert!(
+        disk() <= RESERVE_CHUNK_BYTES_MIN + 4096,
+        "one message holds {} bytes",
+        disk()
+    );
+    // Past 256 KiB written, the reservation runs at least 256 KiB ahead.
+    let mut o = 1;
+    while p.segments.back().unwrap().size_bytes < 256 << 10 {
+        let mut b = EncodedBatch::new(Offset(o));
+        b.push_message(UnixMillis(1000 + o), None, &payload(o));
+        p.reserve(b.byte_len() as u64).unwrap();
+        p.append(&b).unwrap();
+        o += 1;
+    }
+    let size = p.segments.back().unwrap().size_bytes;
+    p.reserve(p.reserved_end - size + 1).unwrap();
+    assert_eq!(
+        p.reserved_end,
+        2 * size,
+        "reserved ahead by the segment's length"
+    );
+    assert!(disk() >= 2 * size, "{} on disk for {size}", disk());
+    // Past a megabyte, a megabyte ahead.
+    while p.segments.back().unwrap().size_bytes < RESERVE_CHUNK_BYTES + 1000 {
+        let mut b = EncodedBatch::new(Offset(o));
+        b.push_message(UnixMillis(1000 + o), None, &payload(o));
+        p.reserve(b.byte_len() as u64).unwrap();
+        p.append(&b).unwrap();
+        o += 1;
+    }
+    let size = p.segments.back().unwrap().size_bytes;
+    p.reserve(p.reserved_end - size + 1).unwrap();
+    assert_eq!(p.reserved_end, size + RESERVE_CHUNK_BYTES);
+}
+
+#[test]
 fn sealed_segments_recover_from_index_files() {
     // Proves a checkpoint writes an index file for every sealed segment, recovery then loads
     // them instead of scanning (same index, same reads), and a damaged index file falls back to
