@@ -304,6 +304,18 @@ fn reserve_allocates_without_changing_length_and_rolls_early() {
     assert_eq!(p.next_offset(), Offset(41));
 }
 
+/// Appends one message at a time (reserving first, as the log does) from offset `*o` until the
+/// active segment holds `bytes`.
+fn append_until(p: &mut PartitionLog, o: &mut u64, bytes: u64) {
+    while p.segments.back().unwrap().size_bytes < bytes {
+        let mut b = EncodedBatch::new(Offset(*o));
+        b.push_message(UnixMillis(1000 + *o), None, &payload(*o));
+        p.reserve(b.byte_len() as u64).unwrap();
+        p.append(&b).unwrap();
+        *o += 1;
+    }
+}
+
 #[test]
 fn reservation_grows_with_the_segment() {
     // Proves a quiet partition holds little disk (one small message: at most the minimum chunk
@@ -322,13 +334,7 @@ fn reservation_grows_with_the_segment() {
     );
     // Past 256 KiB written, the reservation runs at least 256 KiB ahead.
     let mut o = 1;
-    while p.segments.back().unwrap().size_bytes < 256 << 10 {
-        let mut b = EncodedBatch::new(Offset(o));
-        b.push_message(UnixMillis(1000 + o), None, &payload(o));
-        p.reserve(b.byte_len() as u64).unwrap();
-        p.append(&b).unwrap();
-        o += 1;
-    }
+    append_until(&mut p, &mut o, 256 << 10);
     let size = p.segments.back().unwrap().size_bytes;
     p.reserve(p.reserved_end - size + 1).unwrap();
     assert_eq!(
@@ -338,13 +344,7 @@ fn reservation_grows_with_the_segment() {
     );
     assert!(disk() >= 2 * size, "{} on disk for {size}", disk());
     // Past a megabyte, a megabyte ahead.
-    while p.segments.back().unwrap().size_bytes < RESERVE_CHUNK_BYTES + 1000 {
-        let mut b = EncodedBatch::new(Offset(o));
-        b.push_message(UnixMillis(1000 + o), None, &payload(o));
-        p.reserve(b.byte_len() as u64).unwrap();
-        p.append(&b).unwrap();
-        o += 1;
-    }
+    append_until(&mut p, &mut o, RESERVE_CHUNK_BYTES + 1000);
     let size = p.segments.back().unwrap().size_bytes;
     p.reserve(p.reserved_end - size + 1).unwrap();
     assert_eq!(p.reserved_end, size + RESERVE_CHUNK_BYTES);
