@@ -177,6 +177,42 @@ fn topic_lifecycle_and_errors() {
 }
 
 #[test]
+fn admin_body_keys_match_as_go_matches_them() {
+    // Proves curl scripts written against the Go broker keep working: admin body keys match
+    // fields without regard to letter case, and a repeated key takes its last value.
+    let (_d, s) = server("gokeys");
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"Name":"first","NAME":"orders","Partitions":4,"Retention_MS":7200000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let j = r.json();
+    assert_eq!(
+        (
+            j["name"].as_str(),
+            j["partitions"].as_u64(),
+            j["retention_ms"].as_u64()
+        ),
+        (Some("orders"), Some(4), Some(7_200_000))
+    );
+    assert_eq!(c.get("/v1/topics/first").status, 404);
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"Max_In_Flight_Per_Partition":5,"max_in_flight_per_partition":6}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["max_in_flight_per_partition"].as_u64(), Some(6));
+    let r = c.post_json("/v1/topics", r#"{"Name":"p","Bogus":1}"#);
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "invalid json: json: unknown field \"Bogus\"")
+    );
+}
+
+#[test]
 fn topic_list_pagination() {
     // Proves keyset pagination: next_page_token is the last name, empty on the last page.
     let (_d, s) = server("list");

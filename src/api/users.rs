@@ -45,8 +45,8 @@ pub fn view(u: &UserMeta) -> UserView<'_> {
 }
 
 /// A grant as a request carries it: a JSON object only (serde's positional array form is
-/// refused, as Go's decoder does), unknown fields refused, and `"patterns": null` read as no
-/// patterns (what Go's encoder writes for a nil slice).
+/// refused, as Go's decoder does), unknown fields refused, keys matched as Go matches them, and
+/// `"patterns": null` read as no patterns (what Go's encoder writes for a nil slice).
 struct GrantBody {
     action: String,
     patterns: Vec<String>,
@@ -78,7 +78,8 @@ impl<'de> Deserialize<'de> for GrantBody {
                 })
             }
         }
-        d.deserialize_map(ObjectOnly)
+        // As a struct, so that keys match its fields as Go matches them (`wire::gokeys`).
+        d.deserialize_struct("grant", &["action", "patterns"], ObjectOnly)
     }
 }
 
@@ -397,5 +398,19 @@ mod tests {
         assert!(e.starts_with("invalid json:"), "{e}");
         let e = grants(r#"{"grants":[{"action":"produce","x":1}]}"#).unwrap_err();
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn grant_keys_match_as_go_matches_them() {
+        // Proves keys of the body and of each grant match without regard to letter case, and a
+        // repeated key takes its last value, at both levels.
+        assert_eq!(
+            grants(r#"{"Grants":[{"ACTION":"produce","Patterns":["a*"],"patterns":["b*"]}]}"#),
+            Ok(vec![("produce".into(), vec!["b*".into()])])
+        );
+        assert_eq!(
+            grants(r#"{"grants":[],"GRANTS":[{"Action":"consume"}]}"#),
+            Ok(vec![("consume".into(), vec![])])
+        );
     }
 }

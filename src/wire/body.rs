@@ -451,7 +451,8 @@ pub fn parse_batch_ack(body: &[u8]) -> Result<Vec<Result<ReceiptHandle, Malforme
 /// `invalid json: json: unknown field "x"` when `T` (with `#[serde(deny_unknown_fields)]`) meets
 /// an unknown field. Other type errors keep serde's wording after `invalid json: `.
 /// A `null` body is an object with no fields, as Go's decoder leaves the struct untouched.
-/// Unlike Go, field names match case-sensitively, and a missing field is an error unless `T`
+/// Keys match fields as Go matches them (exact, else without regard to letter case; a repeated
+/// key takes its last value: [`super::gokeys`]), and a missing field is an error unless `T`
 /// gives it `#[serde(default)]`.
 ///
 /// The object check is made here because serde's derived structs also accept a JSON array, field
@@ -476,8 +477,12 @@ pub fn decode_strict<T: DeserializeOwned>(body: &[u8], go_type: &str) -> Result<
             return Err(type_error(&mut v, "value", go_type).into_message());
         }
     };
-    serde_json::from_slice::<T>(value)
-        .map_err(|err| format!("invalid json: {}", serde_detail(&err)))
+    let decoded = match std::str::from_utf8(value) {
+        Ok(text) => T::deserialize(super::gokeys::GoKeys(text)),
+        // serde_json names the bad bytes.
+        Err(_) => serde_json::from_slice::<T>(value),
+    };
+    decoded.map_err(|err| format!("invalid json: {}", serde_detail(&err)))
 }
 
 /// serde_json's message without its position suffix, with the unknown-field form rewritten to

@@ -15,6 +15,7 @@ pub mod body;
 pub mod civil;
 pub mod duration;
 pub mod encoding;
+pub mod gokeys;
 pub mod json;
 pub mod query;
 pub mod reader;
