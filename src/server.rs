@@ -4,10 +4,11 @@
 //! and push the metadata to every shard, then listen. Shutdown: stop accepting, finish in-flight
 //! requests within the grace period, checkpoint the log, exit.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use narad_io::log::{LogConfig, ShardLog};
 use narad_io::rt::{self, MeshSetup, RuntimeConfig, ShutdownSignal, TcpListener};
@@ -95,6 +96,33 @@ fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
     Ok(n)
 }
 
+/// How long start-up waits for a listening address that is in use.
+const BIND_IN_USE_WAIT_MAX: Duration = Duration::from_secs(3);
+
+/// Binds `addr`, waiting up to [`BIND_IN_USE_WAIT_MAX`] while it is in use: a broker killed a
+/// moment ago (kill -9, OOM) keeps its listeners for a few milliseconds after its exit, until
+/// the kernel tears its io_uring rings down, and a supervisor that restarts it at once would
+/// otherwise see `Address already in use`.
+fn bind_when_free(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let start = Instant::now();
+    let mut logged = false;
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if start.elapsed() >= BIND_IN_USE_WAIT_MAX {
+                    return Err(e);
+                }
+                if !logged {
+                    logged = true;
+                    tracing::info!(%addr, "address in use; waiting up to {BIND_IN_USE_WAIT_MAX:?} for it to be released");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
 pub fn run(config: Config) -> Result<(), String> {
     crate::metrics::boot_started();
     std::fs::create_dir_all(&config.data_dir)
@@ -103,7 +131,7 @@ pub fn run(config: Config) -> Result<(), String> {
     let shards = shard_count(&data_dir, config.shards)?;
     let addr = parse_listen_addr(&config.http.addr)?;
     // Bind once here so that a port in use is a clear start-up error, not a panic in a shard.
-    drop(std::net::TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?);
+    drop(bind_when_free(addr).map_err(|e| format!("http.addr {addr}: {e}"))?);
     if let Some(files) = rt::raise_process_limits() {
         // Each connection is a descriptor, and so are segment files, WAL segments and sockets.
         let wanted = config.http.max_connections as u64 + OPEN_FILES_MARGIN;

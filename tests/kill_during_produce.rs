@@ -226,3 +226,22 @@ fn nothing_accepted_is_lost_and_nothing_acked_returns() {
         &missing[..missing.len().min(5)]
     );
 }
+
+#[test]
+fn a_restart_right_after_kill_gets_its_port() {
+    // Proves a broker started again at once after `kill -9` (as a supervisor does) binds its
+    // port: the killed process keeps its listeners for a few milliseconds after it exits, until
+    // the kernel tears down its io_uring rings. Before, most such restarts exited with
+    // `Address already in use`.
+    let dir = TempDir::new("rebind");
+    let mut s = Server::start(&dir);
+    s.client().create_topic("d", 3);
+    for round in 0..4 {
+        // A keep-alive connection open across the kill, as producers have.
+        let mut held = s.client();
+        assert_eq!(held.get("/readyz").status, 200);
+        s.restart();
+        assert_eq!(s.client().get("/v1/topics/d").status, 200, "round {round}");
+        drop(held);
+    }
+}
