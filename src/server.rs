@@ -192,7 +192,8 @@ pub fn run(config: Config) -> Result<(), String> {
 /// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
 /// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
-/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks).
+/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks);
+/// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor.
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -300,7 +301,7 @@ async fn shard_main(
         }
     }
     node.start_fanout();
-    spawn_housekeeping(&node);
+    spawn_housekeeping(&node, &config);
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     let metrics_stop = ShutdownSignal::new();
     crate::metrics::listener::spawn(&node, &metrics_stop)?;
@@ -355,7 +356,25 @@ impl Drop for ServingGuard {
     }
 }
 
-fn spawn_housekeeping(node: &Rc<Node>) {
+fn spawn_housekeeping(node: &Rc<Node>, config: &Config) {
+    let idle_ms =
+        test_knob("NARAD_TEST_IDLE_EVICTION_MS").unwrap_or(config.storage.idle_log_eviction_ms);
+    if idle_ms > 0 {
+        let idle = Duration::from_millis(idle_ms);
+        // Looked at a few times per idle period: a log closes between idle and idle + 1/4.
+        let every = idle / 4;
+        let n = node.clone();
+        rt::spawn(async move {
+            while !n.shutting_down() {
+                rt::sleep(every).await;
+                let closed = n.host.log().evict_idle_logs(idle);
+                if closed > 0 {
+                    tracing::debug!(closed, "idle partition logs closed");
+                }
+            }
+        })
+        .detach();
+    }
     let n = node.clone();
     rt::spawn(async move {
         while !n.shutting_down() {

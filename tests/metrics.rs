@@ -939,6 +939,53 @@ fn start_with_knobs(dir: &TempDir, knobs: &[(&str, &str)]) -> Server {
 }
 
 #[test]
+fn idle_partition_logs_close_and_reopen_on_use() {
+    // Proves storage.idle_log_eviction_ms (300 ms here, through a test knob; the setting's floor
+    // is a minute): once checkpointed and idle, every partition log closes its file
+    // (`narad_open_partition_logs` 0, `narad_idle_logs_evicted_total` counts them); consumes
+    // still read every message, and a produce reopens the log it writes to.
+    let dir = TempDir::new("m-idle");
+    let s = start_with_knobs(
+        &dir,
+        &[
+            ("NARAD_TEST_IDLE_EVICTION_MS", "300"),
+            ("NARAD_TEST_CHECKPOINT_INTERVAL_MS", "50"),
+        ],
+    );
+    let mut c = s.client();
+    c.create_topic("idle", 3);
+    for p in 0..3 {
+        for i in 0..4 {
+            let r = c.post_client(
+                &format!("/v1/topics/idle/produce?partition={p}"),
+                format!("\"{p}-{i}\"").as_bytes(),
+            );
+            assert_eq!(r.status, 202, "{}", r.text());
+        }
+    }
+    let m = scrape_until(&mut c, "all logs idle-evicted", |m| {
+        m.sum("narad_open_partition_logs", &[]) == 0.0
+    });
+    assert!(m.sum("narad_idle_logs_evicted_total", &[]) >= 3.0);
+    let mut got = Vec::new();
+    for _ in 0..12 {
+        let r = c.get("/v1/topics/idle/consume");
+        assert_eq!(r.status, 200, "{}", r.text());
+        got.push(r.json()["payload"].as_str().unwrap().to_string());
+    }
+    got.sort();
+    let mut want: Vec<String> = (0..3)
+        .flat_map(|p| (0..4).map(move |i| format!("{p}-{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    let r = c.post_client("/v1/topics/idle/produce?partition=1", b"\"again\"");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let r = c.get("/v1/topics/idle/consume?partition=1&offset=4");
+    assert_eq!(r.json()["payload"], "again");
+}
+
+#[test]
 fn storage_series_follow_writes_checkpoints_and_retention() {
     // Proves the §9.5 per-partition series: segment writes (flush) count with their frame bytes,
     // which with the 40-byte segment headers make up the partition's size; checkpoints (every

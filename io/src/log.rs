@@ -291,6 +291,8 @@ struct Inner {
     checkpoint_running: Cell<bool>,
     checkpoint_done: Notify,
     failures: Cell<LogFailures>,
+    /// Partition logs closed for idleness since the log was opened.
+    idle_evicted: Cell<u64>,
 }
 
 /// Wake-ups shared with the committer without keeping the log alive.
@@ -500,6 +502,7 @@ impl ShardLog {
             checkpoint_running: Cell::new(false),
             checkpoint_done: Notify::new(),
             failures: Cell::new(LogFailures::default()),
+            idle_evicted: Cell::new(0),
         });
         let signals = Rc::new(Signals {
             work: Notify::new(),
@@ -878,6 +881,41 @@ impl ShardLog {
     /// Checkpoints and retention passes of this log that failed, since it was opened.
     pub fn failures(&self) -> LogFailures {
         self.inner.failures.get()
+    }
+
+    /// Closes the segment file of every partition log neither written nor read for `idle` and
+    /// with nothing left to checkpoint (storage.idle_log_eviction_ms). Such a log reopens on its
+    /// next write; reads open the file themselves. Returns how many it closed.
+    pub fn evict_idle_logs(&self, idle: Duration) -> usize {
+        let now = Instant::now();
+        let n = self
+            .inner
+            .state
+            .borrow_mut()
+            .partitions
+            .values_mut()
+            .filter_map(|p| p.evict_if_idle(idle, now).then_some(()))
+            .count();
+        self.inner
+            .idle_evicted
+            .set(self.inner.idle_evicted.get() + n as u64);
+        n
+    }
+
+    /// Partition logs closed for idleness since this log was opened.
+    pub fn idle_logs_evicted(&self) -> u64 {
+        self.inner.idle_evicted.get()
+    }
+
+    /// Partition logs whose segment file is open (not idle-evicted).
+    pub fn open_logs(&self) -> usize {
+        self.inner
+            .state
+            .borrow()
+            .partitions
+            .values()
+            .filter(|p| p.is_open())
+            .count()
     }
 
     /// Bytes of offset index held in memory by this shard's partitions.

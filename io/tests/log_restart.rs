@@ -359,3 +359,38 @@ fn segment_lost_after_the_checkpoint_is_rewritten_from_the_wal() {
     assert_eq!(report.repaired_partitions, 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn idle_logs_close_their_files_and_reopen_on_use() {
+    // Proves idle eviction closes the segment file of a checkpointed log only (a log with
+    // unsynced writes stays open), that an evicted log still reads, takes new records at the
+    // right offsets, and that everything survives a restart.
+    let dir = temp_dir("idle-evict");
+    let cfg = small_cfg(dir.clone());
+    let keys = [key(9, 0), key(9, 1)];
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(c).await.unwrap();
+        fill(&log, &keys, 0, 20).await;
+        let idle = std::time::Duration::ZERO;
+        assert_eq!(
+            log.evict_idle_logs(idle),
+            0,
+            "unsynced writes keep a log open"
+        );
+        log.checkpoint().await.unwrap();
+        assert_eq!(log.evict_idle_logs(std::time::Duration::from_secs(3600)), 0);
+        assert_eq!(log.evict_idle_logs(idle), 2);
+        assert_eq!((log.open_logs(), log.idle_logs_evicted()), (0, 2));
+        check(&log, &keys, 20).await;
+        assert_eq!(log.open_logs(), 0, "reads do not reopen");
+        fill(&log, &keys, 20, 5).await;
+        assert_eq!(log.open_logs(), 2, "a write reopens");
+        check(&log, &keys, 25).await;
+        log.checkpoint().await.unwrap();
+        assert_eq!(log.evict_idle_logs(idle), 2);
+        log.close().await.unwrap();
+    });
+    reopen_check(&cfg, &keys, 25);
+    let _ = std::fs::remove_dir_all(dir);
+}

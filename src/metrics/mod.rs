@@ -52,9 +52,9 @@
 //! its whole cluster are exported with that value (no moves, no member draining, no remotes
 //! held, the co-location of child partitions). Not present: the remote plane (§9.4
 //! `narad_fanout_remote_*`, `narad_remote_*`), what describes machinery this build does not have
-//! (idle-log eviction and the cold retention walk, a supervised retention loop to restart,
-//! quarantined copies, an `fsm.db` and apply retries, member heartbeats and dead marking,
-//! cluster RPC, the metrics poller). Status `499` is recorded for a long-poll whose client went
+//! (the cold retention walk, a supervised retention loop to restart, quarantined copies, an
+//! `fsm.db` and apply retries, member heartbeats and dead marking, cluster RPC, the metrics
+//! poller). Status `499` is recorded for a long-poll whose client went
 //! away while it waited; other requests run to their answer.
 
 pub mod expo;
@@ -534,6 +534,8 @@ pub struct ShardMetrics {
     pub wal_bytes_written: u64,
     pub wal_failed: bool,
     pub open_partition_logs: u64,
+    /// Partition logs closed for idleness since the shard started.
+    pub idle_logs_evicted: u64,
     pub mesh_calls_pending: u64,
     /// The shard's schema validation counters (thread-local in `crate::schema`).
     pub schema: crate::schema::Counters,
@@ -647,7 +649,8 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         wal_batch_records: batch_records(&wal.batch_records.buckets, wal.records),
         wal_bytes_written: wal.bytes_written,
         wal_failed: log.poisoned().is_some(),
-        open_partition_logs: log.partitions().len() as u64,
+        open_partition_logs: log.open_logs() as u64,
+        idle_logs_evicted: log.idle_logs_evicted(),
         mesh_calls_pending: mesh_calls_pending as u64,
         schema: crate::schema::counters(),
         fanout: node.fanout_counters(),
@@ -1024,6 +1027,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut in_flight = 0u64;
     let mut wal_failed = false;
     let mut open_logs = 0u64;
+    let mut idle_evicted = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
     let mut fanout_lag: BTreeMap<(TopicId, TopicId), (u64, u64)> = BTreeMap::new();
@@ -1054,6 +1058,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         in_flight += s.in_flight;
         wal_failed |= s.wal_failed;
         open_logs += s.open_partition_logs;
+        idle_evicted += s.idle_logs_evicted;
         schema.validations += s.schema.validations;
         schema.rejected_depth += s.schema.rejected_depth;
         schema.rejected_malformed += s.schema.rejected_malformed;
@@ -1668,6 +1673,12 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "Partition logs open on this node.",
     );
     e.int("narad_open_partition_logs", &[], open_logs);
+    e.family(
+        "narad_idle_logs_evicted_total",
+        Kind::Counter,
+        "Partition logs whose files were closed after storage.idle_log_eviction_ms without use.",
+    );
+    e.int("narad_idle_logs_evicted_total", &[], idle_evicted);
     e.family(
         "narad_ingress_wal_failed",
         Kind::Gauge,

@@ -491,9 +491,12 @@ pub struct PartitionLog {
     dir: PathBuf,
     segment_bytes_max: u64,
     segments: VecDeque<Segment>,
-    /// Read/write handle of the newest segment.
-    active: File,
+    /// Read/write handle of the newest segment; `None` while the log is idle-evicted
+    /// ([`Self::evict_if_idle`]): the next write reopens it, reads open the file for themselves.
+    active: Option<File>,
     active_dirty: bool,
+    /// When the log was last written or read.
+    last_used: std::cell::Cell<Instant>,
     /// Bytes of the active segment file backed by allocated blocks.
     reserved_end: u64,
     /// Handles of sealed segments written since the last checkpoint.
@@ -684,8 +687,9 @@ impl PartitionLog {
             key,
             segment_bytes_max: segment_bytes_max.clamp(4096, SEGMENT_BYTES_MAX_LIMIT),
             segments: VecDeque::from([seg]),
-            active,
+            active: Some(active),
             active_dirty: true,
+            last_used: std::cell::Cell::new(Instant::now()),
             reserved_end: frame::SEGMENT_HEADER_BYTES as u64,
             unsynced: Vec::new(),
             dirs_to_sync: vec![
@@ -782,8 +786,9 @@ impl PartitionLog {
             dir: dir.to_path_buf(),
             segment_bytes_max: segment_bytes_max.clamp(4096, SEGMENT_BYTES_MAX_LIMIT),
             segments,
-            active,
+            active: Some(active),
             active_dirty: report.torn_tail_bytes > 0,
+            last_used: std::cell::Cell::new(Instant::now()),
             reserved_end: 0,
             unsynced: Vec::new(),
             dirs_to_sync,
@@ -844,8 +849,9 @@ impl PartitionLog {
             seg.positions.truncate(keep);
         }
         let (path, size) = (seg.path.clone(), seg.size_bytes);
-        self.active = open_rw(&path)?;
-        self.active.set_len(size)?;
+        let f = open_rw(&path)?;
+        f.set_len(size)?;
+        self.active = Some(f);
         self.reserved_end = size;
         self.active_dirty = true;
         self.dirs_to_sync.push(self.dir.clone());
@@ -859,6 +865,32 @@ impl PartitionLog {
     /// Commit time of the newest message record, if any.
     pub fn last_commit_ms(&self) -> Option<UnixMillis> {
         self.segments.iter().rev().find_map(|s| s.last_commit_ms)
+    }
+
+    /// The active segment's handle, reopened if the log was idle-evicted.
+    fn active_file(&mut self) -> std::io::Result<&File> {
+        self.last_used.set(Instant::now());
+        if self.active.is_none() {
+            let path = &self.segments.back().expect("active segment").path;
+            self.active = Some(open_rw(path)?);
+        }
+        Ok(self.active.as_ref().expect("opened above"))
+    }
+
+    /// Whether the active segment's file is open (not idle-evicted).
+    pub fn is_open(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// Closes the active segment's file if the log has not been written or read for `idle` and
+    /// has nothing left for a checkpoint to sync (storage.idle_log_eviction_ms). The index and
+    /// consumer state stay in memory; the next write reopens the file. True if it closed it.
+    pub fn evict_if_idle(&mut self, idle: Duration, now: Instant) -> bool {
+        let clean = !self.active_dirty && self.unsynced.is_empty();
+        if clean && now.saturating_duration_since(self.last_used.get()) >= idle {
+            return self.active.take().is_some();
+        }
+        false
     }
 
     fn active_segment(&mut self) -> &mut Segment {
@@ -884,12 +916,13 @@ impl PartitionLog {
         }
         let at = self.active_segment().size_bytes;
         let t0 = Instant::now();
-        if let Err(e) = self.active.write_all_at(&batch.bytes, at) {
-            let _ = self.active.set_len(at);
+        let f = self.active_file()?;
+        if let Err(e) = f.write_all_at(&batch.bytes, at) {
+            let _ = f.set_len(at);
             return Err(e);
         }
         if let Some((from, len)) = completed_blocks(at, batch.bytes.len() as u64) {
-            start_writeback(&self.active, from, len);
+            start_writeback(f, from, len);
         }
         self.io.flush.record(t0.elapsed());
         self.io.flush_bytes += batch.bytes.len() as u64;
@@ -910,8 +943,8 @@ impl PartitionLog {
     fn roll(&mut self) -> std::io::Result<()> {
         let base = self.next_offset();
         let (f, seg) = create_segment(&self.dir, self.key, base)?;
-        let old = std::mem::replace(&mut self.active, f);
-        if self.active_dirty {
+        let old = self.active.replace(f);
+        if let Some(old) = old.filter(|_| self.active_dirty) {
             self.unsynced.push(old);
         }
         self.active_segment().positions.shrink_to_fit();
@@ -947,11 +980,12 @@ impl PartitionLog {
         let end = need.max((size + ahead).min(self.segment_bytes_max));
         let from = self.reserved_end.max(size);
         use std::os::fd::AsRawFd;
+        let fd = self.active_file()?.as_raw_fd();
         // SAFETY: fallocate on a file descriptor we own; KEEP_SIZE leaves the file length (and so
         // what recovery scans) unchanged.
         let rc = unsafe {
             libc::fallocate(
-                self.active.as_raw_fd(),
+                fd,
                 libc::FALLOC_FL_KEEP_SIZE,
                 from as libc::off_t,
                 (end - from) as libc::off_t,
@@ -1007,10 +1041,10 @@ impl PartitionLog {
             let start = u64::from(seg.positions[first_i]);
             let stop = seg.region_end(last_i - 1);
             let mut buf = vec![0u8; (stop - start) as usize];
-            let r = if si + 1 == self.segments.len() {
-                self.active.read_exact_at(&mut buf, start)
-            } else {
-                File::open(&seg.path).and_then(|f| f.read_exact_at(&mut buf, start))
+            self.last_used.set(Instant::now());
+            let r = match &self.active {
+                Some(f) if si + 1 == self.segments.len() => f.read_exact_at(&mut buf, start),
+                _ => File::open(&seg.path).and_then(|f| f.read_exact_at(&mut buf, start)),
             };
             r.map_err(ReadError::Io)?;
             for i in first_i..last_i {
@@ -1123,7 +1157,8 @@ impl PartitionLog {
     pub fn take_sync_work(&mut self) -> std::io::Result<SyncWork> {
         let mut files = std::mem::take(&mut self.unsynced);
         if self.active_dirty {
-            files.push(self.active.try_clone()?);
+            // A dirty log is never evicted: its handle is open.
+            files.push(self.active_file()?.try_clone()?);
             self.active_dirty = false;
         }
         let mut dirs = std::mem::take(&mut self.dirs_to_sync);
