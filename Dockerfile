@@ -16,9 +16,10 @@
 #      narad: the locked-memory limit (ulimit -l) is 65536 bytes; Narad needs at least 524288 bytes. ...
 #    Run with  --ulimit memlock=-1  (unlimited; or a number of bytes, e.g. 16777216).
 #
-# The node id defaults to the host name, and a data directory belongs to the node id that created
-# it: give the container a fixed one (-e NARAD_NODE_ID=narad-0) or a new container refuses the
-# volume. tests/container_check.sh checks this file and runs the binary the way the image does.
+# The node id defaults to the host name (the container id); a data directory keeps the id it was
+# first started with, so a new container on the same volume goes on under it. A fixed one
+# (-e NARAD_NODE_ID=narad-0) must match the volume's. tests/container_check.sh checks this file
+# and runs the binary the way the image does.
 #
 #   docker run -d --name narad -p 127.0.0.1:7942:7942 -v narad-data:/var/lib/narad \
 #     -e NARAD_NODE_ID=narad-0 --ulimit memlock=-1 \

@@ -136,6 +136,8 @@ pub const RAFT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_millis(5);
 pub struct Config {
     pub http: HttpConfig,
     pub node_id: String,
+    /// Whether `node_id` was given (file, env or flag) rather than taken from the host name.
+    pub node_id_given: bool,
     pub cluster_addr: String,
     /// `cluster.raft_snapshot_interval`: validated, not used by a single-node build yet.
     pub raft_snapshot_interval: Duration,
@@ -176,6 +178,7 @@ impl Default for Config {
                 pprof_addr: String::new(),
             },
             node_id: hostname(),
+            node_id_given: false,
             cluster_addr: ":7943".into(),
             raft_snapshot_interval: Duration::from_secs(120),
             raft_snapshot_threshold: 8192,
@@ -430,6 +433,7 @@ impl Config {
         if let Some(cl) = f.cluster {
             if let Some(v) = cl.node_id {
                 self.node_id = v;
+                self.node_id_given = true;
             }
             if let Some(v) = cl.addr {
                 self.cluster_addr = v;
@@ -620,6 +624,7 @@ impl Config {
         }
         if let Some(v) = get("NARAD_NODE_ID") {
             self.node_id = v;
+            self.node_id_given = true;
         }
         if let Some(v) = get("NARAD_CLUSTER_ADDR") {
             self.cluster_addr = v;
@@ -730,6 +735,7 @@ impl Config {
         }
         if let Some(v) = &f.node_id {
             self.node_id = v.clone();
+            self.node_id_given = true;
         }
         if let Some(v) = &f.data_dir {
             self.data_dir = v.clone();

@@ -96,6 +96,27 @@ fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
     Ok(n)
 }
 
+/// A node id taken from the host name gives way to the one the data directory was started with:
+/// a container gets a new host name each time it is created (Docker names it after the
+/// container), and the single-member metastore would refuse to start under another id. An id
+/// given in the file, the environment or a flag is kept (and refused on a mismatch).
+fn keep_recorded_node_id(config: &mut Config, data_dir: &Path) {
+    if config.node_id_given {
+        return;
+    }
+    if let Some(id) = narad_raft::stored_node_id(data_dir) {
+        if id != config.node_id {
+            tracing::info!(
+                node_id = %id,
+                host_name = %config.node_id,
+                "keeping the node id this data directory was started with (set cluster.node_id \
+                 or NARAD_NODE_ID to choose one)"
+            );
+            config.node_id = id;
+        }
+    }
+}
+
 /// How long start-up waits for a listening address that is in use.
 const BIND_IN_USE_WAIT_MAX: Duration = Duration::from_secs(3);
 
@@ -123,11 +144,12 @@ fn bind_when_free(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     }
 }
 
-pub fn run(config: Config) -> Result<(), String> {
+pub fn run(mut config: Config) -> Result<(), String> {
     crate::metrics::boot_started();
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("data directory {}: {e}", config.data_dir.display()))?;
     let data_dir = std::fs::canonicalize(&config.data_dir).map_err(|e| e.to_string())?;
+    keep_recorded_node_id(&mut config, &data_dir);
     let shards = shard_count(&data_dir, config.shards)?;
     let addr = parse_listen_addr(&config.http.addr)?;
     // Bind once here so that a port in use is a clear start-up error, not a panic in a shard.

@@ -909,3 +909,39 @@ fn produce_cap_counts_a_request_while_its_body_is_read() {
         );
     }
 }
+
+#[test]
+fn a_new_host_name_keeps_the_data_directory_node_id() {
+    // Proves a restart under another host name (a new container on the same volume) keeps the
+    // node id the data directory was started with, and its topics; an id given explicitly that
+    // differs is still refused with the reason.
+    let dir = TempDir::new("node-id");
+    let data = dir.0.join("data");
+    let env = |id: &str| vec![("NARAD_NODE_ID".to_string(), id.to_string())];
+    let mut s = Server::start_with(data.clone(), env("container-1"));
+    s.client().create_topic("kept", 3);
+    assert_eq!(s.terminate().code(), Some(0));
+    // No NARAD_NODE_ID: the host name of this machine, not "container-1".
+    let mut s = Server::start_with(data.clone(), vec![]);
+    let mut c = s.client();
+    assert_eq!(c.get("/v1/topics/kept").status, 200);
+    let members = c.get("/v1/cluster/members").json();
+    assert_eq!(members["members"][0]["id"], "container-1", "{members}");
+    assert_eq!(s.terminate().code(), Some(0));
+    // Bounded: a start that is not refused is killed after 20 s (and fails below).
+    let out = std::process::Command::new("timeout")
+        .arg("20")
+        .arg(env!("CARGO_BIN_EXE_narad"))
+        .args(["server", "start", "--dev", "--port", "0", "--data-dir"])
+        .arg(&data)
+        .env("NARAD_NODE_ID", "container-2")
+        .env("NARAD_SHARDS", "2")
+        .output()
+        .expect("run narad");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(r#"belongs to node(s) ["container-1"]"#),
+        "{err}"
+    );
+}

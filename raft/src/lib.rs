@@ -28,4 +28,4 @@ pub mod types;
 
 pub use apply::apply;
 pub use model::*;
-pub use node::{MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges};
+pub use node::{stored_node_id, MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges};

@@ -70,6 +70,28 @@ impl MetaConfig {
     }
 }
 
+/// The file in the metastore directory naming the node its single-member group belongs to.
+const NODE_ID_FILE: &str = "node-id";
+
+/// The node id the metastore under `data_dir` was last started with, if it recorded one
+/// (written at every start once the group's membership is known to include it).
+pub fn stored_node_id(data_dir: &std::path::Path) -> Option<String> {
+    let s = std::fs::read_to_string(data_dir.join("metastore").join(NODE_ID_FILE)).ok()?;
+    let id = s.trim();
+    (!id.is_empty() && id.len() <= 255).then(|| id.to_string())
+}
+
+/// Records `node_id` (write, then rename over the old file). Best effort: without the file a
+/// later start under another host name is refused with the mismatch message instead.
+fn record_node_id(dir: &std::path::Path, node_id: &str) {
+    let tmp = dir.join(format!("{NODE_ID_FILE}.tmp"));
+    let r = std::fs::write(&tmp, format!("{node_id}\n"))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(NODE_ID_FILE)));
+    if let Err(e) = r {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not record the node id");
+    }
+}
+
 /// Why the metadata node did not start.
 #[derive(Debug)]
 pub enum MetaStartError {
@@ -235,6 +257,9 @@ impl MetaNode {
                 .await
                 .map_err(|e| MetaStartError::Raft(e.to_string()))?;
             tracing::info!(node_id = %cfg.node_id, "metadata group initialised with this node as its only member");
+        }
+        if bootstrap {
+            record_node_id(&dir, &cfg.node_id);
         }
         let node = MetaNode {
             metrics: raft.metrics(),
