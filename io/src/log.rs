@@ -894,7 +894,8 @@ impl ShardLog {
             .borrow_mut()
             .partitions
             .values_mut()
-            .filter_map(|p| p.evict_if_idle(idle, now).then_some(()))
+            .map(|p| p.evict_if_idle(idle, now))
+            .filter(|&closed| closed)
             .count();
         self.inner
             .idle_evicted
