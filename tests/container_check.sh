@@ -530,8 +530,11 @@ if [ -n "$pid" ]; then  # a failed check may leave it running
 fi
 # glommio registers its I/O buffers in locked memory; as a user without CAP_IPC_LOCK under a small
 # memlock limit it may not manage, and goes on without (a warning, not a failure).
+# The broker words glommio's warning itself (src/logging.rs); the raw text must not show.
 if [ -f "$tmp/serve/log" ] && grep -q 'registering buffers' "$tmp/serve/log"; then
-    echo "     note: glommio logged WARN \"Error: registering buffers in the poll ring. Skipping\" $(grep -c 'registering buffers' "$tmp/serve/log") time(s)$(grep -q 'registering buffers.*Cannot allocate memory' "$tmp/serve/log" && echo ' (ENOMEM)') and served without registered buffers"
+    fail "glommio's raw buffer-registration warning reached the log: $(grep -m1 'registering buffers' "$tmp/serve/log" | cut -c1-200)"
+elif [ -f "$tmp/serve/log" ] && grep -q 'buffer registration skipped' "$tmp/serve/log"; then
+    echo "     note: WARN \"io_uring buffer registration skipped on this shard\" $(grep -c 'buffer registration skipped' "$tmp/serve/log") time(s); served without registered buffers"
 fi
 
 # ---- 3. and 4. Refused starts ----
