@@ -869,7 +869,6 @@ impl PartitionLog {
 
     /// The active segment's handle, reopened if the log was idle-evicted.
     fn active_file(&mut self) -> std::io::Result<&File> {
-        self.last_used.set(Instant::now());
         if self.active.is_none() {
             let path = &self.segments.back().expect("active segment").path;
             self.active = Some(open_rw(path)?);
@@ -916,6 +915,7 @@ impl PartitionLog {
         }
         let at = self.active_segment().size_bytes;
         let t0 = Instant::now();
+        self.last_used.set(t0);
         let f = self.active_file()?;
         if let Err(e) = f.write_all_at(&batch.bytes, at) {
             let _ = f.set_len(at);
@@ -1020,6 +1020,7 @@ impl PartitionLog {
         if from >= end {
             return Ok(out);
         }
+        self.last_used.set(Instant::now());
         let mut bytes = 0usize;
         let mut si = self.segments.partition_point(|s| s.base <= from) - 1;
         let mut o = from;
@@ -1041,7 +1042,6 @@ impl PartitionLog {
             let start = u64::from(seg.positions[first_i]);
             let stop = seg.region_end(last_i - 1);
             let mut buf = vec![0u8; (stop - start) as usize];
-            self.last_used.set(Instant::now());
             let r = match &self.active {
                 Some(f) if si + 1 == self.segments.len() => f.read_exact_at(&mut buf, start),
                 _ => File::open(&seg.path).and_then(|f| f.read_exact_at(&mut buf, start)),
