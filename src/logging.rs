@@ -164,10 +164,11 @@ impl Visit for Fields {
 /// comes at every start of a non-root broker whose locked-memory limit is a few MiB (each
 /// registration is charged as a 2 MiB huge page, three rings per shard): say what it means.
 fn explain_runtime_warning(f: &mut Fields) {
-    let from_uring = f.rest.iter().any(|(k, v)| {
-        *k == "log.target" && matches!(v, Value::Str(t) if t == "glommio::sys::uring")
-    });
-    if !from_uring || !f.msg.starts_with("Error: registering buffers") {
+    if !f.msg.starts_with("Error: registering buffers")
+        || !f.rest.iter().any(|(k, v)| {
+            *k == "log.target" && matches!(v, Value::Str(t) if t == "glommio::sys::uring")
+        })
+    {
         return;
     }
     let cause = if f.msg.contains("OutOfMemory") {

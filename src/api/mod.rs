@@ -370,15 +370,12 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
         ["v1", "topics", t, "children", c, action @ ("pause" | "resume" | "skip")]
             if !t.is_empty() && !c.is_empty() =>
         {
-            if method != "POST" {
-                return Match::WrongMethod("POST");
-            }
             let r = match *action {
                 "pause" => ChildPause,
                 "resume" => ChildResume,
                 _ => ChildSkip,
             };
-            found(r, Args::two(t, c))
+            only(method, "POST", found(r, Args::two(t, c)))
         }
         _ => Match::NotFound,
     }
