@@ -188,11 +188,11 @@ impl NodeAuth {
                     }
                     let slot = Arc::new(verify::Slot::new());
                     let (s2, u2, h2) = (slot.clone(), user.to_string(), hash.to_string());
-                    let job = Box::new(move || {
+                    let job: verify::Job = Box::new(move |ticket| {
                         let r =
                             std::panic::catch_unwind(|| verify::verify_blocking(&password, &h2))
                                 .unwrap_or_else(|_| Err("bcrypt panicked".to_string()));
-                        node_auth().finish(tag, &u2, &h2, r, &s2);
+                        node_auth().finish(tag, &u2, &h2, r, &s2, ticket);
                     });
                     if self.pool.submit_job(urgent, job).is_err() {
                         s.throttle.give_back(user, now);
@@ -218,6 +218,7 @@ impl NodeAuth {
         hash: &str,
         r: Result<bool, String>,
         slot: &verify::Slot<Outcome>,
+        ticket: verify::Ticket,
     ) {
         let now = Instant::now();
         let outcome = {
@@ -254,6 +255,7 @@ impl NodeAuth {
         if outcome == Outcome::Bad {
             audit_login_failure(user, "denied");
         }
+        drop(ticket);
         slot.complete(outcome);
     }
 

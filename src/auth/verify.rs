@@ -29,7 +29,18 @@ pub const SLOT_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30
 /// bcrypt cost of new hashes: Go's `bcrypt.DefaultCost`, the original's "default cost".
 pub const BCRYPT_COST: u32 = 10;
 
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// A queued job. It receives the [`Ticket`] that counts it in the gauge and drops it before it
+/// wakes its waiters, so a waiter that reads the gauge next no longer sees its own job.
+pub type Job = Box<dyn FnOnce(Ticket) + Send + 'static>;
+
+/// One job's place in the `narad_auth_verify_queued` gauge, given back when dropped.
+pub struct Ticket(Arc<AtomicUsize>);
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// The queue is full: the caller answers `503` with `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,8 +109,10 @@ impl Pool {
         let s2 = slot.clone();
         self.submit_job(
             true,
-            Box::new(move || {
-                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Box::new(move |ticket| {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+                drop(ticket);
+                match r {
                     Ok(v) => s2.complete(v),
                     // A bug in the job: its waiters get `None` instead of waiting forever.
                     Err(_) => s2.abandon(),
@@ -134,9 +147,9 @@ impl Default for Pool {
     }
 }
 
-fn worker(shared: &Shared, queued: &AtomicUsize) {
+fn worker(shared: &Shared, queued: &Arc<AtomicUsize>) {
     loop {
-        let job = {
+        let job: Job = {
             let mut q = lock(&shared.queues);
             loop {
                 if let Some(j) = q.urgent.pop_front().or_else(|| q.later.pop_front()) {
@@ -149,9 +162,9 @@ fn worker(shared: &Shared, queued: &AtomicUsize) {
             }
         };
         // A panicking job (a bug in bcrypt) must not kill the thread: its slot is dropped
-        // uncompleted and its waiters see `None`.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-        queued.fetch_sub(1, Ordering::Relaxed);
+        // uncompleted and its waiters see `None`; the ticket is given back while unwinding.
+        let ticket = Ticket(queued.clone());
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || job(ticket)));
     }
 }
 
@@ -270,6 +283,20 @@ mod tests {
     }
 
     #[test]
+    fn a_finished_job_has_left_the_gauge_before_its_waiter_wakes() {
+        // Proves the gauge is given back before the slot completes: a waiter that reads the
+        // gauge right after its answer sees no job of its own (the metrics scrape relies on
+        // it). Before the ticket, the helper thread decremented after completing, and this
+        // loop saw 1 within a few rounds.
+        let pool = Pool::new();
+        for i in 0..300 {
+            let slot = pool.submit(move || i).unwrap();
+            assert_eq!(futures_lite::future::block_on(slot.wait()), Some(i));
+            assert_eq!(pool.queued(), 0, "round {i}");
+        }
+    }
+
+    #[test]
     fn urgent_jobs_run_first_and_the_queue_is_bounded() {
         // Proves the queue order (urgent before later) and the bound: past VERIFY_QUEUE_MAX
         // queued jobs, submit answers Busy at once. Every helper is held busy while the queue
@@ -301,14 +328,14 @@ mod tests {
         }
         let order = Arc::new(Mutex::new(Vec::new()));
         let (o1, o2) = (order.clone(), order.clone());
-        pool.submit_job(false, Box::new(move || lock(&o1).push("later")))
+        pool.submit_job(false, Box::new(move |_| lock(&o1).push("later")))
             .unwrap();
-        pool.submit_job(true, Box::new(move || lock(&o2).push("urgent")))
+        pool.submit_job(true, Box::new(move |_| lock(&o2).push("urgent")))
             .unwrap();
         for _ in 0..VERIFY_QUEUE_MAX - 2 {
-            pool.submit_job(false, Box::new(|| {})).unwrap();
+            pool.submit_job(false, Box::new(|_| {})).unwrap();
         }
-        assert_eq!(pool.submit_job(true, Box::new(|| {})), Err(Busy));
+        assert_eq!(pool.submit_job(true, Box::new(|_| {})), Err(Busy));
         open(&gates[0]);
         while lock(&order).len() < 2 {
             std::thread::yield_now();
