@@ -27,6 +27,10 @@ if ! python3 -c 'import yaml' >/dev/null 2>&1; then
 fi
 if [ -z "${NARAD_BIN:-}" ]; then
     timeout 1200 cargo build --quiet --bin narad
+    # The Python checks default to target/debug; follow cargo when its target dir is elsewhere.
+    if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+        export NARAD_BIN="$CARGO_TARGET_DIR/debug/narad"
+    fi
 fi
 timeout 120 helm lint --strict helm/narad
 timeout 120 helm lint --strict helm/narad -f helm/test-values/everything.yaml

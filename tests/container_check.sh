@@ -7,7 +7,7 @@
 #    EXPOSE 7942 7943 6060 and 7942/udp, ENTRYPOINT ["narad"], CMD with exactly the §7 default args;
 #    the builder stage, the binary's path, the narad user and group 10001 and the ownership of
 #    /var/lib/narad; .dockerignore keeps build output and .git out but every file the build needs in;
-# 2. the real binary (target/debug/narad, built here when older than the sources; NARAD_BIN
+# 2. the real binary ($CARGO_TARGET_DIR or target, then debug/narad, built here when older than the sources; NARAD_BIN
 #    overrides) run the way the image runs it: as uid/gid 10001 with no supplementary groups, a
 #    clean environment, HOME and a data directory owned by 10001, memlock 8 MiB, the ENTRYPOINT and
 #    CMD read from the Dockerfile with only --addr moved to loopback, --cluster-port added and the
@@ -373,7 +373,7 @@ failed=$((failed + static_fail))
 
 # ---- The binary ----
 
-bin="${NARAD_BIN:-target/debug/narad}"
+bin="${NARAD_BIN:-${CARGO_TARGET_DIR:-target}/debug/narad}"
 if [ -z "${NARAD_BIN:-}" ]; then
     sources=(Cargo.toml Cargo.lock src io shard raft bench docs)
     if [ ! -x "$bin" ] || [ -n "$(find "${sources[@]}" -newer "$bin" -type f -print -quit 2>/dev/null)" ]; then
