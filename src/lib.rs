@@ -11,4 +11,5 @@ pub mod node;
 pub mod schema;
 pub mod server;
 pub mod service;
+pub mod transit;
 pub mod wire;

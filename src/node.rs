@@ -141,6 +141,8 @@ pub struct Node {
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
+    /// Single produces accepted here for other shards' partitions, until handed over.
+    pub transit: crate::transit::Transit,
 }
 
 impl Node {
@@ -171,6 +173,7 @@ impl Node {
             meta_installed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
+            transit: crate::transit::Transit::new(shard, shards),
         })
     }
 
@@ -437,6 +440,36 @@ impl Node {
 
     async fn append_one(&self, s: ShardId, recs: Vec<AppendRecord>) -> Result<(), StoreError> {
         append_via(&self.host, &self.mesh, self.shard, s, recs).await
+    }
+
+    /// Appends records that all belong to partitions of shard `s` (the transit hand-off).
+    pub(crate) async fn append_on(
+        &self,
+        s: ShardId,
+        recs: Vec<AppendRecord>,
+    ) -> Result<(), StoreError> {
+        self.append_one(s, recs).await
+    }
+
+    /// Accepts one record for a partition of another shard with one local fsync (see
+    /// [`crate::transit`]). `Err(rec)` gives the record back when the transit path is full or
+    /// closing: the caller takes the direct path.
+    pub async fn append_transit(
+        &self,
+        rec: AppendRecord,
+    ) -> Result<Result<(), StoreError>, AppendRecord> {
+        let dest = self.owner(rec.key);
+        if dest == self.shard || !self.transit.has_room() {
+            return Err(rec);
+        }
+        let copy = rec.clone();
+        match self.host.log().append_transit(copy).await {
+            Ok(hold) => {
+                self.transit.push(dest, hold, rec);
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(store_error(e))),
+        }
     }
 
     /// Leases up to `n` records of a topic, trying this shard's partitions first.
@@ -756,6 +789,8 @@ impl Node {
 
     /// The node-wide `/metrics` document: every shard's snapshot, one mesh call each.
     pub async fn metrics_response(&self) -> Response {
+        // The counts include every single produce this shard answered (crate::transit).
+        self.transit.caught_up().await;
         let mut shards = Vec::with_capacity(self.shards as usize);
         for s in 0..self.shards {
             if s == self.shard.0 {

@@ -323,6 +323,7 @@ async fn shard_main(
         }
     }
     node.start_fanout();
+    crate::transit::start(&node);
     spawn_housekeeping(&node, &config);
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     let metrics_stop = ShutdownSignal::new();
@@ -355,6 +356,17 @@ async fn shard_main(
         );
     }
     metrics_stop.trigger();
+    // Hand the accepted single produces to their shards while every shard still serves the
+    // mesh (no shard closes its log before all have passed here). What is left stays in the
+    // WAL and is handed over after the restart.
+    let left = node.transit.drain(std::time::Instant::now() + grace).await;
+    if left > 0 {
+        tracing::warn!(
+            shard = id.0,
+            records = left,
+            "accepted records not yet handed to their shard; they are handed over after the restart"
+        );
+    }
     // Other shards may still forward requests here until they too stopped serving: leave the
     // mesh only when every shard is done (a bounded wait: each one stops within the grace).
     drop(serving_guard);

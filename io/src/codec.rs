@@ -29,9 +29,11 @@ pub enum WalRecord {
         msg_key: Option<Vec<u8>>,
         payload: Vec<u8>,
     },
-    /// For a partition owned by another node.
+    /// Accepted here for a partition owned by another shard (or node), until handed over.
+    /// `seq` counts the transit records of one destination shard in WAL order.
     Transit {
         key: PartitionKey,
+        seq: u64,
         commit_ms: UnixMillis,
         msg_key: Option<Vec<u8>>,
         payload: Vec<u8>,
@@ -43,6 +45,8 @@ pub enum WalRecord {
     },
     /// Everything before `upto` is materialised elsewhere.
     Checkpoint { upto: WalPosition },
+    /// Every transit record for shard `dest` with `seq < upto` reached its owner.
+    Handed { dest: u32, upto: u64 },
 }
 
 pub const RECORD_MAGIC: [u8; 2] = *b"NR";
@@ -58,6 +62,7 @@ pub const TYPE_MESSAGE: u8 = 1;
 pub const TYPE_TRANSIT: u8 = 2;
 pub const TYPE_SETTLE: u8 = 3;
 pub const TYPE_CHECKPOINT: u8 = 4;
+pub const TYPE_HANDED: u8 = 5;
 
 pub const BATCH_MAGIC: [u8; 4] = *b"NWAL";
 /// Version 2: the header checksum also covers the number of the segment the batch was written
@@ -127,9 +132,10 @@ fn body_len(r: &WalRecord) -> usize {
         } => 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len(),
         WalRecord::Transit {
             msg_key, payload, ..
-        } => 8 + 4 + 8 + key_bytes(msg_key) + 4 + payload.len(),
+        } => 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len(),
         WalRecord::Settle { offsets, .. } => 8 + 4 + 4 + 8 * offsets.len(),
         WalRecord::Checkpoint { .. } => 16,
+        WalRecord::Handed { .. } => 12,
     }
 }
 
@@ -157,6 +163,7 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
         WalRecord::Transit { .. } => TYPE_TRANSIT,
         WalRecord::Settle { .. } => TYPE_SETTLE,
         WalRecord::Checkpoint { .. } => TYPE_CHECKPOINT,
+        WalRecord::Handed { .. } => TYPE_HANDED,
     };
     out.push(ty);
     out.push(RECORD_VERSION);
@@ -178,11 +185,13 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
         }
         WalRecord::Transit {
             key,
+            seq,
             commit_ms,
             msg_key,
             payload,
         } => {
             put_key(out, *key);
+            out.extend_from_slice(&seq.to_le_bytes());
             out.extend_from_slice(&commit_ms.0.to_le_bytes());
             put_bytes_opt(out, msg_key);
             put_bytes(out, payload);
@@ -197,6 +206,10 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
         WalRecord::Checkpoint { upto } => {
             out.extend_from_slice(&upto.segment.to_le_bytes());
             out.extend_from_slice(&upto.byte.to_le_bytes());
+        }
+        WalRecord::Handed { dest, upto } => {
+            out.extend_from_slice(&dest.to_le_bytes());
+            out.extend_from_slice(&upto.to_le_bytes());
         }
     }
     debug_assert_eq!(out.len() - start, RECORD_HEADER_BYTES + body);
@@ -279,11 +292,13 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
         }
         TYPE_TRANSIT => {
             let key = r.key()?;
+            let seq = r.u64()?;
             let commit_ms = UnixMillis(r.u64()?);
             let msg_key = r.bytes_opt()?;
             let payload = r.bytes()?.to_vec();
             WalRecord::Transit {
                 key,
+                seq,
                 commit_ms,
                 msg_key,
                 payload,
@@ -309,6 +324,11 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
             WalRecord::Checkpoint {
                 upto: WalPosition { segment, byte },
             }
+        }
+        TYPE_HANDED => {
+            let dest = r.u32()?;
+            let upto = r.u64()?;
+            WalRecord::Handed { dest, upto }
         }
         t => return Err(DecodeError::BadType(t)),
     };
@@ -596,7 +616,7 @@ pub(crate) mod tests {
                 Some(small(rng))
             }
         };
-        match rng.below(4) {
+        match rng.below(5) {
             0 => WalRecord::Message {
                 key,
                 offset: Offset(rng.next()),
@@ -606,9 +626,14 @@ pub(crate) mod tests {
             },
             1 => WalRecord::Transit {
                 key,
+                seq: rng.next(),
                 commit_ms: UnixMillis(rng.next()),
                 msg_key: opt(rng),
                 payload: small(rng),
+            },
+            4 => WalRecord::Handed {
+                dest: rng.next() as u32,
+                upto: rng.next(),
             },
             2 => {
                 let n = rng.below(20) as usize;

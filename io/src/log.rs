@@ -51,7 +51,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
@@ -185,7 +185,8 @@ pub struct RecoveryReport {
     pub replayed_settles: u64,
     /// Partitions whose files were damaged after the last checkpoint and rewritten from the WAL.
     pub repaired_partitions: u32,
-    /// Transit records seen (held for another node; not handled by this log yet).
+    /// Transit records replayed: accepted here for a partition of another shard, and not known
+    /// to be handed over (see [`ShardLog::append_transit`]).
     pub transit_records: u64,
     pub duration_ms: u64,
 }
@@ -249,8 +250,20 @@ impl LogError {
 
 enum Kind {
     Append,
+    /// Records for partitions of another shard (see [`ShardLog::append_transit`]).
+    Transit,
     Settle(Vec<(PartitionKey, Vec<Offset>)>),
+    /// `Handed` markers (see [`ShardLog::transit_handed`]).
+    Handed,
     Checkpoint,
+}
+
+/// A transit record's claim on the WAL (its destination shard and its `seq` there):
+/// checkpoints stop before it until [`ShardLog::transit_handed`] lets it go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TransitHold {
+    pub dest: u32,
+    pub seq: u64,
 }
 
 /// One queued call: its WAL records (message offsets and times are filled in by the committer).
@@ -281,6 +294,19 @@ struct State {
     poisoned: Option<String>,
     closing: bool,
     closed: bool,
+    /// Transit records durable and not yet handed over, by hold: a WAL position at or before
+    /// the record. A checkpoint's `upto` never passes the smallest, so recovery replays them.
+    transit_holds: BTreeMap<TransitHold, WalPosition>,
+    /// Per destination shard: the next transit `seq` to assign (in WAL order, at planning)...
+    transit_next: HashMap<u32, u64>,
+    /// ...one past the highest made durable...
+    transit_durable: HashMap<u32, u64>,
+    /// ...and the last `Handed` marker queued.
+    transit_marked: HashMap<u32, u64>,
+    /// Where the WAL stood at open: at or before every batch written since.
+    open_pos: WalPosition,
+    /// Transit records found by recovery, until the owner of the log takes them.
+    recovered_transit: Vec<(TransitHold, AppendRecord)>,
 }
 
 struct Inner {
@@ -348,6 +374,8 @@ fn replay(
     partitions: &mut HashMap<PartitionKey, PartitionLog>,
     records: Vec<(WalPosition, WalRecord)>,
     report: &mut RecoveryReport,
+    transit: &mut Vec<(WalPosition, TransitHold, AppendRecord)>,
+    handed: &mut HashMap<u32, u64>,
 ) -> Result<(), LogError> {
     // Everything at or after a partition's first offset in the WAL is in the WAL. A partition
     // whose files are damaged in that range (pages lost at a power failure, a segment file
@@ -370,7 +398,7 @@ fn replay(
         }
     }
     let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
-    for (_, rec) in records {
+    for (pos, rec) in records {
         match rec {
             WalRecord::Message {
                 key,
@@ -428,7 +456,28 @@ fn replay(
                     report.replayed_settles += 1;
                 }
             }
-            WalRecord::Transit { .. } => report.transit_records += 1,
+            WalRecord::Transit {
+                key,
+                seq,
+                msg_key,
+                payload,
+                ..
+            } => {
+                let dest = owner_shard(key, cfg.shard_count).0;
+                transit.push((
+                    pos,
+                    TransitHold { dest, seq },
+                    AppendRecord {
+                        key,
+                        msg_key,
+                        payload,
+                    },
+                ));
+            }
+            WalRecord::Handed { dest, upto } => {
+                let h = handed.entry(dest).or_insert(0);
+                *h = (*h).max(upto);
+            }
             WalRecord::Checkpoint { .. } => {}
         }
     }
@@ -462,7 +511,30 @@ impl ShardLog {
         let (wal, records, wal_stats) = Wal::open(wal_config(&cfg)).await?;
         report.wal = wal_stats;
         let replayed = !records.is_empty();
-        replay(&cfg, &mut partitions, records, &mut report)?;
+        let open_pos = wal.write_position();
+        let mut transit = Vec::new();
+        let mut handed = HashMap::new();
+        replay(
+            &cfg,
+            &mut partitions,
+            records,
+            &mut report,
+            &mut transit,
+            &mut handed,
+        )?;
+        // Sequences continue after everything recovery saw; records a marker covers were
+        // handed over before the crash.
+        let mut transit_next = handed.clone();
+        for (_, h, _) in &transit {
+            let n = transit_next.entry(h.dest).or_insert(0);
+            *n = (*n).max(h.seq + 1);
+        }
+        transit.retain(|(_, h, _)| h.seq >= handed.get(&h.dest).copied().unwrap_or(0));
+        report.transit_records = transit.len() as u64;
+        let transit_holds: BTreeMap<TransitHold, WalPosition> =
+            transit.iter().map(|(pos, h, _)| (*h, *pos)).collect();
+        let recovered_transit: Vec<(TransitHold, AppendRecord)> =
+            transit.into_iter().map(|(_, h, r)| (h, r)).collect();
         let mut last_stamp = UnixMillis(0);
         let mut recovered = Vec::with_capacity(partitions.len());
         for p in partitions.values_mut() {
@@ -493,6 +565,12 @@ impl ShardLog {
             poisoned: None,
             closing: false,
             closed: false,
+            transit_holds,
+            transit_durable: transit_next.clone(),
+            transit_marked: handed,
+            transit_next,
+            open_pos,
+            recovered_transit,
         };
         let inner = Rc::new(Inner {
             cfg,
@@ -622,6 +700,90 @@ impl ShardLog {
             }
         }
         self.submit(Kind::Append, wal_records).await
+    }
+
+    /// Writes records for partitions owned by another shard as transit records, in the next
+    /// group commit, and resolves once that batch is durable and verified: the accept of
+    /// DESIGN.md §2.3, one local fsync. The records are not readable here. The caller hands them
+    /// to their owner and then calls [`ShardLog::release_transit`]; until then checkpoints
+    /// keep them in the WAL, so a restart finds them again
+    /// ([`ShardLog::take_recovered_transit`]).
+    pub async fn append_transit(&self, r: AppendRecord) -> Result<TransitHold, LogError> {
+        if let Some(e) = self.refuse() {
+            return Err(e);
+        }
+        if frame::message_frame_len(r.msg_key.as_deref(), &r.payload) > frame::FRAME_BYTES_MAX {
+            return Err(LogError::TooLarge);
+        }
+        let rec = WalRecord::Transit {
+            key: r.key,
+            seq: 0, // assigned at planning, in WAL order
+            commit_ms: UnixMillis::now(),
+            msg_key: r.msg_key,
+            payload: r.payload,
+        };
+        let offs = self.submit(Kind::Transit, vec![rec]).await?;
+        // `plan_batch` answers a transit request with (dest, seq) as its two "offsets".
+        match offs.as_slice() {
+            [d, s] => Ok(TransitHold {
+                dest: d.0 as u32,
+                seq: s.0,
+            }),
+            _ => Err(LogError::Closed),
+        }
+    }
+
+    /// These transit records reached their owner: checkpoints may pass them, and a `Handed`
+    /// marker rides the next group commit so that a restart does not hand them over again
+    /// (not waited for: without it they are handed over twice, never lost).
+    pub async fn transit_handed(&self, holds: &[TransitHold]) {
+        let mut marks = Vec::new();
+        {
+            let mut st = self.inner.state.borrow_mut();
+            let mut dests: Vec<u32> = Vec::new();
+            for h in holds {
+                st.transit_holds.remove(h);
+                if !dests.contains(&h.dest) {
+                    dests.push(h.dest);
+                }
+            }
+            for dest in dests {
+                // Every seq below both the oldest still held and the first not yet durable.
+                let held = st
+                    .transit_holds
+                    .range(
+                        TransitHold { dest, seq: 0 }..=TransitHold {
+                            dest,
+                            seq: u64::MAX,
+                        },
+                    )
+                    .next()
+                    .map(|(h, _)| h.seq);
+                let durable = st.transit_durable.get(&dest).copied().unwrap_or(0);
+                let upto = held.map_or(durable, |h| h.min(durable));
+                let marked = st.transit_marked.entry(dest).or_insert(0);
+                if upto > *marked {
+                    *marked = upto;
+                    marks.push(WalRecord::Handed { dest, upto });
+                }
+            }
+        }
+        if !marks.is_empty() && self.refuse().is_none() {
+            if let Ok(durable) = self.enqueue(Kind::Handed, marks).await {
+                drop(durable);
+            }
+        }
+    }
+
+    /// Transit records held in the WAL (written, not yet released).
+    pub fn transit_held(&self) -> usize {
+        self.inner.state.borrow().transit_holds.len()
+    }
+
+    /// The transit records recovery found (each with its own hold), once; the caller hands them
+    /// to their owners as it does with new ones.
+    pub fn take_recovered_transit(&self) -> Vec<(TransitHold, AppendRecord)> {
+        std::mem::take(&mut self.inner.state.borrow_mut().recovered_transit)
     }
 
     /// Marks offsets acked; durable through a Settle WAL record in the next group commit.
@@ -973,7 +1135,9 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
     // synchronous section, so every WAL record before `upto` is in these files and states.
     let (upto, works) = {
         let mut st = inner.state.borrow_mut();
-        let upto = st.last_pos;
+        // Never past a transit record that has not reached its owner.
+        let held = st.transit_holds.values().min().copied();
+        let upto = st.last_pos.map(|p| held.map_or(p, |h| h.min(p)));
         st.wal_bytes_since_checkpoint = 0;
         st.last_checkpoint_at = Instant::now();
         let mut works: Vec<SyncWork> = Vec::new();
@@ -1296,6 +1460,18 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
                 }
             }
         }
+        if matches!(req.kind, Kind::Transit) {
+            for rec in &mut req.records {
+                if let WalRecord::Transit { key, seq, .. } = rec {
+                    let dest = owner_shard(*key, inner.cfg.shard_count).0;
+                    let next = st.transit_next.entry(dest).or_insert(0);
+                    *seq = *next;
+                    *next += 1;
+                    offs.push(Offset(u64::from(dest)));
+                    offs.push(Offset(*seq));
+                }
+            }
+        }
         offsets.push(offs);
         records.extend(req.records);
         replies.push((req.kind, req.reply));
@@ -1358,6 +1534,19 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
         match result {
             Err(e) => Err(e),
             Ok(pos) => {
+                // Batches resolve in order: the previous end is at or before this batch.
+                let start = st.last_pos.unwrap_or(st.open_pos);
+                for (kind, offs) in replies.iter().map(|r| &r.0).zip(offsets.iter()) {
+                    if let (Kind::Transit, [d, s]) = (kind, offs.as_slice()) {
+                        let hold = TransitHold {
+                            dest: d.0 as u32,
+                            seq: s.0,
+                        };
+                        st.transit_holds.insert(hold, start);
+                        let durable = st.transit_durable.entry(hold.dest).or_insert(0);
+                        *durable = (*durable).max(hold.seq + 1);
+                    }
+                }
                 st.last_pos = Some(pos);
                 st.wal_bytes_since_checkpoint += wal_bytes;
                 let mut failed = None;

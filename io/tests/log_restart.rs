@@ -394,3 +394,88 @@ fn idle_logs_close_their_files_and_reopen_on_use() {
     reopen_check(&cfg, &keys, 25);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn transit_records_are_held_until_handed_and_come_back_after_a_crash() {
+    // Proves the accept-then-hand-over contract of `append_transit`: a transit record is not
+    // readable here; while it is held, checkpoints (even ones that release WAL segments) keep
+    // it, so a crash and a close both bring it back from recovery with its key and payload;
+    // once handed, its `Handed` marker keeps the next recovery from returning it, even after a
+    // crash with no checkpoint since, while a record not handed still comes back.
+    let dir = temp_dir("transit");
+    let cfg = small_cfg(dir.clone());
+    let own = [key(7, 0)];
+    let away = key(8, 1);
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(c.clone()).await.unwrap();
+        fill(&log, &own, 0, 10).await;
+        let h0 = log.append_transit(rec(away, 0)).await.unwrap();
+        let h1 = log.append_transit(rec(away, 1)).await.unwrap();
+        assert_eq!((h0.seq, h1.seq), (0, 1));
+        assert_eq!(log.transit_held(), 2);
+        assert_eq!(
+            log.high_watermark(away),
+            Offset(0),
+            "transit is not readable here"
+        );
+        // Enough traffic after it to roll several WAL segments, then checkpoints.
+        fill(&log, &own, 10, 1500).await;
+        log.checkpoint().await.unwrap();
+        assert!(wal_segments(&c) >= 2, "the held records keep their segment");
+        drop(log); // crash
+    });
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, report) = ShardLog::open(c).await.unwrap();
+        assert_eq!(report.transit_records, 2);
+        let got = log.take_recovered_transit();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].1, rec(away, 0));
+        assert_eq!(got[1].1, rec(away, 1));
+        assert!(log.take_recovered_transit().is_empty(), "handed out once");
+        assert_eq!(log.transit_held(), 2);
+        check(&log, &own, 1510).await;
+        // A clean close with the holds still there keeps them too.
+        log.close().await.unwrap();
+    });
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, report) = ShardLog::open(c).await.unwrap();
+        assert_eq!(report.transit_records, 2);
+        let got = log.take_recovered_transit();
+        // The first reached its owner; the second did not. A new one continues the sequence.
+        log.transit_handed(&[got[0].0]).await;
+        let h2 = log.append_transit(rec(away, 2)).await.unwrap();
+        assert_eq!(h2.seq, 2);
+        assert_eq!(log.transit_held(), 2);
+        fill(&log, &own, 1510, 5).await;
+        drop(log); // crash, no checkpoint since
+    });
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, report) = ShardLog::open(c).await.unwrap();
+        let got = log.take_recovered_transit();
+        let payloads: Vec<_> = got.iter().map(|(_, r)| r.clone()).collect();
+        assert_eq!(
+            payloads,
+            vec![rec(away, 1), rec(away, 2)],
+            "handed records stay handed"
+        );
+        assert_eq!(report.transit_records, 2);
+        let holds: Vec<_> = got.iter().map(|(h, _)| *h).collect();
+        log.transit_handed(&holds).await;
+        assert_eq!(log.transit_held(), 0);
+        log.checkpoint().await.unwrap();
+        drop(log); // crash again
+    });
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, report) = ShardLog::open(c).await.unwrap();
+        assert_eq!(report.transit_records, 0, "handed records are not replayed");
+        assert!(log.take_recovered_transit().is_empty());
+        check(&log, &own, 1515).await;
+        log.close().await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -163,7 +163,12 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         payload: req.body,
     };
     let tally = crate::metrics::Tally::of(std::slice::from_ref(&rec));
-    match node.append(vec![rec]).await {
+    // Another shard's partition: one local fsync, then the hand-off (crate::transit).
+    let stored = match node.append_transit(rec).await {
+        Ok(r) => r,
+        Err(rec) => node.append(vec![rec]).await,
+    };
+    match stored {
         Ok(()) => {
             node.metrics.produced(tally);
             Response::empty(202)

@@ -503,6 +503,10 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req) {
         return denied;
     }
+    // Reads see every single produce this shard answered before them (crate::transit).
+    if matches!(r, Route::Consume | Route::TopicGet | Route::ChildrenList) {
+        node.transit.caught_up().await;
+    }
     match r {
         Route::Healthz => {
             if node.shutting_down() {

@@ -536,6 +536,8 @@ pub struct ShardMetrics {
     pub open_partition_logs: u64,
     /// Partition logs closed for idleness since the shard started.
     pub idle_logs_evicted: u64,
+    /// Single produces accepted here and not yet handed to their owner shard.
+    pub transit_backlog: u64,
     pub mesh_calls_pending: u64,
     /// The shard's schema validation counters (thread-local in `crate::schema`).
     pub schema: crate::schema::Counters,
@@ -651,6 +653,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         wal_failed: log.poisoned().is_some(),
         open_partition_logs: log.open_logs() as u64,
         idle_logs_evicted: log.idle_logs_evicted(),
+        transit_backlog: node.transit.pending() as u64,
         mesh_calls_pending: mesh_calls_pending as u64,
         schema: crate::schema::counters(),
         fanout: node.fanout_counters(),
@@ -1028,6 +1031,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut wal_failed = false;
     let mut open_logs = 0u64;
     let mut idle_evicted = 0u64;
+    let mut transit_backlog = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
     let mut fanout_lag: BTreeMap<(TopicId, TopicId), (u64, u64)> = BTreeMap::new();
@@ -1059,6 +1063,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         wal_failed |= s.wal_failed;
         open_logs += s.open_partition_logs;
         idle_evicted += s.idle_logs_evicted;
+        transit_backlog += s.transit_backlog;
         schema.validations += s.schema.validations;
         schema.rejected_depth += s.schema.rejected_depth;
         schema.rejected_malformed += s.schema.rejected_malformed;
@@ -1688,10 +1693,14 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     e.family(
         "narad_ingress_dispatch_backlog_records",
         Kind::Gauge,
-        "Records accepted here for a partition another node owns and not yet handed to it: \
-         always 0 on a single node, which owns every partition and commits each record there.",
+        "Records accepted here (durable in the accepting shard's WAL) for a partition another \
+         shard owns and not yet handed to it.",
     );
-    e.int("narad_ingress_dispatch_backlog_records", &[], 0);
+    e.int(
+        "narad_ingress_dispatch_backlog_records",
+        &[],
+        transit_backlog,
+    );
     e.family(
         "narad_orphan_topic_dirs",
         Kind::Gauge,

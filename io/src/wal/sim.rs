@@ -277,7 +277,7 @@ fn record_id(r: &WalRecord) -> Option<u64> {
     match r {
         WalRecord::Message { payload, .. } | WalRecord::Transit { payload, .. } => first8(payload),
         WalRecord::Settle { offsets, .. } => offsets.first().map(|o| o.0),
-        WalRecord::Checkpoint { .. } => None,
+        WalRecord::Checkpoint { .. } | WalRecord::Handed { .. } => None,
     }
 }
 
@@ -317,6 +317,7 @@ impl Sim {
             },
             1 => WalRecord::Transit {
                 key,
+                seq: id,
                 commit_ms: UnixMillis(id),
                 msg_key: None,
                 payload: self.payload(id),

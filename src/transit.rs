@@ -1,0 +1,280 @@
+//! Transit: a single produce for a partition of another shard is accepted with one local fsync.
+//!
+//! The accepting shard writes the record to its own WAL as a transit record (its group commit,
+//! one fdatasync, read back and verified), answers `202`, and then hands the record to the owner
+//! shard in batches over the mesh (DESIGN.md §2.3 within a node; CLUSTER.md §4.1-4.2). The owner
+//! appends it like any produce: its own group commit, then the record is readable. Only when the
+//! owner answered is the transit record released, so checkpoints keep it in the WAL until then
+//! and a crash brings it back (recovery hands it over again: a duplicate when the owner already
+//! had it, which SEMANTICS.md §1 allows: "a commit whose reply was lost").
+//!
+//! Owns, per shard: one queue per other shard, in accept order, and one dispatcher task per
+//! queue with at most one hand-off in flight (records reach their owner in accept order).
+//! A failed hand-off is retried after a backoff (100 ms doubling to 1 s); records of a topic or
+//! partition that no longer exists are dropped and released. The queued bytes are bounded
+//! ([`TRANSIT_PENDING_BYTES_MAX`]): past it, produces take the direct path (a mesh call that
+//! waits for the owner's commit), so memory and the held WAL stay bounded.
+//!
+//! Read-your-writes: a consume, a topic description or a scrape on this shard first waits until
+//! every record this shard accepted before it has been handed over (bounded), so a client that
+//! got `202` on a connection reads its message on that connection.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use narad_io::log::{AppendRecord, TransitHold};
+use narad_io::rt::{self, Notify};
+use narad_io::types::ShardId;
+
+use crate::node::Node;
+
+/// Bytes of queued transit records per shard before produces take the direct path.
+pub const TRANSIT_PENDING_BYTES_MAX: usize = 8 << 20;
+/// Records per hand-off (one mesh call, one append on the owner).
+const HANDOFF_RECORDS_MAX: usize = 1024;
+/// Payload and key bytes per hand-off (well under the owner's WAL append limit).
+const HANDOFF_BYTES_MAX: usize = 256 << 10;
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Longest a read waits for this shard's earlier transit records to reach their owners.
+const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
+
+struct Queued {
+    seq: u64,
+    hold: TransitHold,
+    rec: AppendRecord,
+}
+
+fn weight(r: &AppendRecord) -> usize {
+    r.payload.len() + r.msg_key.as_ref().map_or(0, Vec::len) + 64
+}
+
+/// Counters of this shard's transit path (for `/metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransitCounters {
+    /// Records accepted through transit.
+    pub accepted: u64,
+    /// Records handed to their owner.
+    pub handed: u64,
+    /// Hand-offs that failed and were retried.
+    pub retries: u64,
+    /// Records dropped because their topic or partition no longer exists.
+    pub dropped: u64,
+}
+
+pub struct Transit {
+    me: ShardId,
+    /// Indexed by destination shard (this shard's own queue stays empty).
+    queues: Vec<RefCell<VecDeque<Queued>>>,
+    work: Vec<Notify>,
+    /// Something was handed over (or dropped).
+    progress: Notify,
+    next_seq: Cell<u64>,
+    pending_bytes: Cell<usize>,
+    closing: Cell<bool>,
+    counters: Cell<TransitCounters>,
+}
+
+impl Transit {
+    pub fn new(me: ShardId, shards: u32) -> Transit {
+        Transit {
+            me,
+            queues: (0..shards).map(|_| RefCell::new(VecDeque::new())).collect(),
+            work: (0..shards).map(|_| Notify::new()).collect(),
+            progress: Notify::new(),
+            next_seq: Cell::new(0),
+            pending_bytes: Cell::new(0),
+            closing: Cell::new(false),
+            counters: Cell::new(TransitCounters::default()),
+        }
+    }
+
+    /// Whether a new record may take the transit path (queue under its bound, not closing).
+    pub fn has_room(&self) -> bool {
+        !self.closing.get() && self.pending_bytes.get() < TRANSIT_PENDING_BYTES_MAX
+    }
+
+    /// Queues a durable transit record for its owner `dest`.
+    pub fn push(&self, dest: ShardId, hold: TransitHold, rec: AppendRecord) {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        self.pending_bytes
+            .set(self.pending_bytes.get() + weight(&rec));
+        self.queues[dest.0 as usize]
+            .borrow_mut()
+            .push_back(Queued { seq, hold, rec });
+        self.work[dest.0 as usize].notify_waiters();
+    }
+
+    /// Records queued and not yet handed over.
+    pub fn pending(&self) -> usize {
+        self.queues.iter().map(|q| q.borrow().len()).sum()
+    }
+
+    pub fn counters(&self) -> TransitCounters {
+        self.counters.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut TransitCounters)) {
+        let mut c = self.counters.get();
+        f(&mut c);
+        self.counters.set(c);
+    }
+
+    /// Whether every record queued before sequence `upto` has left its queue.
+    fn handed_before(&self, upto: u64) -> bool {
+        self.queues
+            .iter()
+            .all(|q| q.borrow().front().is_none_or(|e| e.seq >= upto))
+    }
+
+    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
+    /// reached its owner.
+    pub async fn caught_up(&self) {
+        let upto = self.next_seq.get();
+        if self.handed_before(upto) {
+            return;
+        }
+        let deadline = Instant::now() + CATCH_UP_WAIT_MAX;
+        loop {
+            let progressed = self.progress.notified();
+            if self.handed_before(upto) {
+                return;
+            }
+            if rt::timeout_at(deadline, progressed).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Graceful stop: no new transit records; waits until the queues are empty or `deadline`.
+    /// Returns how many records are left (they stay in the WAL and are handed over after the
+    /// restart).
+    pub async fn drain(&self, deadline: Instant) -> usize {
+        self.closing.set(true);
+        loop {
+            let progressed = self.progress.notified();
+            let left = self.pending();
+            if left == 0 {
+                return 0;
+            }
+            if rt::timeout_at(deadline, progressed).await.is_err() {
+                return self.pending();
+            }
+        }
+    }
+
+    /// Removes the first `n` records of `dest`'s queue and releases their WAL holds.
+    async fn finish(&self, node: &Node, dest: ShardId, n: usize) {
+        let done: Vec<Queued> = self.queues[dest.0 as usize]
+            .borrow_mut()
+            .drain(..n)
+            .collect();
+        self.forget(node, done).await;
+    }
+
+    async fn forget(&self, node: &Node, done: Vec<Queued>) {
+        let bytes: usize = done.iter().map(|q| weight(&q.rec)).sum();
+        self.pending_bytes
+            .set(self.pending_bytes.get().saturating_sub(bytes));
+        self.progress.notify_waiters();
+        let holds: Vec<TransitHold> = done.iter().map(|q| q.hold).collect();
+        node.host.log().transit_handed(&holds).await;
+    }
+}
+
+/// Starts one dispatcher per shard (this one's own queue only ever holds recovered records of
+/// its own partitions, never expected: the layout is fixed per data directory), and queues the
+/// transit records recovery found.
+pub fn start(node: &Rc<Node>) {
+    let t = &node.transit;
+    for (hold, rec) in node.host.log().take_recovered_transit() {
+        t.push(node.owner(rec.key), hold, rec);
+    }
+    // Test knob: accept through transit but never hand over, so a test can kill the process
+    // with records only in the accepting shard's WAL.
+    if std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1") {
+        return;
+    }
+    for d in 0..node.shards {
+        rt::spawn(dispatch(node.clone(), ShardId(d))).detach();
+    }
+}
+
+/// Hands `dest`'s queue to `dest`, a batch at a time, until the shard drained it and stops.
+async fn dispatch(node: Rc<Node>, dest: ShardId) {
+    let mut backoff = RETRY_FIRST;
+    let t = &node.transit;
+    loop {
+        let work = t.work[dest.0 as usize].notified();
+        let batch: Vec<AppendRecord> = {
+            let q = t.queues[dest.0 as usize].borrow();
+            let mut bytes = 0;
+            q.iter()
+                .take(HANDOFF_RECORDS_MAX)
+                .take_while(|e| {
+                    bytes += weight(&e.rec);
+                    bytes <= HANDOFF_BYTES_MAX || bytes == weight(&e.rec)
+                })
+                .map(|e| e.rec.clone())
+                .collect()
+        };
+        if batch.is_empty() {
+            if node.shutting_down() && t.closing.get() {
+                return;
+            }
+            // Wake at least once a second to notice the end of the shard.
+            let _ = rt::timeout(Duration::from_secs(1), work).await;
+            continue;
+        }
+        let n = batch.len();
+        let r = node.append_on(dest, batch).await;
+        match r {
+            Ok(()) => {
+                backoff = RETRY_FIRST;
+                t.count(|c| c.handed += n as u64);
+                t.finish(&node, dest, n).await;
+            }
+            Err(e) => {
+                let dropped = drop_vanished(&node, dest).await;
+                if dropped > 0 {
+                    // Retry at once with what is left.
+                    continue;
+                }
+                t.count(|c| c.retries += 1);
+                tracing::warn!(shard = t.me.0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
+                rt::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Drops (and releases) the queued records of `dest` whose topic or partition no longer
+/// exists in this shard's metadata copy; returns how many.
+async fn drop_vanished(node: &Node, dest: ShardId) -> usize {
+    let meta = node.meta();
+    let t = &node.transit;
+    let gone = |r: &AppendRecord| {
+        !meta
+            .topics
+            .values()
+            .any(|m| m.id == r.key.topic && r.key.partition.0 < m.partitions)
+    };
+    let vanished: Vec<Queued> = {
+        let mut q = t.queues[dest.0 as usize].borrow_mut();
+        if !q.iter().any(|e| gone(&e.rec)) {
+            return 0;
+        }
+        let (keep, gone): (VecDeque<Queued>, VecDeque<Queued>) =
+            q.drain(..).partition(|e| !gone(&e.rec));
+        *q = keep;
+        gone.into_iter().collect()
+    };
+    let n = vanished.len();
+    t.count(|c| c.dropped += n as u64);
+    t.forget(node, vanished).await;
+    n
+}
