@@ -198,13 +198,18 @@ pub fn start(node: &Rc<Node>) {
     if std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1") {
         return;
     }
+    // Test knob: every hand-off starts this late, so a test can see a read wait for it.
+    let delay = std::env::var("NARAD_TEST_TRANSIT_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis);
     for d in 0..node.shards {
-        rt::spawn(dispatch(node.clone(), ShardId(d))).detach();
+        rt::spawn(dispatch(node.clone(), ShardId(d), delay)).detach();
     }
 }
 
 /// Hands `dest`'s queue to `dest`, a batch at a time, until the shard drained it and stops.
-async fn dispatch(node: Rc<Node>, dest: ShardId) {
+async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
     let mut backoff = RETRY_FIRST;
     let t = &node.transit;
     loop {
@@ -230,6 +235,9 @@ async fn dispatch(node: Rc<Node>, dest: ShardId) {
             continue;
         }
         let n = batch.len();
+        if let Some(d) = delay {
+            rt::sleep(d).await;
+        }
         let r = node.append_on(dest, batch).await;
         match r {
             Ok(()) => {

@@ -945,3 +945,46 @@ fn a_new_host_name_keeps_the_data_directory_node_id() {
         "{err}"
     );
 }
+
+#[test]
+fn a_single_produce_is_readable_at_once_on_its_connection() {
+    // Proves read-your-writes across the transit path (crate::transit): a keyless single
+    // produce is answered after the accepting shard's own fsync, and reaches the owner shard of
+    // its partition later (here each hand-off is held back 300 ms by a test knob). A consume,
+    // a pinned read and the topic's stats on the same connection right after the `202` still
+    // see every message: reads wait for the accepting shard's earlier hand-offs.
+    let dir = TempDir::new("ryw");
+    let knob = vec![("NARAD_TEST_TRANSIT_DELAY_MS".to_string(), "300".to_string())];
+    let s = Server::start_with(dir.0.join("data"), knob);
+    let mut c = s.client();
+    c.create_topic("t", 4);
+    // Keyless produces rotate over the 4 partitions, so some are owned by the other shard.
+    for i in 0..4 {
+        let r = c.post_json("/v1/topics/t/produce", &format!("{{\"i\":{i}}}"));
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let v = c.get("/v1/topics/t").json();
+    let total: u64 = v["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 4, "{v}");
+    for p in 0..4 {
+        let r = c.get(&format!("/v1/topics/t/consume?partition={p}&offset=0"));
+        assert_eq!(r.status, 200, "partition {p}: {}", r.text());
+    }
+    let r = c.post_json("/v1/topics/t/produce?partition=1", "{\"i\":9}");
+    assert_eq!(r.status, 202);
+    let r = c.post_json("/v1/topics/t/produce?partition=2", "{\"i\":9}");
+    assert_eq!(r.status, 202);
+    let r = c.request(
+        "GET",
+        "/v1/topics/t/consume?max=100",
+        &[("X-Narad-Client", "narad-tests/0")],
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["messages"].as_array().unwrap().len(), 6);
+}

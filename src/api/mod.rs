@@ -503,8 +503,14 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req) {
         return denied;
     }
-    // Reads see every single produce this shard answered before them (crate::transit).
-    if matches!(r, Route::Consume | Route::TopicGet | Route::ChildrenList) {
+    // Every later request on this shard sees the single produces it answered before, as if
+    // they were committed at their owner (crate::transit): reads, and the admin changes that
+    // take partition ends (an attach point) or stop copies (a detach). Not produces and acks
+    // (an acked message was consumed, so handed over), nor the probes.
+    if !matches!(
+        r,
+        Route::Produce | Route::ProduceBatch | Route::Ack | Route::Healthz | Route::Readyz
+    ) {
         node.transit.caught_up().await;
     }
     match r {
