@@ -462,12 +462,10 @@ impl Node {
         if dest == self.shard || !self.transit.has_room() {
             return Err(rec);
         }
-        let copy = rec.clone();
-        match self.host.log().append_transit(copy).await {
-            Ok(hold) => {
-                self.transit.push(dest, hold, rec);
-                Ok(Ok(()))
-            }
+        // Once durable the log gives the record to crate::transit (its sink), even if this
+        // request is dropped meanwhile.
+        match self.host.log().append_transit(rec).await {
+            Ok(_) => Ok(Ok(())),
             Err(e) => Ok(Err(store_error(e))),
         }
     }

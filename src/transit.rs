@@ -193,6 +193,12 @@ pub fn start(node: &Rc<Node>) {
     for (hold, rec) in node.host.log().take_recovered_transit() {
         t.push(node.owner(rec.key), hold, rec);
     }
+    let weak = Rc::downgrade(node);
+    node.host.log().on_transit(Box::new(move |hold, rec| {
+        if let Some(n) = weak.upgrade() {
+            n.transit.push(n.owner(rec.key), hold, rec);
+        }
+    }));
     // Test knob: accept through transit but never hand over, so a test can kill the process
     // with records only in the accepting shard's WAL.
     if std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1") {

@@ -69,6 +69,8 @@ pub use crate::partition::{ReadError, Settled, StoredRecord};
 
 /// Run after every commit with the partitions whose high watermark moved.
 pub type CommitCallback = dyn Fn(&[PartitionKey]);
+/// Receives each transit record once its batch is durable (see [`ShardLog::on_transit`]).
+pub type TransitSink = dyn Fn(TransitHold, AppendRecord);
 
 /// Bound on the offsets one settle call may carry.
 pub const SETTLE_OFFSETS_MAX: usize = 65_536;
@@ -314,6 +316,7 @@ struct Inner {
     wal: Wal,
     state: RefCell<State>,
     callbacks: RefCell<Vec<Rc<CommitCallback>>>,
+    transit_sink: RefCell<Option<Rc<TransitSink>>>,
     checkpoint_running: Cell<bool>,
     checkpoint_done: Notify,
     failures: Cell<LogFailures>,
@@ -577,6 +580,7 @@ impl ShardLog {
             wal,
             state: RefCell::new(state),
             callbacks: RefCell::new(Vec::new()),
+            transit_sink: RefCell::new(None),
             checkpoint_running: Cell::new(false),
             checkpoint_done: Notify::new(),
             failures: Cell::new(LogFailures::default()),
@@ -704,10 +708,10 @@ impl ShardLog {
 
     /// Writes records for partitions owned by another shard as transit records, in the next
     /// group commit, and resolves once that batch is durable and verified: the accept of
-    /// DESIGN.md §2.3, one local fsync. The records are not readable here. The caller hands them
-    /// to their owner and then calls [`ShardLog::release_transit`]; until then checkpoints
-    /// keep them in the WAL, so a restart finds them again
-    /// ([`ShardLog::take_recovered_transit`]).
+    /// DESIGN.md §2.3, one local fsync. The record is not readable here. Once durable it goes
+    /// to the [`ShardLog::on_transit`] sink, which hands it to its owner and then calls
+    /// [`ShardLog::transit_handed`]; until then checkpoints keep it in the WAL, so a restart
+    /// finds it again ([`ShardLog::take_recovered_transit`]).
     pub async fn append_transit(&self, r: AppendRecord) -> Result<TransitHold, LogError> {
         if let Some(e) = self.refuse() {
             return Err(e);
@@ -888,6 +892,14 @@ impl ShardLog {
             .collect();
         v.sort();
         v
+    }
+
+    /// Registers where transit records go once durable: each durable transit record is given
+    /// to `f` with its hold, in WAL order, whether or not the caller of
+    /// [`ShardLog::append_transit`] still waits (a dropped request must not strand its record).
+    /// Without a sink they stay held until restart. `f` must not block.
+    pub fn on_transit(&self, f: Box<TransitSink>) {
+        *self.inner.transit_sink.borrow_mut() = Some(Rc::from(f));
     }
 
     /// Registers a callback run after every commit with the partitions whose high watermark
@@ -1373,6 +1385,8 @@ fn prepare_partitions(
 /// A batch handed to the WAL: what to materialise and whom to answer once it is durable.
 struct Planned {
     runs: HashMap<PartitionKey, EncodedBatch>,
+    /// The batch's transit records (copies for the sink), with their holds.
+    transit: Vec<(TransitHold, AppendRecord)>,
     offsets: Vec<Vec<Offset>>,
     replies: Vec<(Kind, Reply)>,
     wal_bytes: u64,
@@ -1416,6 +1430,7 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     let mut records = Vec::new();
+    let mut transit = Vec::new();
     let mut wal_bytes = 0u64;
     let mut st = inner.state.borrow_mut();
     let now = UnixMillis::now().max(st.last_stamp);
@@ -1462,13 +1477,28 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
         }
         if matches!(req.kind, Kind::Transit) {
             for rec in &mut req.records {
-                if let WalRecord::Transit { key, seq, .. } = rec {
+                if let WalRecord::Transit {
+                    key,
+                    seq,
+                    msg_key,
+                    payload,
+                    ..
+                } = rec
+                {
                     let dest = owner_shard(*key, inner.cfg.shard_count).0;
                     let next = st.transit_next.entry(dest).or_insert(0);
                     *seq = *next;
                     *next += 1;
                     offs.push(Offset(u64::from(dest)));
                     offs.push(Offset(*seq));
+                    transit.push((
+                        TransitHold { dest, seq: *seq },
+                        AppendRecord {
+                            key: *key,
+                            msg_key: msg_key.clone(),
+                            payload: payload.clone(),
+                        },
+                    ));
                 }
             }
         }
@@ -1488,6 +1518,7 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
             Some((
                 Planned {
                     runs,
+                    transit,
                     offsets,
                     replies,
                     wal_bytes,
@@ -1518,6 +1549,7 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
 fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, LogError>) {
     let Planned {
         runs,
+        transit,
         offsets,
         replies,
         wal_bytes,
@@ -1536,16 +1568,10 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
             Ok(pos) => {
                 // Batches resolve in order: the previous end is at or before this batch.
                 let start = st.last_pos.unwrap_or(st.open_pos);
-                for (kind, offs) in replies.iter().map(|r| &r.0).zip(offsets.iter()) {
-                    if let (Kind::Transit, [d, s]) = (kind, offs.as_slice()) {
-                        let hold = TransitHold {
-                            dest: d.0 as u32,
-                            seq: s.0,
-                        };
-                        st.transit_holds.insert(hold, start);
-                        let durable = st.transit_durable.entry(hold.dest).or_insert(0);
-                        *durable = (*durable).max(hold.seq + 1);
-                    }
+                for (hold, _) in &transit {
+                    st.transit_holds.insert(*hold, start);
+                    let durable = st.transit_durable.entry(hold.dest).or_insert(0);
+                    *durable = (*durable).max(hold.seq + 1);
                 }
                 st.last_pos = Some(pos);
                 st.wal_bytes_since_checkpoint += wal_bytes;
@@ -1605,6 +1631,14 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
             };
             for r in queued {
                 let _ = r.reply.send(Err(e.copy()));
+            }
+        }
+    }
+    if outcome.is_ok() && !transit.is_empty() {
+        let sink = inner.transit_sink.borrow().clone();
+        if let Some(sink) = sink {
+            for (hold, rec) in transit {
+                sink(hold, rec);
             }
         }
     }

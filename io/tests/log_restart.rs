@@ -479,3 +479,32 @@ fn transit_records_are_held_until_handed_and_come_back_after_a_crash() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_durable_transit_record_reaches_the_sink_even_when_its_caller_left() {
+    // Proves a transit record is never stranded by its request: the caller's future is dropped
+    // right after queuing the record (a client that disconnected), yet once the batch is
+    // durable the sink gets the record with its hold, so it is handed over and released.
+    let dir = temp_dir("transit-sink");
+    let cfg = small_cfg(dir.clone());
+    let away = key(8, 1);
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+        let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let g = got.clone();
+        log.on_transit(Box::new(move |hold, rec| g.borrow_mut().push((hold, rec))));
+        let mut fut = Box::pin(log.append_transit(rec(away, 0)));
+        assert!(futures_lite::future::poll_once(&mut fut).await.is_none());
+        drop(fut);
+        // Any later commit comes after that batch.
+        fill(&log, &[key(7, 0)], 0, 2).await;
+        let sunk = got.borrow().clone();
+        assert_eq!(sunk.len(), 1);
+        assert_eq!(sunk[0].1, rec(away, 0));
+        assert_eq!(log.transit_held(), 1);
+        log.transit_handed(&[sunk[0].0]).await;
+        assert_eq!(log.transit_held(), 0);
+        log.close().await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}
