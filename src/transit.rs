@@ -51,19 +51,6 @@ fn weight(r: &AppendRecord) -> usize {
     r.payload.len() + r.msg_key.as_ref().map_or(0, Vec::len) + 64
 }
 
-/// Counters of this shard's transit path (for `/metrics`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TransitCounters {
-    /// Records accepted through transit.
-    pub accepted: u64,
-    /// Records handed to their owner.
-    pub handed: u64,
-    /// Hand-offs that failed and were retried.
-    pub retries: u64,
-    /// Records dropped because their topic or partition no longer exists.
-    pub dropped: u64,
-}
-
 pub struct Transit {
     me: ShardId,
     /// Indexed by destination shard (this shard's own queue stays empty).
@@ -74,7 +61,6 @@ pub struct Transit {
     next_seq: Cell<u64>,
     pending_bytes: Cell<usize>,
     closing: Cell<bool>,
-    counters: Cell<TransitCounters>,
 }
 
 impl Transit {
@@ -87,7 +73,6 @@ impl Transit {
             next_seq: Cell::new(0),
             pending_bytes: Cell::new(0),
             closing: Cell::new(false),
-            counters: Cell::new(TransitCounters::default()),
         }
     }
 
@@ -111,16 +96,6 @@ impl Transit {
     /// Records queued and not yet handed over.
     pub fn pending(&self) -> usize {
         self.queues.iter().map(|q| q.borrow().len()).sum()
-    }
-
-    pub fn counters(&self) -> TransitCounters {
-        self.counters.get()
-    }
-
-    fn count(&self, f: impl FnOnce(&mut TransitCounters)) {
-        let mut c = self.counters.get();
-        f(&mut c);
-        self.counters.set(c);
     }
 
     /// Whether every record queued before sequence `upto` has left its queue.
@@ -248,7 +223,6 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
         match r {
             Ok(()) => {
                 backoff = RETRY_FIRST;
-                t.count(|c| c.handed += n as u64);
                 t.finish(&node, dest, n).await;
             }
             Err(e) => {
@@ -257,7 +231,6 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
                     // Retry at once with what is left.
                     continue;
                 }
-                t.count(|c| c.retries += 1);
                 tracing::warn!(shard = t.me.0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
                 rt::sleep(backoff).await;
                 backoff = (backoff * 2).min(RETRY_MAX);
@@ -288,7 +261,12 @@ async fn drop_vanished(node: &Node, dest: ShardId) -> usize {
         gone.into_iter().collect()
     };
     let n = vanished.len();
-    t.count(|c| c.dropped += n as u64);
+    tracing::info!(
+        shard = t.me.0,
+        to = dest.0,
+        records = n,
+        "accepted records dropped before their hand-off: their topic or partition was deleted"
+    );
     t.forget(node, vanished).await;
     n
 }
