@@ -15,13 +15,20 @@
 //! ([`TRANSIT_PENDING_BYTES_MAX`]): past it, produces take the direct path (a mesh call that
 //! waits for the owner's commit), so memory and the held WAL stay bounded.
 //!
-//! Read-your-writes: a consume, a topic description or a scrape on this shard first waits until
-//! every record this shard accepted before it has been handed over (bounded), so a client that
-//! got `202` on a connection reads its message on that connection.
+//! Read-your-writes: every request but produces, acks and probes first waits until every record
+//! this shard accepted before it has been handed over, so a client that got `202` on a
+//! connection reads its message on that connection. Then, for the other shards (a client that
+//! reads on a new connection, which the kernel may give to another shard), it waits until the
+//! node has handed over as many records as it had accepted when the request began: two
+//! node-wide counters (atomics, like the keyless rotation), looked at every
+//! [`NODE_CATCH_UP_POLL`]. Exact when producers are quiet; under concurrent single produces a
+//! later record handed over early can end the wait before an earlier one. Both waits end after
+//! [`CATCH_UP_WAIT_MAX`].
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use narad_io::log::{AppendRecord, TransitHold};
@@ -38,8 +45,14 @@ const HANDOFF_RECORDS_MAX: usize = 1024;
 const HANDOFF_BYTES_MAX: usize = 256 << 10;
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-/// Longest a read waits for this shard's earlier transit records to reach their owners.
+/// Longest a read waits for earlier transit records to reach their owners.
 const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
+/// How often a read looks at the node-wide counters while other shards hand over.
+const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
+
+/// Transit records accepted, and handed over (or dropped), by all shards of this process.
+static NODE_ACCEPTED: AtomicU64 = AtomicU64::new(0);
+static NODE_HANDED: AtomicU64 = AtomicU64::new(0);
 
 struct Queued {
     seq: u64,
@@ -90,6 +103,7 @@ impl Transit {
         self.queues[dest.0 as usize]
             .borrow_mut()
             .push_back(Queued { seq, hold, rec });
+        NODE_ACCEPTED.fetch_add(1, Ordering::AcqRel);
         self.work[dest.0 as usize].notify_waiters();
     }
 
@@ -108,19 +122,23 @@ impl Transit {
     /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
     /// reached its owner.
     pub async fn caught_up(&self) {
+        let node_accepted = NODE_ACCEPTED.load(Ordering::Acquire);
         let upto = self.next_seq.get();
-        if self.handed_before(upto) {
-            return;
-        }
         let deadline = Instant::now() + CATCH_UP_WAIT_MAX;
-        loop {
-            let progressed = self.progress.notified();
-            if self.handed_before(upto) {
-                return;
+        if !self.handed_before(upto) {
+            loop {
+                let progressed = self.progress.notified();
+                if self.handed_before(upto) {
+                    break;
+                }
+                if rt::timeout_at(deadline, progressed).await.is_err() {
+                    return;
+                }
             }
-            if rt::timeout_at(deadline, progressed).await.is_err() {
-                return;
-            }
+        }
+        // The other shards' hand-offs (see the module doc).
+        while NODE_HANDED.load(Ordering::Acquire) < node_accepted && Instant::now() < deadline {
+            rt::sleep(NODE_CATCH_UP_POLL).await;
         }
     }
 
@@ -151,6 +169,7 @@ impl Transit {
     }
 
     async fn forget(&self, node: &Node, done: Vec<Queued>) {
+        NODE_HANDED.fetch_add(done.len() as u64, Ordering::AcqRel);
         let bytes: usize = done.iter().map(|q| weight(&q.rec)).sum();
         self.pending_bytes
             .set(self.pending_bytes.get().saturating_sub(bytes));

@@ -987,4 +987,23 @@ fn a_single_produce_is_readable_at_once_on_its_connection() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["messages"].as_array().unwrap().len(), 6);
+
+    // On new connections too (the kernel spreads them over both shards): a read waits until
+    // the node handed over what it had accepted. The first read after each round of produces
+    // lands on the shard that did not accept them about half the time; 8 rounds make missing
+    // that case unlikely (a build without the node-wide wait failed 2 runs in 3).
+    c.create_topic("u", 4);
+    for round in 0..8u64 {
+        for p in 0..4 {
+            let r = c.post_json(&format!("/v1/topics/u/produce?partition={p}"), "{\"u\":1}");
+            assert_eq!(r.status, 202);
+        }
+        for p in 0..4 {
+            let mut fresh = s.client();
+            let r = fresh.get(&format!(
+                "/v1/topics/u/consume?partition={p}&offset={round}"
+            ));
+            assert_eq!(r.status, 200, "partition {p} round {round}: {}", r.text());
+        }
+    }
 }
