@@ -438,17 +438,13 @@ impl Node {
         first_err.map_or(Ok(()), Err)
     }
 
-    async fn append_one(&self, s: ShardId, recs: Vec<AppendRecord>) -> Result<(), StoreError> {
-        append_via(&self.host, &self.mesh, self.shard, s, recs).await
-    }
-
-    /// Appends records that all belong to partitions of shard `s` (the transit hand-off).
-    pub(crate) async fn append_on(
+    /// Appends records that all belong to partitions of shard `s` (also the transit hand-off).
+    pub(crate) async fn append_one(
         &self,
         s: ShardId,
         recs: Vec<AppendRecord>,
     ) -> Result<(), StoreError> {
-        self.append_one(s, recs).await
+        append_via(&self.host, &self.mesh, self.shard, s, recs).await
     }
 
     /// Accepts one record for a partition of another shard with one local fsync (see

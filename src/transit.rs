@@ -238,7 +238,7 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
         if let Some(d) = delay {
             rt::sleep(d).await;
         }
-        let r = node.append_on(dest, batch).await;
+        let r = node.append_one(dest, batch).await;
         match r {
             Ok(()) => {
                 backoff = RETRY_FIRST;
