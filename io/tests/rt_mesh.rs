@@ -8,13 +8,23 @@ use std::time::Duration;
 use narad_io::rt::{self, Mesh, MeshError, MeshSetup, RuntimeConfig};
 use narad_io::types::ShardId;
 
-fn cfg(shards: u32, name: &str) -> RuntimeConfig {
+/// The runtime's data directory (it holds only the direct-I/O probe file), removed on drop.
+struct Dir(std::path::PathBuf);
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cfg(shards: u32, name: &str) -> (RuntimeConfig, Dir) {
     let dir = std::env::temp_dir().join(format!("narad-rt-mesh-{name}-{}", std::process::id()));
-    RuntimeConfig {
+    let cfg = RuntimeConfig {
         shards,
         pin: false,
-        ..RuntimeConfig::new(dir)
-    }
+        ..RuntimeConfig::new(dir.clone())
+    };
+    (cfg, Dir(dir))
 }
 
 /// Waits (asynchronously, so this shard keeps serving) until every shard has reached this point.
@@ -36,36 +46,33 @@ fn mesh_calls_cross_shards_and_self() {
     // answer comes back to the caller, that 200 concurrent calls each get their own answer, and
     // that a call to the own shard runs the local handler.
     let arrived = Arc::new(AtomicUsize::new(0));
-    let out = rt::run_with_mesh(
-        cfg(2, "cross"),
-        64,
-        move |id, mesh: Mesh<u64, (u32, u32, u64)>| {
-            let arrived = arrived.clone();
-            async move {
-                double_plus_me(&mesh);
-                let peer = ShardId(1 - id.0);
-                let calls: Vec<_> = (0..200u64)
-                    .map(|i| {
-                        let mesh = mesh.clone();
-                        rt::spawn(async move { mesh.call(peer, i).await })
-                    })
-                    .collect();
-                let mut ok = 0;
-                for (i, c) in calls.into_iter().enumerate() {
-                    let r = rt::timeout(Duration::from_secs(10), c)
-                        .await
-                        .expect("call answered in time");
-                    assert_eq!(r, Ok((id.0, peer.0, 2 * i as u64)));
-                    ok += 1;
-                }
-                let own = mesh.call(id, 21).await;
-                assert_eq!(own, Ok((id.0, id.0, 42)));
-                assert_eq!(mesh.pending_calls(), 0);
-                barrier(&arrived, 2).await;
-                ok
+    let (cfg, _dir) = cfg(2, "cross");
+    let out = rt::run_with_mesh(cfg, 64, move |id, mesh: Mesh<u64, (u32, u32, u64)>| {
+        let arrived = arrived.clone();
+        async move {
+            double_plus_me(&mesh);
+            let peer = ShardId(1 - id.0);
+            let calls: Vec<_> = (0..200u64)
+                .map(|i| {
+                    let mesh = mesh.clone();
+                    rt::spawn(async move { mesh.call(peer, i).await })
+                })
+                .collect();
+            let mut ok = 0;
+            for (i, c) in calls.into_iter().enumerate() {
+                let r = rt::timeout(Duration::from_secs(10), c)
+                    .await
+                    .expect("call answered in time");
+                assert_eq!(r, Ok((id.0, peer.0, 2 * i as u64)));
+                ok += 1;
             }
-        },
-    )
+            let own = mesh.call(id, 21).await;
+            assert_eq!(own, Ok((id.0, id.0, 42)));
+            assert_eq!(mesh.pending_calls(), 0);
+            barrier(&arrived, 2).await;
+            ok
+        }
+    })
     .expect("runtime starts");
     assert_eq!(out, vec![200, 200]);
 }
@@ -75,7 +82,8 @@ fn mesh_backpressure_with_capacity_one() {
     // Proves that with channels of capacity 1 and a slow handler, 100 concurrent callers all
     // complete (senders wait for room instead of failing or losing calls).
     let arrived = Arc::new(AtomicUsize::new(0));
-    let out = rt::run_with_mesh(cfg(2, "bp"), 1, move |id, mesh: Mesh<u32, u32>| {
+    let (cfg, _dir) = cfg(2, "bp");
+    let out = rt::run_with_mesh(cfg, 1, move |id, mesh: Mesh<u32, u32>| {
         let arrived = arrived.clone();
         async move {
             mesh.serve(|_, x| {
@@ -115,7 +123,8 @@ fn mesh_errors_unknown_shard_self_without_handler_and_departed_peer() {
     // both the call that was waiting and a later one.
     let setup: MeshSetup<u8, u8> = MeshSetup::new(2, 4);
     let done = Arc::new(AtomicUsize::new(0));
-    let out = rt::run(cfg(2, "err"), move |id| {
+    let (cfg, _dir) = cfg(2, "err");
+    let out = rt::run(cfg, move |id| {
         let setup = setup.clone();
         let done = done.clone();
         async move {

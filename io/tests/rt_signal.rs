@@ -19,7 +19,7 @@ fn trigger_from_a_std_thread_wakes_every_shard() {
     let cfg = RuntimeConfig {
         shards: 2,
         pin: false,
-        ..RuntimeConfig::new(dir)
+        ..RuntimeConfig::new(dir.clone())
     };
     let out = rt::run(cfg, move |_| {
         let sig = sig.clone();
@@ -32,6 +32,7 @@ fn trigger_from_a_std_thread_wakes_every_shard() {
         }
     })
     .expect("runtime");
+    let _ = std::fs::remove_dir_all(&dir);
     t.join().expect("trigger thread");
     assert_eq!(out, vec![true, true]);
 }

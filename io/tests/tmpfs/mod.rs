@@ -36,7 +36,9 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        // Lazy: files the test's executor dropped without closing are only closed when the
+        // process exits, so a plain umount finds the mount busy and leaves it behind.
+        let _ = Command::new("umount").arg("--lazy").arg(&self.0).status();
         let _ = std::fs::remove_dir(&self.0);
     }
 }
