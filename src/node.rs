@@ -447,23 +447,21 @@ impl Node {
         append_via(&self.host, &self.mesh, self.shard, s, recs).await
     }
 
-    /// Accepts one record for a partition of another shard with one local fsync (see
-    /// [`crate::transit`]). `Err(rec)` gives the record back when the transit path is full or
-    /// closing: the caller takes the direct path.
-    pub async fn append_transit(
-        &self,
-        rec: AppendRecord,
-    ) -> Result<Result<(), StoreError>, AppendRecord> {
+    /// Appends one record (a single produce). A partition of another shard takes transit (see
+    /// [`crate::transit`]): one local fsync, and the log hands the record over once durable,
+    /// even if this request is dropped meanwhile. When transit is full or closing, or this
+    /// shard owns the partition, the record goes straight to its owner.
+    pub async fn append_single(&self, rec: AppendRecord) -> Result<(), StoreError> {
         let dest = self.owner(rec.key);
         if dest == self.shard || !self.transit.has_room() {
-            return Err(rec);
+            return self.append(vec![rec]).await;
         }
-        // Once durable the log gives the record to crate::transit (its sink), even if this
-        // request is dropped meanwhile.
-        match self.host.log().append_transit(rec).await {
-            Ok(_) => Ok(Ok(())),
-            Err(e) => Ok(Err(store_error(e))),
-        }
+        self.host
+            .log()
+            .append_transit(rec)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
     }
 
     /// Leases up to `n` records of a topic, trying this shard's partitions first.

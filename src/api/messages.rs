@@ -164,11 +164,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     };
     let tally = crate::metrics::Tally::of(std::slice::from_ref(&rec));
     // Another shard's partition: one local fsync, then the hand-off (crate::transit).
-    let stored = match node.append_transit(rec).await {
-        Ok(r) => r,
-        Err(rec) => node.append(vec![rec]).await,
-    };
-    match stored {
+    match node.append_single(rec).await {
         Ok(()) => {
             node.metrics.produced(tally);
             Response::empty(202)
