@@ -87,12 +87,8 @@ fn partition_param(q: &Params, partitions: u32) -> Result<Option<u32>, Response>
     if v.is_empty() {
         return Err(error(400, "invalid partition: empty"));
     }
-    let n: i64 = v.parse().map_err(|_| {
-        error(
-            400,
-            &format!("invalid partition: strconv.Atoi: parsing {v:?}: invalid syntax"),
-        )
-    })?;
+    let n = crate::wire::go_atoi(v.as_bytes())
+        .map_err(|e| error(400, &format!("invalid partition: {e}")))?;
     if n < 0 {
         return Err(error(400, "invalid partition: must be >= 0"));
     }
@@ -325,15 +321,10 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     }
     let offset = match tri!(q.str("offset")) {
         None => None,
-        Some(s) => match s.parse::<i64>() {
+        Some(s) => match crate::wire::go_parse_int64(s.as_bytes()) {
             Ok(n) if n < 0 => return error(400, "invalid offset: must be >= 0"),
             Ok(n) => Some(n as u64),
-            Err(_) => {
-                return error(
-                    400,
-                    &format!("invalid offset: strconv.ParseInt: parsing {s:?}: invalid syntax"),
-                )
-            }
+            Err(e) => return error(400, &format!("invalid offset: {e}")),
         },
     };
     if offset.is_some() && max.is_some() {
@@ -349,15 +340,10 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     };
     let partition = match partition_raw {
         None => None,
-        Some(s) => match s.parse::<i64>() {
+        Some(s) => match crate::wire::go_atoi(s.as_bytes()) {
             Ok(n) if n >= 0 && n < i64::from(t.partitions) => Some(n as u32),
             Ok(_) => return error(400, "invalid partition: out of range"),
-            Err(_) => {
-                return error(
-                    400,
-                    &format!("invalid partition: strconv.Atoi: parsing {s:?}: invalid syntax"),
-                )
-            }
+            Err(e) => return error(400, &format!("invalid partition: {e}")),
         },
     };
     let mut resp = if let Some(off) = offset {

@@ -76,8 +76,22 @@ pub fn push_i64(out: &mut Vec<u8>, v: i64) {
 /// `invalid partition: <detail>`: `strconv.Atoi: parsing "x": invalid syntax` or
 /// `... value out of range`. Accepts an optional sign and ASCII digits only.
 pub fn go_atoi(s: &[u8]) -> Result<i64, String> {
-    let syntax = || format!("strconv.Atoi: parsing {}: invalid syntax", go_quote(s));
-    let range = || format!("strconv.Atoi: parsing {}: value out of range", go_quote(s));
+    go_parse_int("Atoi", s)
+}
+
+/// Go's `strconv.ParseInt(s, 10, 64)`: as [`go_atoi`], its error texts naming `ParseInt`.
+pub fn go_parse_int64(s: &[u8]) -> Result<i64, String> {
+    go_parse_int("ParseInt", s)
+}
+
+fn go_parse_int(func: &str, s: &[u8]) -> Result<i64, String> {
+    let syntax = || format!("strconv.{func}: parsing {}: invalid syntax", go_quote(s));
+    let range = || {
+        format!(
+            "strconv.{func}: parsing {}: value out of range",
+            go_quote(s)
+        )
+    };
     let (neg, digits) = match s.first() {
         Some(b'+') => (false, &s[1..]),
         Some(b'-') => (true, &s[1..]),
@@ -272,6 +286,17 @@ mod tests {
         assert_eq!(
             go_atoi(b"9223372036854775808"),
             Err(r#"strconv.Atoi: parsing "9223372036854775808": value out of range"#.to_string())
+        );
+        assert_eq!(
+            go_parse_int64(b"99999999999999999999"),
+            Err(
+                r#"strconv.ParseInt: parsing "99999999999999999999": value out of range"#
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            go_parse_int64(b"1e3"),
+            Err(r#"strconv.ParseInt: parsing "1e3": invalid syntax"#.to_string())
         );
         assert_eq!(
             go_atoi(b"-9223372036854775809"),
