@@ -449,6 +449,37 @@ fn produce_validation() {
         c.post_client("/v1/topics/none/produce", b"x").error(),
         "topic not found"
     );
+    // Query parse comes before the body read and the topic lookup (API.md §10.1 order).
+    let r = c.post_client("/v1/topics/none/produce?partition=x", b"x");
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            400,
+            r#"invalid partition: strconv.Atoi: parsing "x": invalid syntax"#
+        )
+    );
+    assert_eq!(
+        p(&mut c, "?partition=-1", b"").error(),
+        "invalid partition: must be >= 0"
+    );
+    let r = s.client().post_client(
+        "/v1/topics/v/produce?key=a&key=b",
+        &vec![b'a'; (1 << 20) + 1],
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "duplicate key query parameter")
+    );
+    let r = s
+        .client()
+        .post_client("/v1/topics/none/produce/batch?key=a", b"{}");
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            400,
+            "key is set per message in a batch produce, not as a query parameter"
+        )
+    );
     let big = vec![b'a'; (1 << 20) + 1];
     let r = p(&mut c, "", &big);
     assert_eq!(

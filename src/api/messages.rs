@@ -115,12 +115,35 @@ fn pick_partition(
     }
 }
 
-pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
-    let q = Params::new(&req.query);
-    if q.count("key") > 1 {
-        return error(400, "duplicate key query parameter");
+/// The query of a produce, parsed before its body is read (API.md §10.1: query parse comes
+/// before the body read, the topic lookup and the rest): a single produce's key and pinned
+/// partition (its range is checked later, against the topic); a batch produce takes neither.
+pub(crate) fn produce_query(
+    raw: &str,
+    batch: bool,
+) -> Result<(Option<Vec<u8>>, Option<u32>), Response> {
+    let q = Params::new(raw);
+    if batch {
+        for p in ["key", "partition"] {
+            if q.count(p) > 0 {
+                return Err(error(
+                    400,
+                    &format!("{p} is set per message in a batch produce, not as a query parameter"),
+                ));
+            }
+        }
+        return Ok((None, None));
     }
-    let key = tri!(q.bytes("key")).filter(|k| !k.is_empty());
+    if q.count("key") > 1 {
+        return Err(error(400, "duplicate key query parameter"));
+    }
+    let key = q.bytes("key")?.filter(|k| !k.is_empty());
+    let pinned = partition_param(&q, u32::MAX)?;
+    Ok((key, pinned))
+}
+
+pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
+    let (key, pinned) = tri!(produce_query(&req.query, false));
     if req.body.is_empty() {
         return error(400, "message required");
     }
@@ -130,12 +153,6 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     let meta = node.meta();
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
-    };
-    // Syntax errors of `partition` answer here; its range is checked after the schema, in the
-    // order of API.md §10.1.
-    let pinned = match partition_param(&q, u32::MAX) {
-        Ok(p) => p,
-        Err(r) => return r,
     };
     if let Some(r) = produce_refusal(node, t) {
         return r;
@@ -170,15 +187,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
 }
 
 pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
-    let q = Params::new(&req.query);
-    for p in ["key", "partition"] {
-        if q.count(p) > 0 {
-            return error(
-                400,
-                &format!("{p} is set per message in a batch produce, not as a query parameter"),
-            );
-        }
-    }
+    tri!(produce_query(&req.query, true));
     // A compressed body is decoded under the same cap as a plain one (API.md §10.2).
     let decoded = match wire::encoding::body_encoding(req.headers.get("content-encoding")) {
         Ok(enc) => wire::encoding::decode(enc, &req.body, super::BATCH_BODY_BYTES_MAX).await,

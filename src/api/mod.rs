@@ -426,6 +426,11 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
             r.headers.push(("Allow".into(), allow.into()));
             Err(r)
         }
+        Match::Found(r @ (Route::Produce | Route::ProduceBatch), _) => {
+            // A bad query wins over the body's size and the topic (API.md §10.1 order).
+            messages::produce_query(&head.query, matches!(r, Route::ProduceBatch))?;
+            Ok(route_body_cap(r))
+        }
         Match::Found(r, _) => Ok(route_body_cap(r)),
     }
 }
