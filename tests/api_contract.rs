@@ -142,6 +142,16 @@ fn topic_lifecycle_and_errors() {
         "PATCH",
         "/v1/topics/orders",
         &[("Content-Type", "application/json")],
+        br#"{"partitions":-2}"#,
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "partitions must be > 0")
+    );
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
         br#"{}"#,
     );
     assert_eq!(

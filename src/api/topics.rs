@@ -486,7 +486,8 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     }
     let partitions = match body.partitions {
         None | Some(0) => None,
-        Some(n) if n < 0 => return invalid("partitions must be > 0".into()),
+        // The spec text has no `invalid argument: ` prefix here (API.md §6.4).
+        Some(n) if n < 0 => return error(400, "partitions must be > 0"),
         Some(n) if n > i64::from(d.max_partitions) => {
             return invalid(format!(
                 "partitions ({n}) exceeds topic.max_partitions ({})",
