@@ -153,6 +153,8 @@ pub struct Config {
     pub security_enabled: bool,
     pub cluster_tls: ClusterTls,
     pub remotes: RemotesConfig,
+    /// `fanout.*`: the copy slab and its linger.
+    pub fanout: narad_shard::fanout::FanoutLimits,
     /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is created.
     pub shards: u32,
     pub dev: bool,
@@ -205,6 +207,7 @@ impl Default for Config {
             security_enabled: true,
             cluster_tls: ClusterTls::default(),
             remotes: RemotesConfig::default(),
+            fanout: narad_shard::fanout::FanoutLimits::default(),
             shards: 0,
             dev: false,
         }
@@ -288,8 +291,6 @@ struct FileTopic {
     default_max_acked_ahead_per_partition: Option<u32>,
 }
 
-// Accepted and checked for shape; not used by a single-node build yet.
-#[allow(dead_code)]
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileFanout {
@@ -509,7 +510,17 @@ impl Config {
                 d.default_max_acked_ahead_per_partition = v;
             }
         }
-        let _ = f.fanout;
+        if let Some(fo) = f.fanout {
+            if let Some(v) = fo.max_batch_records {
+                self.fanout.batch_records = usize::try_from(v).unwrap_or(usize::MAX);
+            }
+            if let Some(v) = fo.max_batch_bytes {
+                self.fanout.batch_bytes = usize::try_from(v).unwrap_or(usize::MAX);
+            }
+            if let Some(v) = fo.linger_ms {
+                self.fanout.linger = Duration::from_millis(v);
+            }
+        }
         if let Some(l) = f.log {
             if let Some(v) = l.level {
                 self.log_level = v;
@@ -656,6 +667,23 @@ impl Config {
                     .into(),
             );
         }
+        if let Some(v) = num("NARAD_FANOUT_MAX_BATCH_RECORDS")? {
+            self.fanout.batch_records = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = num("NARAD_FANOUT_MAX_BATCH_BYTES")? {
+            self.fanout.batch_bytes = usize::try_from(v).unwrap_or(usize::MAX);
+        }
+        if let Some(v) = num("NARAD_FANOUT_LINGER_MS")? {
+            self.fanout.linger = Duration::from_millis(v);
+        }
+        // Checked for shape like their file keys; not used by a single-node build yet.
+        for k in [
+            "NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT",
+            "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER",
+            "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH",
+        ] {
+            boolean(k)?;
+        }
         if let Some(v) = get("NARAD_DATA_DIR") {
             self.data_dir = PathBuf::from(v);
         }
@@ -786,6 +814,22 @@ impl Config {
         parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
         if !h.metrics_addr.is_empty() {
             parse_listen_addr(&h.metrics_addr).map_err(|e| format!("http.metrics_addr: {e}"))?;
+        }
+        if !h.pprof_addr.is_empty() {
+            parse_listen_addr(&h.pprof_addr).map_err(|e| format!("http.pprof_addr: {e}"))?;
+        }
+        let fo = &self.fanout;
+        if fo.batch_records == 0 {
+            return Err("fanout.max_batch_records must be >= 1".into());
+        }
+        if fo.batch_bytes == 0 {
+            return Err("fanout.max_batch_bytes must be >= 1".into());
+        }
+        if fo.linger > Duration::from_secs(60) {
+            return Err(format!(
+                "fanout.linger_ms ({}) must be <= 60000",
+                fo.linger.as_millis()
+            ));
         }
         let t = &self.topic;
         if t.max_partitions < 3 {
@@ -990,6 +1034,56 @@ mod tests {
         assert_eq!(c.http.max_consume_wait, Duration::from_secs(5));
         assert_eq!(c.topic.default_partitions, 6);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn fanout_settings_load_and_are_checked() {
+        // Proves OPERATIONS.md §4 `fanout.*`: defaults 4096 / 4 MiB / 25 ms, file then env
+        // layering, malformed or out-of-range values refused at start; and the shape-only
+        // `NARAD_SECURITY_ALLOW_*` booleans are checked like their file keys.
+        let d = Config::default();
+        assert_eq!(
+            (
+                d.fanout.batch_records,
+                d.fanout.batch_bytes,
+                d.fanout.linger
+            ),
+            (4096, 4 << 20, Duration::from_millis(25))
+        );
+        let mut c = Config::default();
+        c.apply_file(r#"{"fanout":{"max_batch_records":10,"max_batch_bytes":1000,"linger_ms":0}}"#)
+            .unwrap();
+        c.apply_env(&env(&[("NARAD_FANOUT_MAX_BATCH_RECORDS", "20")]))
+            .unwrap();
+        assert_eq!(
+            (
+                c.fanout.batch_records,
+                c.fanout.batch_bytes,
+                c.fanout.linger
+            ),
+            (20, 1000, Duration::ZERO)
+        );
+        for (k, v) in [
+            ("NARAD_FANOUT_MAX_BATCH_RECORDS", "-3"),
+            ("NARAD_FANOUT_MAX_BATCH_BYTES", "zz"),
+            ("NARAD_FANOUT_LINGER_MS", "1h"),
+            ("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT", "perhaps"),
+        ] {
+            let e = Config::default().apply_env(&env(&[(k, v)])).unwrap_err();
+            assert!(e.starts_with(k), "{k}={v}: {e}");
+        }
+        let mut c = Config::default();
+        c.fanout.batch_records = 0;
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "fanout.max_batch_records must be >= 1"
+        );
+        let mut c = Config::default();
+        c.fanout.linger = Duration::from_secs(61);
+        assert!(c.validate().unwrap_err().starts_with("fanout.linger_ms"));
+        let mut c = Config::default();
+        c.http.pprof_addr = "notanaddr".into();
+        assert!(c.validate().unwrap_err().starts_with("http.pprof_addr"));
     }
 
     #[test]

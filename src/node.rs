@@ -274,6 +274,7 @@ impl Node {
             self.host.log().clone(),
             sink,
             crate::wire::key_partition,
+            self.config.fanout,
         );
         *self.fanout.borrow_mut() = Some(f);
         let meta = self.meta();

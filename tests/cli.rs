@@ -1989,3 +1989,48 @@ fn serve_refuses_out_of_range_settings_before_opening_data() {
         assert!(!data.exists(), "{json}: the data directory was created");
     }
 }
+
+#[test]
+fn a_malformed_fanout_setting_stops_the_start() {
+    // Proves OPERATIONS.md §4: `NARAD_FANOUT_*` values are read and checked like every other
+    // setting; a malformed one ends `server start` with status 2 and names the variable
+    // (before, they were ignored and the node started).
+    let dir = TempDir::new("fanout-env");
+    for (k, v) in [
+        ("NARAD_FANOUT_LINGER_MS", "1h"),
+        ("NARAD_FANOUT_MAX_BATCH_RECORDS", "0"),
+    ] {
+        let port = common::free_port_pair();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(["server", "start", "--dev", "--port", &port.to_string()])
+            .arg("--data-dir")
+            .arg(dir.0.join("data"))
+            .env(k, v)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if t0.elapsed() > Duration::from_secs(15) {
+                let _ = child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let status = status.unwrap_or_else(|| panic!("{k}={v}: still running; {stderr}"));
+        assert_eq!(status.code(), Some(2), "{k}={v}: {stderr}");
+        let named = if v == "0" {
+            "fanout.max_batch_records"
+        } else {
+            k
+        };
+        assert!(stderr.contains(named), "{k}={v}: {stderr}");
+    }
+}

@@ -15,7 +15,10 @@
 //! it is due (at most [`FANOUT_DUE_SLEEP_MAX`]). A failed copy is retried after
 //! [`FANOUT_RETRY_BACKOFF`] with the same records. The parent's producers never wait for a
 //! cursor: the parent log is the buffer, and a cursor holds at most one slab
-//! ([`FANOUT_BATCH_RECORDS_MAX`] records / [`FANOUT_BATCH_BYTES_MAX`] bytes) in memory. A cursor
+//! ([`FanoutLimits`]: `fanout.max_batch_records` / `fanout.max_batch_bytes`, by default
+//! [`FANOUT_BATCH_RECORDS_MAX`] records / [`FANOUT_BATCH_BYTES_MAX`] bytes) in memory. Less than
+//! a full slab waits up to `fanout.linger_ms` (25 ms) after its oldest record, as a delay
+//! record waits for its due time, so a trickle is copied in fewer, larger appends. A cursor
 //! that falls behind the parent's retention skips the deleted offsets and counts them
 //! (`dropped`, metric `narad_fanout_child_dropped_messages`).
 //!
@@ -70,6 +73,31 @@ pub const FANOUT_BATCH_BYTES_BOUNDS: [u64; 9] = [
     4 << 20,
 ];
 /// Wait before retrying a copy the sink refused (child owner down, disk full, ...).
+/// The operator's fan-out settings (OPERATIONS.md §4: `fanout.max_batch_records`,
+/// `fanout.max_batch_bytes`, `fanout.linger_ms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FanoutLimits {
+    /// Records one copy step moves at most (at least 1).
+    pub batch_records: usize,
+    /// Payload bytes one copy step moves at most (a first record larger than this goes alone).
+    pub batch_bytes: usize,
+    /// How long a copy that would move less than a full slab waits for more records, counted
+    /// from the oldest record's commit (its due time for a delay child): fewer, larger child
+    /// appends under a trickle, never a wait longer than this.
+    pub linger: Duration,
+}
+
+impl Default for FanoutLimits {
+    /// The documented defaults: 4096 records, 4 MiB, 25 ms.
+    fn default() -> Self {
+        FanoutLimits {
+            batch_records: FANOUT_BATCH_RECORDS_MAX,
+            batch_bytes: FANOUT_BATCH_BYTES_MAX,
+            linger: Duration::from_millis(25),
+        }
+    }
+}
+
 pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// An idle cursor re-checks its parent this often even without a commit notification.
 pub const FANOUT_IDLE_RECHECK: Duration = Duration::from_secs(1);
@@ -175,6 +203,7 @@ pub struct Fanout {
     log: ShardLog,
     sink: Sink,
     route: KeyRoute,
+    limits: FanoutLimits,
     path: PathBuf,
     cursors: RefCell<HashMap<CursorId, Rc<Cursor>>>,
     /// Positions found in the cursor file at start, claimed by the cursors reconcile creates.
@@ -199,6 +228,7 @@ impl Fanout {
         log: ShardLog,
         sink: Sink,
         route: KeyRoute,
+        limits: FanoutLimits,
     ) -> Rc<Fanout> {
         let path = fanout_cursor::cursor_path(data_dir, shard);
         let loaded = fanout_cursor::load(&path)
@@ -220,6 +250,7 @@ impl Fanout {
             log,
             sink,
             route,
+            limits,
             path,
             cursors: RefCell::new(HashMap::new()),
             loaded: RefCell::new(loaded),
@@ -487,7 +518,12 @@ impl Fanout {
         }
         let recs = match self
             .log
-            .read(key, next, FANOUT_BATCH_RECORDS_MAX, FANOUT_BATCH_BYTES_MAX)
+            .read(
+                key,
+                next,
+                self.limits.batch_records,
+                self.limits.batch_bytes,
+            )
             .await
         {
             Ok(r) => r,
@@ -511,7 +547,7 @@ impl Fanout {
             Err(ReadError::Corrupt { offset }) => {
                 // Copy what comes before the damaged record first.
                 let n = (offset.0 - next.0) as usize;
-                match self.log.read(key, next, n, FANOUT_BATCH_BYTES_MAX).await {
+                match self.log.read(key, next, n, self.limits.batch_bytes).await {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = ?e, "fan-out read failed; retrying");
@@ -537,10 +573,10 @@ impl Fanout {
             self.count(|k| k.dropped += lost);
             c.next.set(first.offset);
         }
+        let now = UnixMillis::now().0;
         let due_count = if c.delay_ms == 0 {
             recs.len()
         } else {
-            let now = UnixMillis::now().0;
             let n = recs
                 .iter()
                 .take_while(|r| r.commit_ms.0.saturating_add(c.delay_ms) <= now)
@@ -550,6 +586,24 @@ impl Fanout {
             }
             n
         };
+        // Linger: less than a full slab waits for more, up to `linger` after the first was due.
+        let linger_ms = self.limits.linger.as_millis() as u64;
+        if linger_ms > 0 {
+            let full = due_count >= self.limits.batch_records
+                || recs[..due_count]
+                    .iter()
+                    .map(|r| r.payload.len())
+                    .sum::<usize>()
+                    >= self.limits.batch_bytes;
+            let send_at = first
+                .commit_ms
+                .0
+                .saturating_add(c.delay_ms)
+                .saturating_add(linger_ms);
+            if !full && send_at > now {
+                return Step::NotDue(send_at - now);
+            }
+        }
         // The oldest record left after this copy, if it was read (else the next read says).
         let next_due = recs
             .get(due_count)
@@ -629,6 +683,13 @@ mod tests {
     /// Bound on the polls of a wait in these tests (10 ms each).
     const WAIT_POLLS_MAX: u32 = 1000;
 
+    /// The default slab, copied at once.
+    const NO_LINGER: FanoutLimits = FanoutLimits {
+        batch_records: FANOUT_BATCH_RECORDS_MAX,
+        batch_bytes: FANOUT_BATCH_BYTES_MAX,
+        linger: Duration::ZERO,
+    };
+
     fn temp_dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!(
             "narad-fanout-{tag}-{}-{}",
@@ -694,6 +755,68 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_slab_lingers_and_a_full_one_goes_at_once() {
+        // Proves the fan-out settings: with `linger` 400 ms a lone record is not copied before
+        // its linger ends and is copied after it; a slab of `batch_records` (3) goes at once,
+        // and no copy step moves more than 3 records.
+        let dir = temp_dir("linger");
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 1);
+        let d = dir.clone();
+        rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let limits = FanoutLimits {
+                batch_records: 3,
+                batch_bytes: FANOUT_BATCH_BYTES_MAX,
+                linger: Duration::from_millis(400),
+            };
+            let f = Fanout::new(
+                ShardId(0),
+                1,
+                &d,
+                log.clone(),
+                sink_into(&log),
+                by_len,
+                limits,
+            );
+            f.reconcile(&[link(1, 0, vec![0, 0])]);
+            let t0 = std::time::Instant::now();
+            log.append(vec![rec(key(1, 0), None, 0)]).await.unwrap();
+            rt::sleep(Duration::from_millis(150)).await;
+            assert_eq!(
+                log.high_watermark(key(2, 0)),
+                Offset(0),
+                "copied before its linger"
+            );
+            wait_for(&log, key(2, 0), 1).await;
+            assert!(
+                t0.elapsed() >= Duration::from_millis(350),
+                "{:?}",
+                t0.elapsed()
+            );
+            // A full slab does not wait; 7 records move as 3 + 3 (+ 1 after its linger).
+            let t1 = std::time::Instant::now();
+            log.append((1..8).map(|i| rec(key(1, 0), None, i)).collect())
+                .await
+                .unwrap();
+            wait_for(&log, key(2, 0), 7).await;
+            assert!(
+                t1.elapsed() < Duration::from_millis(300),
+                "{:?}",
+                t1.elapsed()
+            );
+            wait_for(&log, key(2, 0), 8).await;
+            let k = f.counters();
+            assert_eq!(k.copied, 8);
+            // Batches of 1, 3, 3 and 1 records: two in the bucket of 1, two in (2, 4].
+            assert_eq!(k.batch_records[..4], [2, 0, 2, 0], "{k:?}");
+            assert_eq!(k.batch_records.iter().sum::<u64>(), 4, "{k:?}");
+            f.close().await;
+            log.close().await.unwrap();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn copies_after_the_attach_point_and_resumes_from_the_cursor_file() {
         // Proves: only records at or after the attach point are copied; keyed copies are routed
         // by the key function, keyless ones keep their partition index; after a restart the
@@ -708,7 +831,15 @@ mod tests {
             for i in 0..5 {
                 log.append(vec![rec(key(1, 0), None, i)]).await.unwrap();
             }
-            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            let f = Fanout::new(
+                ShardId(0),
+                1,
+                &dir,
+                log.clone(),
+                sink_into(&log),
+                by_len,
+                NO_LINGER,
+            );
             f.reconcile(&[link(7, 0, vec![5, 0])]);
             for i in 0..10 {
                 log.append(vec![
@@ -739,7 +870,15 @@ mod tests {
             log.close().await.unwrap();
 
             let (log, _, _) = ShardLog::open(cfg.clone()).await.unwrap();
-            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            let f = Fanout::new(
+                ShardId(0),
+                1,
+                &dir,
+                log.clone(),
+                sink_into(&log),
+                by_len,
+                NO_LINGER,
+            );
             f.reconcile(&[link(7, 0, vec![5, 0])]);
             log.append(vec![rec(key(1, 0), None, 99)]).await.unwrap();
             wait_for(&log, key(2, 0), 11).await;
@@ -780,7 +919,15 @@ mod tests {
         rt::block_on(async move {
             let dir = d;
             let (log, _, _) = ShardLog::open(cfg).await.unwrap();
-            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink_into(&log), by_len);
+            let f = Fanout::new(
+                ShardId(0),
+                1,
+                &dir,
+                log.clone(),
+                sink_into(&log),
+                by_len,
+                NO_LINGER,
+            );
             f.reconcile(&[link(9, 300, vec![0, 0])]);
             let before = std::time::Instant::now();
             log.append(vec![rec(key(1, 0), None, 1)]).await.unwrap();
@@ -824,7 +971,7 @@ mod tests {
                         .map_err(|e| e.to_string())
                 })
             });
-            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink, by_len);
+            let f = Fanout::new(ShardId(0), 1, &dir, log.clone(), sink, by_len, NO_LINGER);
             f.reconcile(&[link(3, 0, vec![0, 0])]);
             let pad = "x".repeat(500);
             for i in 0..40u64 {
