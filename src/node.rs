@@ -308,6 +308,18 @@ impl Node {
         f.map(|f| f.lag(parent)).unwrap_or_default()
     }
 
+    /// This shard's fan-out cursor lags and per-link counts, for `/metrics`.
+    pub(crate) fn fanout_metrics(
+        &self,
+    ) -> (
+        Vec<narad_shard::fanout::PartitionLag>,
+        Vec<(TopicId, TopicId, narad_shard::fanout::LinkCounts)>,
+    ) {
+        let f = self.fanout.borrow().clone();
+        f.map(|f| (f.partition_lags(), f.link_counts()))
+            .unwrap_or_default()
+    }
+
     /// Lag per child of `parent`, summed over every shard's cursors; `false` when some shard did
     /// not answer (the sums are then lower bounds).
     pub async fn fanout_lag(&self, parent: TopicId) -> (Vec<ChildLag>, bool) {

@@ -298,6 +298,18 @@ impl Exposition {
     fn count(&self, name: &str) -> usize {
         self.samples.iter().filter(|s| s.name == name).count()
     }
+
+    /// Samples named `name` whose labels are exactly `want`.
+    fn count_with(&self, name: &str, want: &[(&str, &str)]) -> usize {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name && s.labels.len() == want.len())
+            .filter(|s| {
+                want.iter()
+                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .count()
+    }
 }
 
 fn scrape(c: &mut Client) -> Exposition {
@@ -844,9 +856,27 @@ fn fanout_copies_and_lag_are_exported() {
             && lag(m, "kid") == 0.0
             && lag(m, "late") == 20.0
     });
-    assert_eq!(m.count("narad_fanout_lag_messages"), 2);
+    // One lag series per (parent, child, partition): 2 children × 3 parent partitions.
+    assert_eq!(m.count("narad_fanout_lag_messages"), 6);
+    for p in ["0", "1", "2"] {
+        assert_eq!(
+            m.count_with(
+                "narad_fanout_lag_messages",
+                &[("parent", "par"), ("child", "kid"), ("partition", p)]
+            ),
+            1
+        );
+    }
+    // Copy counters per (parent, child); the delayed child has its series at 0.
+    let link = |m: &Exposition, name: &str, child: &str| {
+        m.sum(name, &[("parent", "par"), ("child", child)])
+    };
+    assert_eq!(link(&m, "narad_fanout_committed_total", "kid"), 20.0);
+    assert_eq!(link(&m, "narad_fanout_committed_total", "late"), 0.0);
+    assert_eq!(m.count("narad_fanout_committed_total"), 2);
+    assert_eq!(m.count("narad_fanout_child_dropped_messages"), 2);
     // The delayed child waits for records that are not due: no due lag; nor for the caught-up one.
-    assert_eq!(m.count("narad_fanout_due_lag_seconds"), 2);
+    assert_eq!(m.count("narad_fanout_due_lag_seconds"), 6);
     assert_eq!(m.sum("narad_fanout_due_lag_seconds", &[]), 0.0);
     assert_eq!(m.sum("narad_fanout_child_dropped_messages", &[]), 0.0);
     assert_eq!(m.sum("narad_fanout_unreadable_skipped_total", &[]), 0.0);

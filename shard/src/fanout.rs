@@ -216,6 +216,28 @@ pub struct Fanout {
     persist_lock: Semaphore,
     closed: Cell<bool>,
     counters: Cell<FanoutCounters>,
+    /// Records copied and skipped as dropped, per (parent topic, child topic), since start.
+    links: RefCell<HashMap<(TopicId, TopicId), LinkCounts>>,
+}
+
+/// What one link's cursors on a shard did since the shard started (metrics
+/// `narad_fanout_committed_total{parent,child}`, `narad_fanout_child_dropped_messages{parent,child}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    pub copied: u64,
+    pub dropped: u64,
+}
+
+/// One cursor's lag (metrics `narad_fanout_lag_messages{parent,child,partition}`,
+/// `narad_fanout_due_lag_seconds{parent,child,partition}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionLag {
+    pub parent: PartitionKey,
+    pub child: TopicId,
+    /// max(0, parent high watermark − cursor next offset).
+    pub lag_messages: u64,
+    /// How long past due the oldest uncopied record is, in milliseconds (0 when caught up).
+    pub due_lag_ms: u64,
 }
 
 impl Fanout {
@@ -260,6 +282,7 @@ impl Fanout {
             persist_lock: Semaphore::new(1),
             closed: Cell::new(false),
             counters: Cell::new(FanoutCounters::default()),
+            links: RefCell::new(HashMap::new()),
         });
         let weak = Rc::downgrade(&fan);
         fan.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
@@ -284,6 +307,41 @@ impl Fanout {
 
     pub fn counters(&self) -> FanoutCounters {
         self.counters.get()
+    }
+
+    /// Per-link counts of this shard's cursors, as (parent, child, counts).
+    pub fn link_counts(&self) -> Vec<(TopicId, TopicId, LinkCounts)> {
+        self.links
+            .borrow()
+            .iter()
+            .map(|(&(p, c), &k)| (p, c, k))
+            .collect()
+    }
+
+    /// The lag of every cursor of this shard (one per parent partition here × child).
+    pub fn partition_lags(&self) -> Vec<PartitionLag> {
+        let now = UnixMillis::now().0;
+        self.cursors
+            .borrow()
+            .values()
+            .map(|c| PartitionLag {
+                parent: c.id.parent,
+                child: c.id.child,
+                lag_messages: self
+                    .log
+                    .high_watermark(c.id.parent)
+                    .0
+                    .saturating_sub(c.next.get().0),
+                due_lag_ms: c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due)),
+            })
+            .collect()
+    }
+
+    fn count_link(&self, c: &Cursor, copied: u64, dropped: u64) {
+        let mut links = self.links.borrow_mut();
+        let k = links.entry((c.id.parent.topic, c.id.child)).or_default();
+        k.copied += copied;
+        k.dropped += dropped;
     }
 
     fn count(&self, f: impl FnOnce(&mut FanoutCounters)) {
@@ -377,26 +435,22 @@ impl Fanout {
 
     /// Lag per child of `parent` over the cursors on this shard.
     pub fn lag(&self, parent: TopicId) -> Vec<ChildLag> {
-        let now = UnixMillis::now().0;
         let mut out: Vec<ChildLag> = Vec::new();
-        for c in self.cursors.borrow().values() {
-            if c.id.parent.topic != parent {
+        for l in self.partition_lags() {
+            if l.parent.topic != parent {
                 continue;
             }
-            let hwm = self.log.high_watermark(c.id.parent);
-            let lag = hwm.0.saturating_sub(c.next.get().0);
-            let due_lag_ms = c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due));
-            match out.iter_mut().find(|l| l.child == c.id.child) {
-                Some(l) => {
-                    l.lag_messages += lag;
-                    l.cursors += 1;
-                    l.due_lag_ms = l.due_lag_ms.max(due_lag_ms);
+            match out.iter_mut().find(|o| o.child == l.child) {
+                Some(o) => {
+                    o.lag_messages += l.lag_messages;
+                    o.cursors += 1;
+                    o.due_lag_ms = o.due_lag_ms.max(l.due_lag_ms);
                 }
                 None => out.push(ChildLag {
-                    child: c.id.child,
-                    lag_messages: lag,
+                    child: l.child,
+                    lag_messages: l.lag_messages,
                     cursors: 1,
-                    due_lag_ms,
+                    due_lag_ms: l.due_lag_ms,
                 }),
             }
         }
@@ -532,6 +586,7 @@ impl Fanout {
                 tracing::error!(parent = %key.topic, partition = key.partition.0, child = %c.id.child,
                     lost, "fan-out cursor fell behind the parent's retention; records skipped for this child");
                 self.count(|k| k.dropped += lost);
+                self.count_link(c, 0, lost);
                 c.next.set(oldest.max(next));
                 self.mark_dirty();
                 return Step::Progress;
@@ -571,6 +626,7 @@ impl Fanout {
             // Retention raced the read: the records before `first` are gone.
             let lost = first.offset.0 - next.0;
             self.count(|k| k.dropped += lost);
+            self.count_link(c, 0, lost);
             c.next.set(first.offset);
         }
         let now = UnixMillis::now().0;
@@ -621,6 +677,7 @@ impl Fanout {
                     c.next.set(Offset(last.0 + 1));
                 }
                 c.head_due_ms.set(next_due);
+                self.count_link(c, n, 0);
                 self.count(|k| {
                     k.copied += n;
                     k.batch_records[FANOUT_BATCH_RECORDS_BOUNDS.partition_point(|&b| b < n)] += 1;

@@ -37,11 +37,9 @@
 //! `narad_nack_total`), `narad_schema_validations_total` (every validation; the spec's
 //! `narad_schema_validation_seconds` times only those under the validation slot, as the
 //! original does), `narad_fanout_unreadable_skipped_total` and
-//! `narad_fanout_copy_failures_total`. The fan-out
-//! copy counters (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`) are
-//! node totals without the spec's `parent`/`child` labels, and `narad_fanout_lag_messages` has
-//! `parent`/`child` but no `partition` (nor has `narad_fanout_due_lag_seconds`, the most behind
-//! partition's): the fan-out keeps its counters per shard and its lag per child. Schema
+//! `narad_fanout_copy_failures_total`. The fan-out copy counters
+//! (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`, per `parent`/`child`)
+//! count since the node started. Schema
 //! rejections count the reasons the validator records (`depth`, `malformed`, `invalid`, `busy`).
 //! The §9.6 Raft and metastore gauges (`narad_raft_*`, `narad_metastore_*`) come from the shard
 //! that hosts the metadata group; `narad_boot_duration_seconds` and
@@ -70,7 +68,7 @@ use narad_io::log::{AppendRecord, LogFailures, ShardLog};
 use narad_io::partition::PartitionIoStats;
 use narad_io::stats::{Durations, DURATION_BOUNDS_US};
 use narad_io::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
-use narad_shard::fanout::{FANOUT_BATCH_BYTES_BOUNDS, FANOUT_BATCH_RECORDS_BOUNDS};
+use narad_shard::fanout::{LinkCounts, FANOUT_BATCH_BYTES_BOUNDS, FANOUT_BATCH_RECORDS_BOUNDS};
 use narad_shard::host::{Leased, SettleKind};
 
 use crate::http::{Request, RequestHead, Response};
@@ -543,9 +541,10 @@ pub struct ShardMetrics {
     pub schema: crate::schema::Counters,
     /// The shard's fan-out copy counters.
     pub fanout: narad_shard::fanout::FanoutCounters,
-    /// (parent, child, lag messages over the parent partitions whose cursors run here, due lag
-    /// in milliseconds of the most behind of those cursors).
-    pub fanout_lag: Vec<(TopicId, TopicId, u64, u64)>,
+    /// The lag of each fan-out cursor on this shard (one per parent partition × child).
+    pub fanout_lag: Vec<narad_shard::fanout::PartitionLag>,
+    /// Records copied and dropped per (parent, child) by this shard's cursors.
+    pub fanout_links: Vec<(TopicId, TopicId, narad_shard::fanout::LinkCounts)>,
     /// Leases that lapsed on this shard, per topic.
     pub leases_expired: Vec<(TopicId, u64)>,
     pub budget_rejections: u64,
@@ -608,19 +607,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
             ));
         }
     }
-    let mut fanout_lag = Vec::new();
-    let mut parents: Vec<TopicId> = meta
-        .topics
-        .values()
-        .filter_map(|c| meta.topic(c.parent.as_deref()?).map(|p| p.id))
-        .collect();
-    parents.sort();
-    parents.dedup();
-    for parent in parents {
-        for l in node.local_fanout_lag(parent) {
-            fanout_lag.push((parent, l.child, l.lag_messages, l.due_lag_ms));
-        }
-    }
+    let (fanout_lag, fanout_links) = node.fanout_metrics();
     let wal = log.wal_stats();
     let fsync = narad_io::stats::wal_fsync();
     ShardMetrics {
@@ -658,6 +645,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         schema: crate::schema::counters(),
         fanout: node.fanout_counters(),
         fanout_lag,
+        fanout_links,
         leases_expired: node.host.leases_expired(),
         budget_rejections: m.budget_rejections.get(),
         raft: node.raft_gauges(),
@@ -1034,7 +1022,9 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut transit_backlog = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
-    let mut fanout_lag: BTreeMap<(TopicId, TopicId), (u64, u64)> = BTreeMap::new();
+    let mut fanout_lag: BTreeMap<(TopicId, TopicId, u32), (u64, u64)> = BTreeMap::new();
+    let mut fanout_links: BTreeMap<(TopicId, TopicId), narad_shard::fanout::LinkCounts> =
+        BTreeMap::new();
     let mut expired: HashMap<TopicId, u64> = HashMap::new();
     let mut budget_rejections = 0u64;
     let mut raft = None;
@@ -1074,10 +1064,17 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         fanout.dropped += s.fanout.dropped;
         fanout.unreadable += s.fanout.unreadable;
         fanout.failed_copies += s.fanout.failed_copies;
-        for &(parent, child, lag, due_ms) in &s.fanout_lag {
-            let e = fanout_lag.entry((parent, child)).or_default();
-            e.0 += lag;
-            e.1 = e.1.max(due_ms);
+        for l in &s.fanout_lag {
+            let e = fanout_lag
+                .entry((l.parent.topic, l.child, l.parent.partition.0))
+                .or_default();
+            e.0 += l.lag_messages;
+            e.1 = e.1.max(l.due_lag_ms);
+        }
+        for &(parent, child, k) in &s.fanout_links {
+            let e = fanout_links.entry((parent, child)).or_default();
+            e.copied += k.copied;
+            e.dropped += k.dropped;
         }
         for &(topic, n) in &s.leases_expired {
             *expired.entry(topic).or_default() += n;
@@ -1449,13 +1446,14 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     e.family(
         "narad_fanout_lag_messages",
         Kind::Gauge,
-        "Parent records not yet copied into the child, summed over the parent's partitions.",
+        "Parent records of the partition not yet copied into the child.",
     );
-    for ((parent, child), (lag, _)) in &fanout_lag {
+    for ((parent, child, partition), (lag, _)) in &fanout_lag {
         if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
+            let partition = partition.to_string();
             e.int(
                 "narad_fanout_lag_messages",
-                &[("parent", p), ("child", c)],
+                &[("parent", p), ("child", c), ("partition", &partition)],
                 *lag,
             );
         }
@@ -1463,30 +1461,51 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     e.family(
         "narad_fanout_due_lag_seconds",
         Kind::Gauge,
-        "How long past due the oldest uncopied parent record is (commit time plus the child's \
-         delay), for the most behind of the parent's partitions; 0 when caught up.",
+        "How long past due the partition's oldest uncopied record is (commit time plus the \
+         child's delay); 0 when caught up.",
     );
-    for ((parent, child), (_, due_ms)) in &fanout_lag {
+    for ((parent, child, partition), (_, due_ms)) in &fanout_lag {
         if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
+            let partition = partition.to_string();
             e.float(
                 "narad_fanout_due_lag_seconds",
-                &[("parent", p), ("child", c)],
+                &[("parent", p), ("child", c), ("partition", &partition)],
                 *due_ms as f64 / 1e3,
             );
         }
     }
-    type FanoutSeries = (&'static str, &'static str, u64);
-    let fanout_series: [FanoutSeries; 4] = [
+    type LinkSeries = (&'static str, &'static str, fn(&LinkCounts) -> u64);
+    let link_series: [LinkSeries; 2] = [
         (
             "narad_fanout_committed_total",
-            "Records copied into child topics (all links of the node).",
-            fanout.copied,
+            "Records copied into the child since the node started.",
+            |k| k.copied,
         ),
         (
             "narad_fanout_child_dropped_messages",
-            "Parent records never copied because retention deleted them first.",
-            fanout.dropped,
+            "Parent records never copied into the child because retention deleted them first.",
+            |k| k.dropped,
         ),
+    ];
+    // Every attached local child has its series from the attach on (0 until it copies).
+    let mut links: Vec<(&str, &str, LinkCounts)> = meta
+        .topics
+        .values()
+        .filter_map(|c| {
+            let p = meta.topic(c.parent.as_deref()?)?;
+            let k = fanout_links.get(&(p.id, c.id)).copied().unwrap_or_default();
+            Some((p.name.as_str(), c.name.as_str(), k))
+        })
+        .collect();
+    links.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    for (name, help, get) in link_series {
+        e.family(name, Kind::Counter, help);
+        for (p, c, k) in &links {
+            e.int(name, &[("parent", p), ("child", c)], get(k));
+        }
+    }
+    type FanoutSeries = (&'static str, &'static str, u64);
+    let fanout_series: [FanoutSeries; 2] = [
         (
             "narad_fanout_unreadable_skipped_total",
             "Parent records skipped by fan-out because they could not be read.",
