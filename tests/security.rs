@@ -878,6 +878,16 @@ fn remote_child_attach_answers_by_security_and_plane() {
             "{}",
             r.error()
         );
+        // §14: remotes answers are never cached; writes say nosniff too.
+        if !path.starts_with("/v1/topics/") {
+            assert_eq!(
+                r.header("cache-control"),
+                Some("no-store"),
+                "{method} {path}"
+            );
+            let nosniff = r.header("x-content-type-options");
+            assert_eq!(nosniff.is_some(), method != "GET", "{method} {path}");
+        }
         let r = call(&mut c, method, path, ("bob", "bob-pw"), body);
         assert_eq!(
             (r.status, r.error()),

@@ -48,13 +48,23 @@ pub fn remote_plane(
         _ => ("child.skip", format!("{first}/{}", second.unwrap_or(""))),
     };
     // "admin, security on (`403 remotes require security` otherwise)", as for a remote attach.
-    let resp = if !node.config.security_enabled || !c.is_admin() {
+    let child_route = matches!(r, Route::ChildPause | Route::ChildResume | Route::ChildSkip);
+    let mut resp = if !node.config.security_enabled || !c.is_admin() {
         error(403, REMOTES_NEED_SECURITY)
-    } else if matches!(r, Route::ChildPause | Route::ChildResume | Route::ChildSkip) {
+    } else if child_route {
         error(501, NO_REMOTE_PLANE)
     } else {
         error(501, NO_REMOTES_PLANE)
     };
+    if !child_route {
+        // §14: every remotes answer is not to be cached; writes also say nosniff.
+        resp.headers
+            .push(("Cache-Control".into(), "no-store".into()));
+        if !matches!(r, Route::RemotesList | Route::RemoteGet) {
+            resp.headers
+                .push(("X-Content-Type-Options".into(), "nosniff".into()));
+        }
+    }
     users::audited(event, c, &target, resp)
 }
 
