@@ -82,6 +82,21 @@ fn topic_lifecycle_and_errors() {
         r.error(),
         "invalid argument: retention_ms (5) is below the minimum of 3600000 (1 hour)"
     );
+    // Negative numbers take the form API.md §6.1 gives them.
+    let r = c.post_json("/v1/topics", r#"{"name":"p","retention_ms":-1}"#);
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            400,
+            "invalid argument: retention_ms must be >= 0 (0 = use default)"
+        )
+    );
+    // A bad name is quoted as Go's %q does (\u2028, \x01), not with Rust escapes.
+    let r = c.post_json("/v1/topics", "{\"name\":\"a\\u2028b\\u0001\"}");
+    assert_eq!(
+        r.error(),
+        r#"invalid argument: topic name "a\u2028b\x01" must be 1-200 characters of A-Z a-z 0-9 . _ - and not "." or "..""#
+    );
     let r = c.post_json("/v1/topics", r#"{"name":"p","bogus":1}"#);
     assert_eq!(
         (r.status, r.error().as_str()),

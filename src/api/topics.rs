@@ -142,8 +142,9 @@ async fn apply(node: &Rc<Node>, cmd: MetaCommand) -> Result<(), Response> {
 fn retention(v: Option<i64>) -> Result<Option<u64>, Response> {
     match v {
         None => Ok(None),
+        // The form API.md §6.1 gives every negative number (0 is "keep forever" here).
         Some(n) if n < 0 => Err(invalid(
-            "retention_ms must be >= 0 (0 = keep forever)".into(),
+            "retention_ms must be >= 0 (0 = use default)".into(),
         )),
         Some(0) => Ok(Some(0)),
         Some(n) if n < 3_600_000 => Err(invalid(format!(
@@ -242,7 +243,8 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
     };
     if !valid_new_name(&name) {
         return invalid(format!(
-            "topic name {name:?} must be 1-200 characters of A-Z a-z 0-9 . _ - and not \".\" or \"..\""
+            "topic name {} must be 1-200 characters of A-Z a-z 0-9 . _ - and not \".\" or \"..\"",
+            crate::wire::go_quote(name.as_bytes())
         ));
     }
     if body.fanout_delay_ms.is_some() && body.parent.is_none() {
