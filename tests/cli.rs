@@ -2001,29 +2001,12 @@ fn a_malformed_fanout_setting_stops_the_start() {
         ("NARAD_FANOUT_MAX_BATCH_RECORDS", "0"),
     ] {
         let port = common::free_port_pair();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
-            .args(["server", "start", "--dev", "--port", &port.to_string()])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+        cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
             .arg("--data-dir")
             .arg(dir.0.join("data"))
-            .env(k, v)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break Some(s);
-            }
-            if t0.elapsed() > Duration::from_secs(15) {
-                let _ = child.kill();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+            .env(k, v);
+        let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
         let status = status.unwrap_or_else(|| panic!("{k}={v}: still running; {stderr}"));
         assert_eq!(status.code(), Some(2), "{k}={v}: {stderr}");
         let named = if v == "0" {

@@ -130,29 +130,12 @@ fn a_shard_failing_at_start_stops_the_node_at_once_with_the_reason() {
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("metastore"), b"not a directory").unwrap();
     let port = common::free_port_pair();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_narad"))
-        .args(["server", "start", "--dev", "--port", &port.to_string()])
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
         .arg("--data-dir")
         .arg(&data)
-        .env("NARAD_SHARDS", "2")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break Some(s);
-        }
-        if t0.elapsed() > Duration::from_secs(15) {
-            let _ = child.kill();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+        .env("NARAD_SHARDS", "2");
+    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
     let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(

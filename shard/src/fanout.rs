@@ -789,6 +789,19 @@ mod tests {
         k.len() as u32 % n
     }
 
+    /// A one-shard fan-out over `log` that copies into the same log.
+    fn fanout_on(dir: &std::path::Path, log: &ShardLog, limits: FanoutLimits) -> Rc<Fanout> {
+        Fanout::new(
+            ShardId(0),
+            1,
+            dir,
+            log.clone(),
+            sink_into(log),
+            by_len,
+            limits,
+        )
+    }
+
     fn link(epoch: u64, delay_ms: u64, attach_offsets: Vec<u64>) -> Link {
         Link {
             parent: TopicId(1),
@@ -826,15 +839,7 @@ mod tests {
                 batch_bytes: FANOUT_BATCH_BYTES_MAX,
                 linger: Duration::from_millis(400),
             };
-            let f = Fanout::new(
-                ShardId(0),
-                1,
-                &d,
-                log.clone(),
-                sink_into(&log),
-                by_len,
-                limits,
-            );
+            let f = fanout_on(&d, &log, limits);
             f.reconcile(&[link(1, 0, vec![0, 0])]);
             let t0 = std::time::Instant::now();
             log.append(vec![rec(key(1, 0), None, 0)]).await.unwrap();
@@ -888,15 +893,7 @@ mod tests {
             for i in 0..5 {
                 log.append(vec![rec(key(1, 0), None, i)]).await.unwrap();
             }
-            let f = Fanout::new(
-                ShardId(0),
-                1,
-                &dir,
-                log.clone(),
-                sink_into(&log),
-                by_len,
-                NO_LINGER,
-            );
+            let f = fanout_on(&dir, &log, NO_LINGER);
             f.reconcile(&[link(7, 0, vec![5, 0])]);
             for i in 0..10 {
                 log.append(vec![
@@ -927,15 +924,7 @@ mod tests {
             log.close().await.unwrap();
 
             let (log, _, _) = ShardLog::open(cfg.clone()).await.unwrap();
-            let f = Fanout::new(
-                ShardId(0),
-                1,
-                &dir,
-                log.clone(),
-                sink_into(&log),
-                by_len,
-                NO_LINGER,
-            );
+            let f = fanout_on(&dir, &log, NO_LINGER);
             f.reconcile(&[link(7, 0, vec![5, 0])]);
             log.append(vec![rec(key(1, 0), None, 99)]).await.unwrap();
             wait_for(&log, key(2, 0), 11).await;
@@ -976,15 +965,7 @@ mod tests {
         rt::block_on(async move {
             let dir = d;
             let (log, _, _) = ShardLog::open(cfg).await.unwrap();
-            let f = Fanout::new(
-                ShardId(0),
-                1,
-                &dir,
-                log.clone(),
-                sink_into(&log),
-                by_len,
-                NO_LINGER,
-            );
+            let f = fanout_on(&dir, &log, NO_LINGER);
             f.reconcile(&[link(9, 300, vec![0, 0])]);
             let before = std::time::Instant::now();
             log.append(vec![rec(key(1, 0), None, 1)]).await.unwrap();

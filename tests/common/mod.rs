@@ -420,3 +420,30 @@ pub fn basic_auth(user: &str, password: &str) -> String {
     }
     out
 }
+
+/// Runs `cmd` (stdin and stdout closed, stderr captured) until it exits or `limit` passes, when
+/// it is killed: its exit status (`None` when it had to be killed) and its stderr.
+pub fn run_to_exit(
+    mut cmd: Command,
+    limit: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().expect("wait");
+    (status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
