@@ -103,16 +103,26 @@ pub struct DirectFile(glommio::io::DmaFile);
 
 impl DirectFile {
     /// Opens read+write, creating the file when `create`; fails if it exists and `create_new`.
+    ///
+    /// Opened with `O_NOATIME` where the kernel allows it (the file's owner): the read-back of
+    /// every WAL batch would otherwise update the access time, dirty the inode, and make the
+    /// next fdatasync write the inode table block before its flush (measured: about half of the
+    /// fdatasyncs that carried an inode write). Without permission, opened without it.
     pub async fn open_rw(path: &Path, create: bool, create_new: bool) -> io::Result<DirectFile> {
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(create)
-            .create_new(create_new)
-            .dma_open(path)
-            .await
-            .map_err(io_err)?;
-        Ok(DirectFile(f))
+        let open = |flags: i32| {
+            let mut o = OpenOptions::new();
+            o.read(true)
+                .write(true)
+                .create(create)
+                .create_new(create_new)
+                .custom_flags(flags);
+            o
+        };
+        match open(libc::O_NOATIME).dma_open(path).await {
+            Ok(f) => Ok(DirectFile(f)),
+            // EPERM: not the owner. Anything else fails the same way again, and says so.
+            Err(_) => Ok(DirectFile(open(0).dma_open(path).await.map_err(io_err)?)),
+        }
     }
 
     pub async fn open_read(path: &Path) -> io::Result<DirectFile> {
@@ -299,5 +309,29 @@ mod tests {
         assert!(e.to_string().contains("00000000000000000001.wal"), "{e}");
         assert!(!is_disk_full(&wrap(libc::EIO)));
         assert!(is_disk_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
+    }
+
+    #[test]
+    fn read_write_files_do_not_update_the_access_time() {
+        // Proves `open_rw` asks for O_NOATIME (the file is ours), so WAL read-backs leave the
+        // inode clean for the next fdatasync, and that the file still reads and writes.
+        let dir = std::env::temp_dir().join(format!("narad-noatime-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        let p = path.clone();
+        let flags = crate::rt::block_on(async move {
+            let f = DirectFile::open_rw(&p, true, true).await.unwrap();
+            let mut buf = f.alloc(4096);
+            buf.as_mut().fill(7);
+            f.write_all_at(buf, 0).await.unwrap();
+            // SAFETY: fcntl(F_GETFL) on a descriptor the open file owns; no memory is passed.
+            let flags =
+                unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f.0), libc::F_GETFL) };
+            f.close().await.unwrap();
+            flags
+        });
+        assert_ne!(flags & libc::O_NOATIME, 0, "flags {flags:#x}");
+        assert_eq!(std::fs::read(&path).unwrap(), vec![7u8; 4096]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
