@@ -510,17 +510,31 @@ pub struct PartitionLog {
 }
 
 fn open_rw(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().read(true).write(true).open(path)
+    open_noatime(OpenOptions::new().read(true).write(true), path)
+}
+
+/// Opens with `O_NOATIME` where the kernel allows it (the file's owner), else without. Reads of
+/// a segment right behind its writes would otherwise update the access time and dirty the
+/// inode; on nojournal ext4 the next fdatasync of any file whose inode shares that inode table
+/// block (the WAL's among them) then writes the block before its flush.
+fn open_noatime(o: &OpenOptions, path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match o.clone().custom_flags(libc::O_NOATIME).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => o.open(path),
+        r => r,
+    }
 }
 
 fn create_segment(dir: &Path, key: PartitionKey, base: Offset) -> std::io::Result<(File, Segment)> {
     let path = segment_path(dir, base);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)?;
+    let f = open_noatime(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true),
+        &path,
+    )?;
     f.write_all_at(&frame::encode_segment_header(key, base), 0)?;
     let seg = Segment {
         base,
@@ -1044,7 +1058,8 @@ impl PartitionLog {
             let mut buf = vec![0u8; (stop - start) as usize];
             let r = match &self.active {
                 Some(f) if si + 1 == self.segments.len() => f.read_exact_at(&mut buf, start),
-                _ => File::open(&seg.path).and_then(|f| f.read_exact_at(&mut buf, start)),
+                _ => open_noatime(OpenOptions::new().read(true), &seg.path)
+                    .and_then(|f| f.read_exact_at(&mut buf, start)),
             };
             r.map_err(ReadError::Io)?;
             for i in first_i..last_i {

@@ -463,3 +463,25 @@ fn io_stats_follow_writes_checkpoints_and_retention() {
     assert!(s.retention_records_deleted > 0);
     assert_eq!(p.commit_ms_at(Offset(0)), None, "deleted by retention");
 }
+
+#[test]
+fn segment_files_are_opened_without_access_time_updates() {
+    // Proves the segment opens ask for O_NOATIME (the files are ours): a new segment, a reopened
+    // one, and a read-only open of a sealed one.
+    use std::os::fd::AsRawFd;
+    let d = TempDir::new("noatime");
+    let key = PartitionKey {
+        topic: TopicId(1),
+        partition: PartitionId(0),
+    };
+    let flags = |f: &File| {
+        // SAFETY: fcntl(F_GETFL) on a descriptor `f` owns; no memory is passed.
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) }
+    };
+    let (f, seg) = create_segment(&d.0, key, Offset(0)).unwrap();
+    assert_ne!(flags(&f) & libc::O_NOATIME, 0);
+    let path = segment_path(&d.0, seg.base);
+    assert_ne!(flags(&open_rw(&path).unwrap()) & libc::O_NOATIME, 0);
+    let ro = open_noatime(OpenOptions::new().read(true), &path).unwrap();
+    assert_ne!(flags(&ro) & libc::O_NOATIME, 0);
+}
