@@ -156,9 +156,10 @@ struct Cursor {
 /// Counters of one shard's fan-out.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FanoutCounters {
-    /// Records copied into children.
+    /// Records copied into children (the sum of the per-link [`LinkCounts`]).
     pub copied: u64,
-    /// Parent offsets skipped because retention deleted them before they were copied.
+    /// Parent offsets skipped because retention deleted them before they were copied (the sum
+    /// of the per-link [`LinkCounts`]).
     pub dropped: u64,
     /// Parent records skipped because they could not be read (damaged).
     pub unreadable: u64,
@@ -306,7 +307,13 @@ impl Fanout {
     }
 
     pub fn counters(&self) -> FanoutCounters {
-        self.counters.get()
+        let mut k = self.counters.get();
+        // `copied` and `dropped` are the sums of the per-link counts (never reset).
+        for l in self.links.borrow().values() {
+            k.copied += l.copied;
+            k.dropped += l.dropped;
+        }
+        k
     }
 
     /// Per-link counts of this shard's cursors, as (parent, child, counts).
@@ -585,7 +592,6 @@ impl Fanout {
                 let lost = oldest.0.saturating_sub(next.0);
                 tracing::error!(parent = %key.topic, partition = key.partition.0, child = %c.id.child,
                     lost, "fan-out cursor fell behind the parent's retention; records skipped for this child");
-                self.count(|k| k.dropped += lost);
                 self.count_link(c, 0, lost);
                 c.next.set(oldest.max(next));
                 self.mark_dirty();
@@ -625,7 +631,6 @@ impl Fanout {
         if first.offset > next {
             // Retention raced the read: the records before `first` are gone.
             let lost = first.offset.0 - next.0;
-            self.count(|k| k.dropped += lost);
             self.count_link(c, 0, lost);
             c.next.set(first.offset);
         }
@@ -679,7 +684,6 @@ impl Fanout {
                 c.head_due_ms.set(next_due);
                 self.count_link(c, n, 0);
                 self.count(|k| {
-                    k.copied += n;
                     k.batch_records[FANOUT_BATCH_RECORDS_BOUNDS.partition_point(|&b| b < n)] += 1;
                     k.batch_bytes[FANOUT_BATCH_BYTES_BOUNDS.partition_point(|&b| b < bytes)] += 1;
                     k.batch_bytes_sum += bytes;

@@ -1061,7 +1061,6 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         schema.rejected_busy += s.schema.rejected_busy;
         schema.in_flight += s.schema.in_flight;
         fanout.copied += s.fanout.copied;
-        fanout.dropped += s.fanout.dropped;
         fanout.unreadable += s.fanout.unreadable;
         fanout.failed_copies += s.fanout.failed_copies;
         for l in &s.fanout_lag {
