@@ -1280,9 +1280,16 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
                 take_batch(&mut st, &inner.cfg)
             };
             if !batch.is_empty() {
-                if let Some((planned, records)) = plan_batch(&inner, batch) {
+                if let Some((mut planned, records)) = plan_batch(&inner, batch) {
                     let wal = inner.wal.clone();
-                    let task = crate::rt::spawn(async move { wal.append(records).await });
+                    let task = match Wal::encode(&records) {
+                        Ok(frames) => {
+                            let n = records.len();
+                            planned.transit = take_transit(records, inner.cfg.shard_count);
+                            crate::rt::spawn(async move { wal.append_frames(frames, n).await })
+                        }
+                        Err(e) => crate::rt::spawn(async move { Err(e) }),
+                    };
                     flying.push_back((planned, task));
                     inner.state.borrow_mut().inflight = flying.len();
                 }
@@ -1385,7 +1392,8 @@ fn prepare_partitions(
 /// A batch handed to the WAL: what to materialise and whom to answer once it is durable.
 struct Planned {
     runs: HashMap<PartitionKey, EncodedBatch>,
-    /// The batch's transit records (copies for the sink), with their holds.
+    /// The batch's transit records with their holds, for the sink: moved out of the WAL
+    /// records once these are encoded ([`take_transit`]).
     transit: Vec<(TransitHold, AppendRecord)>,
     offsets: Vec<Vec<Offset>>,
     replies: Vec<(Kind, Reply)>,
@@ -1430,7 +1438,6 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     let mut records = Vec::new();
-    let mut transit = Vec::new();
     let mut wal_bytes = 0u64;
     let mut st = inner.state.borrow_mut();
     let now = UnixMillis::now().max(st.last_stamp);
@@ -1450,15 +1457,16 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
         let mut offs = Vec::new();
         if matches!(req.kind, Kind::Append) {
             offs.reserve(req.records.len());
-            for rec in &mut req.records {
-                if let WalRecord::Message {
+        }
+        for rec in &mut req.records {
+            match rec {
+                WalRecord::Message {
                     key,
                     offset,
                     commit_ms,
                     msg_key,
                     payload,
-                } = rec
-                {
+                } => {
                     let run = runs.entry(*key).or_insert_with(|| {
                         EncodedBatch::new(st.planned_next.get(key).map_or_else(
                             || {
@@ -1473,33 +1481,16 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
                     *offset = run.push_message(now, msg_key.as_deref(), payload);
                     offs.push(*offset);
                 }
-            }
-        }
-        if matches!(req.kind, Kind::Transit) {
-            for rec in &mut req.records {
-                if let WalRecord::Transit {
-                    key,
-                    seq,
-                    msg_key,
-                    payload,
-                    ..
-                } = rec
-                {
+                // `seq` in WAL order; the request learns (dest, seq) as its two "offsets".
+                WalRecord::Transit { key, seq, .. } => {
                     let dest = owner_shard(*key, inner.cfg.shard_count).0;
                     let next = st.transit_next.entry(dest).or_insert(0);
                     *seq = *next;
                     *next += 1;
                     offs.push(Offset(u64::from(dest)));
                     offs.push(Offset(*seq));
-                    transit.push((
-                        TransitHold { dest, seq: *seq },
-                        AppendRecord {
-                            key: *key,
-                            msg_key: msg_key.clone(),
-                            payload: payload.clone(),
-                        },
-                    ));
                 }
+                _ => {}
             }
         }
         offsets.push(offs);
@@ -1518,7 +1509,7 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
             Some((
                 Planned {
                     runs,
-                    transit,
+                    transit: Vec::new(),
                     offsets,
                     replies,
                     wal_bytes,
@@ -1541,6 +1532,33 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
             None
         }
     }
+}
+
+/// The transit records of an encoded batch, moved out with their holds (no payload copy).
+fn take_transit(records: Vec<WalRecord>, shard_count: u32) -> Vec<(TransitHold, AppendRecord)> {
+    records
+        .into_iter()
+        .filter_map(|r| match r {
+            WalRecord::Transit {
+                key,
+                seq,
+                msg_key,
+                payload,
+                ..
+            } => Some((
+                TransitHold {
+                    dest: owner_shard(key, shard_count).0,
+                    seq,
+                },
+                AppendRecord {
+                    key,
+                    msg_key,
+                    payload,
+                },
+            )),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The WAL answered for `planned` (the oldest batch in flight): on success writes its frames to

@@ -212,12 +212,23 @@ impl Wal {
     /// Waits (backpressure) while more than `queue_bytes_max` bytes are queued. Dropping the
     /// future after it started waiting for the batch does not withdraw the records.
     pub async fn append(&self, records: Vec<WalRecord>) -> Result<WalPosition, WalError> {
+        let frames = Wal::encode(&records)?;
+        self.append_frames(frames, records.len()).await
+    }
+
+    /// The record frames of one [`Wal::append`], encoded in order; the caller keeps the records
+    /// (the shard log gives transit payloads on to their owner without a copy).
+    pub fn encode(records: &[WalRecord]) -> Result<Vec<u8>, WalError> {
         let bytes: usize = records.iter().map(codec::encoded_len).sum();
         let mut frames = Vec::with_capacity(bytes);
-        for r in &records {
+        for r in records {
             codec::encode_record(r, &mut frames).map_err(|_| WalError::TooLarge)?;
         }
-        let n = records.len();
+        Ok(frames)
+    }
+
+    /// [`Wal::append`] of `n` records already encoded by [`Wal::encode`].
+    pub async fn append_frames(&self, frames: Vec<u8>, n: usize) -> Result<WalPosition, WalError> {
         self.0.core.borrow().check(frames.len(), n)?;
         poll_fn(|cx| {
             let core = self.0.core.borrow();
