@@ -546,8 +546,10 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
         let r = f.fdatasync().await;
         (r, t.elapsed())
     };
+    // The read-back is verified where it landed (`read_exact_with`): no copy of the batch.
+    let verify = |img: &[u8]| codec::verify_batch(img, plan.at.segment, plan.seq).map(|_| ());
     let ((synced, fsync_time), read) =
-        futures_lite::future::zip(sync, f.read_exact_at(plan.at.byte, plan.span)).await;
+        futures_lite::future::zip(sync, f.read_exact_with(plan.at.byte, plan.span, verify)).await;
     {
         let mut core = inner.core.borrow_mut();
         core.stats.fsyncs += 1;
@@ -559,11 +561,11 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
     if let Err(e) = synced {
         return Outcome::Failed(format!("fdatasync of segment {}: {e}", plan.at.segment));
     }
-    let img = match read {
-        Ok(img) => img,
+    let verified = match read {
+        Ok(v) => v,
         Err(e) => return Outcome::Failed(format!("read-back of batch {}: {e}", plan.seq)),
     };
-    if let Err(e) = codec::verify_batch(&img, plan.at.segment, plan.seq) {
+    if let Err(e) = verified {
         return Outcome::Failed(format!(
             "read-back of batch {} at segment {} byte {} does not verify: {e}",
             plan.seq, plan.at.segment, plan.at.byte
