@@ -78,6 +78,47 @@ fn mesh_calls_cross_shards_and_self() {
 }
 
 #[test]
+fn sequential_calls_between_parking_shards_never_lose_a_wake_up() {
+    // Proves the sleep/notify handshake between executors (glommio's reactor sets its
+    // `should_notify` flag, fences, checks its channels, then sleeps; a sender pushes, fences,
+    // reads the flag; vendor/glommio/NARAD.md) loses no wake-up: 3 shards on fewer cores each make
+    // 2,000 calls one after another, so both sides park between almost every call, and every
+    // call is answered before its 3 s timer. A lost wake-up leaves the callee or the caller
+    // asleep until some other event; with little else running that is the call's own timer,
+    // and the call then takes 3 s or more (the timer firing also wakes it, so it must be the
+    // elapsed time that is checked, not only the timeout's result).
+    const CALLS: u64 = 2_000;
+    let (cfg, _dir) = cfg(3, "pingpong");
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let out = rt::run_with_mesh(cfg, 4, move |id, mesh: Mesh<u64, (u32, u32, u64)>| {
+        let arrived = arrived.clone();
+        async move {
+            double_plus_me(&mesh);
+            let peer = ShardId((id.0 + 1) % 3);
+            let mut answered = 0;
+            for i in 0..CALLS {
+                let t = std::time::Instant::now();
+                let r = rt::timeout(Duration::from_secs(3), mesh.call(peer, i))
+                    .await
+                    .expect("call answered in time");
+                assert!(
+                    t.elapsed() < Duration::from_secs(3),
+                    "call {i} from shard {} took {:?}: a wake-up was lost",
+                    id.0,
+                    t.elapsed()
+                );
+                assert_eq!(r, Ok((id.0, peer.0, 2 * i)));
+                answered += 1;
+            }
+            barrier(&arrived, 3).await;
+            answered
+        }
+    })
+    .expect("runtime starts");
+    assert_eq!(out, vec![CALLS; 3]);
+}
+
+#[test]
 fn mesh_backpressure_with_capacity_one() {
     // Proves that with channels of capacity 1 and a slow handler, 100 concurrent callers all
     // complete (senders wait for room instead of failing or losing calls).
