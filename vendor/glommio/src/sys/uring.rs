@@ -895,6 +895,10 @@ struct SleepableRing {
     in_kernel: usize,
 }
 
+/// NARAD PATCH: `IORING_SETUP_COOP_TASKRUN` from `include/uapi/linux/io_uring.h` (the bundled
+/// liburing predates it).
+const IORING_SETUP_COOP_TASKRUN: u32 = 1 << 8;
+
 impl SleepableRing {
     fn new(
         size: usize,
@@ -904,7 +908,20 @@ impl SleepableRing {
     ) -> io::Result<Self> {
         assert!(*IO_URING_RECENT_ENOUGH);
         Ok(SleepableRing {
-            ring: iou::IoUring::new(size as _)?,
+            // NARAD PATCH (vendor/glommio/NARAD.md): IORING_SETUP_COOP_TASKRUN (Linux 5.19).
+            // A completion for this thread's ring no longer interrupts the thread with an IPI
+            // while it runs: the kernel posts it when the thread next passes through the kernel
+            // (a system call, which a reactor makes all the time, or an interrupt), and a
+            // sleeping thread is still woken. Kernels before 5.19 refuse the flag (EINVAL); the
+            // ring is then set up as upstream does.
+            ring: match iou::IoUring::new_with_flags(
+                size as _,
+                iou::SetupFlags::from_bits_retain(IORING_SETUP_COOP_TASKRUN),
+                iou::SetupFeatures::empty(),
+            ) {
+                Ok(ring) => ring,
+                Err(_) => iou::IoUring::new(size as _)?,
+            },
             size,
             submission_queue: UringQueueState::with_capacity(size * 4),
             name,
