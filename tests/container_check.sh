@@ -337,10 +337,16 @@ def c_dockerignore():
         assert excluded(pats, p), f"{p} would be sent to the build (add it to .dockerignore)"
     try:
         import tomllib
-        members = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["members"]
+        manifest = tomllib.load(open("Cargo.toml", "rb"))
+        members = manifest["workspace"]["members"]
+        # Path patches (vendor/glommio) are built too, though not members.
+        patched = [v["path"] for v in manifest.get("patch", {}).get("crates-io", {}).values() if "path" in v]
     except ImportError:  # Python < 3.11
-        members = re.findall(r'"([^"]+)"', re.search(r"^members\s*=\s*\[(.*?)\]", open("Cargo.toml").read(), re.M | re.S).group(1))
-    roots = ["Cargo.toml", "Cargo.lock", "docs"] + [("src" if m == "." else m) for m in members]
+        text = open("Cargo.toml").read()
+        members = re.findall(r'"([^"]+)"', re.search(r"^members\s*=\s*\[(.*?)\]", text, re.M | re.S).group(1))
+        patch = re.search(r"^\[patch\.crates-io\](.*?)(?=^\[|\Z)", text, re.M | re.S)
+        patched = re.findall(r'path\s*=\s*"([^"]+)"', patch.group(1)) if patch else []
+    roots = ["Cargo.toml", "Cargo.lock", "docs"] + [("src" if m == "." else m) for m in members] + patched
     try:
         files = subprocess.run(["git", "ls-files", "--", *roots], capture_output=True, text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
