@@ -1229,6 +1229,17 @@ fn version_and_completion() {
     // reader goes away; an unknown shell exits 2.
     let v = ok(narad_raw(&["version"], b"", &[]));
     assert!(v.stdout.starts_with("narad dev ("), "{}", v.stdout);
+    // Built from a git checkout without NARAD_COMMIT: the commit is named (build.rs).
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    if let Ok(h) = head {
+        if h.status.success() && std::env::var_os("NARAD_COMMIT").is_none() {
+            let head = String::from_utf8_lossy(&h.stdout).trim().to_string();
+            assert_eq!(v.stdout.trim(), format!("narad dev ({head})"));
+        }
+    }
     for shell in ["bash", "zsh", "fish", "powershell"] {
         let c = ok(narad_raw(&["completion", shell], b"", &[]));
         assert!(

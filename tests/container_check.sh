@@ -346,7 +346,7 @@ def c_dockerignore():
         members = re.findall(r'"([^"]+)"', re.search(r"^members\s*=\s*\[(.*?)\]", text, re.M | re.S).group(1))
         patch = re.search(r"^\[patch\.crates-io\](.*?)(?=^\[|\Z)", text, re.M | re.S)
         patched = re.findall(r'path\s*=\s*"([^"]+)"', patch.group(1)) if patch else []
-    roots = ["Cargo.toml", "Cargo.lock", "docs"] + [("src" if m == "." else m) for m in members] + patched
+    roots = ["Cargo.toml", "Cargo.lock", "build.rs", "docs"] + [("src" if m == "." else m) for m in members] + patched
     try:
         files = subprocess.run(["git", "ls-files", "--", *roots], capture_output=True, text=True, check=True).stdout.split()
     except (OSError, subprocess.CalledProcessError):
