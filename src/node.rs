@@ -302,7 +302,8 @@ impl Node {
         f.map(|f| f.counters()).unwrap_or_default()
     }
 
-    /// Lag per child of `parent` over this shard's cursors only (`/metrics` sums the shards).
+    /// Lag per child of `parent` over this shard's cursors only (the lag route sums the shards;
+    /// `/metrics` takes [`Node::fanout_metrics`]).
     pub(crate) fn local_fanout_lag(&self, parent: TopicId) -> Vec<ChildLag> {
         let f = self.fanout.borrow().clone();
         f.map(|f| f.lag(parent)).unwrap_or_default()

@@ -118,10 +118,12 @@ impl DirectFile {
                 .custom_flags(flags);
             o
         };
-        match open(libc::O_NOATIME).dma_open(path).await {
-            Ok(f) => Ok(DirectFile(f)),
-            // EPERM: not the owner. Anything else fails the same way again, and says so.
-            Err(_) => Ok(DirectFile(open(0).dma_open(path).await.map_err(io_err)?)),
+        match open(libc::O_NOATIME).dma_open(path).await.map_err(io_err) {
+            // EPERM: not the file's owner (the only refusal O_NOATIME adds).
+            Err(e) if os_error_code(&e) == Some(libc::EPERM) => {
+                Ok(DirectFile(open(0).dma_open(path).await.map_err(io_err)?))
+            }
+            r => r.map(DirectFile),
         }
     }
 
@@ -322,6 +324,8 @@ mod tests {
                 fd: Some(3),
             })
         };
+        // The code the O_NOATIME fallback of `open_rw` looks for survives the wrapping too.
+        assert_eq!(os_error_code(&wrap(libc::EPERM)), Some(libc::EPERM));
         let e = wrap(libc::ENOSPC);
         assert!(is_disk_full(&e), "{e:?}");
         assert_eq!(os_error_code(&e), Some(libc::ENOSPC));
@@ -330,13 +334,25 @@ mod tests {
         assert!(is_disk_full(&io::Error::from_raw_os_error(libc::ENOSPC)));
     }
 
+    /// A fresh directory for one test (removed by the test) and the path of file `f` in it,
+    /// holding `contents` when given. A file written before its first direct-I/O open, as the
+    /// WAL's segments are: glommio's I/O-poll probe takes an empty file as pollable, and this
+    /// device cannot poll.
+    fn test_file(tag: &str, contents: Option<&[u8]>) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("narad-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        if let Some(c) = contents {
+            std::fs::write(&path, c).unwrap();
+        }
+        (dir, path)
+    }
+
     #[test]
     fn read_write_files_do_not_update_the_access_time() {
         // Proves `open_rw` asks for O_NOATIME (the file is ours), so WAL read-backs leave the
         // inode clean for the next fdatasync, and that the file still reads and writes.
-        let dir = std::env::temp_dir().join(format!("narad-noatime-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f");
+        let (dir, path) = test_file("noatime", None);
         let p = path.clone();
         let flags = crate::rt::block_on(async move {
             let f = DirectFile::open_rw(&p, true, true).await.unwrap();
@@ -361,10 +377,7 @@ mod tests {
         // thread's next pass through the kernel instead of interrupting it): 2,000 reads one
         // after another, each awaited, each answered well before its 3 s timer. A completion left
         // unposted while the executor sleeps would only surface when that timer fires.
-        let dir = std::env::temp_dir().join(format!("narad-coopreads-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f");
-        std::fs::write(&path, vec![5u8; 16 * DIRECT_IO_ALIGN]).unwrap();
+        let (dir, path) = test_file("coopreads", Some(&[5u8; 16 * DIRECT_IO_ALIGN]));
         let p = path.clone();
         let slowest = crate::rt::block_on(async move {
             let f = DirectFile::open_read(&p).await.unwrap();
@@ -399,14 +412,9 @@ mod tests {
         // Proves `read_exact_with` hands `check` exactly the bytes at `pos..pos + len`, for a
         // span one read covers (checked on the DMA buffer) and for one split over several reads,
         // and that reading past the end of the file is an error, as with `read_exact_at`.
-        let dir = std::env::temp_dir().join(format!("narad-readwith-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f");
         let total = READ_CHUNK_BYTES_MAX + 3 * DIRECT_IO_ALIGN;
         let want: Vec<u8> = (0..total).map(|i| (i % 251) as u8).collect();
-        // Written before the open, as the WAL's segments are (a file empty at its open is
-        // taken by glommio's I/O-poll probe as pollable, and this device cannot poll).
-        std::fs::write(&path, &want).unwrap();
+        let (dir, path) = test_file("readwith", Some(&want));
         let p = path.clone();
         let (small, large, past) = crate::rt::block_on(async move {
             let f = DirectFile::open_rw(&p, false, false).await.unwrap();

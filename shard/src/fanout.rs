@@ -72,7 +72,6 @@ pub const FANOUT_BATCH_BYTES_BOUNDS: [u64; 9] = [
     2 << 20,
     4 << 20,
 ];
-/// Wait before retrying a copy the sink refused (child owner down, disk full, ...).
 /// The operator's fan-out settings (OPERATIONS.md §4: `fanout.max_batch_records`,
 /// `fanout.max_batch_bytes`, `fanout.linger_ms`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +97,7 @@ impl Default for FanoutLimits {
     }
 }
 
+/// Wait before retrying a copy the sink refused (child owner down, disk full, ...).
 pub const FANOUT_RETRY_BACKOFF: Duration = Duration::from_secs(1);
 /// An idle cursor re-checks its parent this often even without a commit notification.
 pub const FANOUT_IDLE_RECHECK: Duration = Duration::from_secs(1);
@@ -647,15 +647,16 @@ impl Fanout {
             }
             n
         };
+        // Payload bytes of this copy (its metric, and whether it fills the slab).
+        let bytes: u64 = recs[..due_count]
+            .iter()
+            .map(|r| r.payload.len() as u64)
+            .sum();
         // Linger: less than a full slab waits for more, up to `linger` after the first was due.
         let linger_ms = self.limits.linger.as_millis() as u64;
         if linger_ms > 0 {
-            let full = due_count >= self.limits.batch_records
-                || recs[..due_count]
-                    .iter()
-                    .map(|r| r.payload.len())
-                    .sum::<usize>()
-                    >= self.limits.batch_bytes;
+            let full =
+                due_count >= self.limits.batch_records || bytes >= self.limits.batch_bytes as u64;
             let send_at = first
                 .commit_ms
                 .0
@@ -674,7 +675,6 @@ impl Fanout {
         let last = recs.last().map_or(next, |r| r.offset);
         let copies = self.copies(c, recs);
         let n = copies.len() as u64;
-        let bytes: u64 = copies.iter().map(|r| r.payload.len() as u64).sum();
         match (self.sink)(copies).await {
             Ok(()) => {
                 // Never move backwards (a concurrent skip may have moved it further).
