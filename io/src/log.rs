@@ -287,6 +287,10 @@ struct State {
     planned_next: HashMap<PartitionKey, (Offset, u64)>,
     /// Position just after the last durable batch; every WAL record before it is materialised.
     last_pos: Option<WalPosition>,
+    /// Position just after the last durable batch holding more than checkpoint records: a
+    /// checkpoint is owed only while this is past `last_checkpoint` (a checkpoint's own record
+    /// never makes another one due).
+    last_content_pos: Option<WalPosition>,
     last_checkpoint: Option<WalPosition>,
     wal_bytes_since_checkpoint: u64,
     last_checkpoint_at: Instant,
@@ -560,6 +564,7 @@ impl ShardLog {
             inflight: 0,
             planned_next: HashMap::new(),
             last_pos,
+            last_content_pos: None,
             last_checkpoint: None,
             wal_bytes_since_checkpoint: 0,
             last_checkpoint_at: Instant::now(),
@@ -1299,17 +1304,28 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
             }
         }
         if flying.is_empty() {
+            maybe_checkpoint(&inner, &signals);
+            // With a checkpoint owed, wake when its interval is up; with none, only for work
+            // (an idle log sets no timer at all).
             let idle_for = {
                 let st = inner.state.borrow();
-                let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
-                interval.saturating_sub(st.last_checkpoint_at.elapsed())
+                checkpoint_owed(&st).then(|| {
+                    let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
+                    interval
+                        .saturating_sub(st.last_checkpoint_at.elapsed())
+                        .max(Duration::from_millis(10))
+                })
             };
-            maybe_checkpoint(&inner, &signals);
             drop(inner);
-            futures_lite::future::or(work, async {
-                crate::rt::sleep(idle_for.max(Duration::from_millis(10))).await;
-            })
-            .await;
+            match idle_for {
+                Some(d) => {
+                    futures_lite::future::or(work, async {
+                        crate::rt::sleep(d).await;
+                    })
+                    .await
+                }
+                None => work.await,
+            }
             continue;
         }
         let (_, oldest) = flying.front_mut().expect("not empty");
@@ -1334,6 +1350,12 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
     }
 }
 
+/// Whether records other than checkpoints were made durable after the last checkpoint (and
+/// the log still takes writes).
+fn checkpoint_owed(st: &State) -> bool {
+    st.poisoned.is_none() && !st.closed && st.last_content_pos > st.last_checkpoint
+}
+
 /// Starts a background checkpoint when the WAL grew by `checkpoint_wal_bytes` or
 /// `checkpoint_interval_ms` passed with something new.
 fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
@@ -1342,10 +1364,7 @@ fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
     }
     let due = {
         let st = inner.state.borrow();
-        st.poisoned.is_none()
-            && !st.closed
-            && st.last_pos.is_some()
-            && st.last_pos != st.last_checkpoint
+        checkpoint_owed(&st)
             && (st.wal_bytes_since_checkpoint >= inner.cfg.checkpoint_wal_bytes
                 || st.last_checkpoint_at.elapsed()
                     >= Duration::from_millis(inner.cfg.checkpoint_interval_ms))
@@ -1592,6 +1611,9 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
                     *durable = (*durable).max(hold.seq + 1);
                 }
                 st.last_pos = Some(pos);
+                if replies.iter().any(|r| !matches!(r.0, Kind::Checkpoint)) {
+                    st.last_content_pos = Some(pos);
+                }
                 st.wal_bytes_since_checkpoint += wal_bytes;
                 let mut failed = None;
                 for (key, run) in &runs {

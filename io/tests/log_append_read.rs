@@ -250,3 +250,49 @@ fn offset_index_costs_about_four_bytes_per_record() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn an_idle_log_checkpoints_new_records_once_and_then_writes_nothing() {
+    // Proves: with a 50 ms checkpoint interval, a record appended to an idle log is followed by
+    // one checkpoint (one more WAL batch); the checkpoint's own record does not make another one
+    // due, so the WAL writes nothing more while no new record comes (before the fix, a
+    // checkpoint record followed every interval, forever); a new record is checkpointed again.
+    let dir = temp_dir("idle-checkpoint");
+    let cfg = LogConfig {
+        checkpoint_interval_ms: 50,
+        ..small_cfg(dir.clone())
+    };
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+        let start = log.wal_stats().batches;
+        let wait_for_batches = |n: u64| {
+            let log = log.clone();
+            async move {
+                for _ in 0..500 {
+                    if log.wal_stats().batches >= n {
+                        return;
+                    }
+                    rt::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                panic!(
+                    "WAL batches stayed at {} (waited for {n})",
+                    log.wal_stats().batches
+                );
+            }
+        };
+        for round in 1..=2u64 {
+            log.append(vec![rec(key(1, 0), round)]).await.unwrap();
+            // The record's batch, then one checkpoint batch.
+            let expected = start + 2 * round;
+            wait_for_batches(expected).await;
+            rt::sleep(std::time::Duration::from_millis(500)).await;
+            assert_eq!(
+                log.wal_stats().batches,
+                expected,
+                "round {round}: nothing but one checkpoint follows a record"
+            );
+        }
+        log.close().await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
