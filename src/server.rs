@@ -214,7 +214,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
 /// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
 /// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
-/// after this much WAL or this long (defaults 256 MiB and 5 s; for benchmarks);
+/// after this much WAL or this long (defaults 64 MiB and 5 s; for benchmarks);
 /// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor.
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()

@@ -130,7 +130,7 @@ impl LogConfig {
             wal_pipeline_min_bytes: WAL_PIPELINE_MIN_BYTES_DEFAULT,
             append_queue_bytes_max: 64 << 20,
             partition_segment_bytes_max: 64 << 20,
-            checkpoint_wal_bytes: 256 << 20,
+            checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval_ms: 5_000,
         }
     }
@@ -357,8 +357,10 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
             .wal_batches_in_flight_max
             .clamp(1, crate::wal::BATCHES_IN_FLIGHT_MAX),
         // A checkpoint releases about this many segments at once; keeping as many covers the
-        // rollovers until the next one. It is disk the WAL held just before the checkpoint.
-        recycle_segments_max: (cfg.checkpoint_wal_bytes / cfg.wal_segment_bytes.max(1)).clamp(1, 8)
+        // rollovers until the next one. It is disk the WAL held just before the checkpoint. At
+        // least two: a checkpoint that starts late releases two, and a segment deleted then
+        // comes back as a spare written with zeros.
+        recycle_segments_max: (cfg.checkpoint_wal_bytes / cfg.wal_segment_bytes.max(1)).clamp(2, 8)
             as usize,
     }
 }

@@ -296,3 +296,44 @@ fn an_idle_log_checkpoints_new_records_once_and_then_writes_nothing() {
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn with_a_checkpoint_every_segment_rollovers_reuse_released_segments() {
+    // Proves: when a checkpoint comes every segment's worth of WAL (the default: the WAL segment
+    // and `checkpoint_wal_bytes` are both 64 MiB), the log rolls over onto segment files that a
+    // checkpoint released (renamed, already written) instead of new ones that must first be
+    // written with zeros: at least 12 of 16 rollovers. (Measured: 13 of 16 here; 10 of 16 with a
+    // checkpoint every 4 segments, the old default's ratio; 0 without checkpoints.)
+    let dir = temp_dir("recycle-every-segment");
+    let cfg = LogConfig {
+        checkpoint_wal_bytes: 1 << 20,
+        ..small_cfg(dir.clone())
+    };
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+        let k = key(1, 0);
+        let body = vec![b'x'; 16 << 10];
+        let mut calls = 0u64;
+        while log.wal_stats().segments_created < 16 {
+            let recs = (0..4)
+                .map(|_| AppendRecord {
+                    key: k,
+                    msg_key: None,
+                    payload: body.clone(),
+                })
+                .collect();
+            log.append(recs).await.unwrap();
+            calls += 1;
+            assert!(calls < 10_000, "16 rollovers within 640 MiB of appends");
+        }
+        let st = log.wal_stats();
+        assert!(
+            st.segments_recycled >= 12,
+            "rollovers onto released segments: {} of {} ({st:?})",
+            st.segments_recycled,
+            st.segments_created
+        );
+        log.close().await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
