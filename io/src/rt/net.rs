@@ -24,7 +24,20 @@ fn gerr<T>(e: glommio::GlommioError<T>) -> io::Error {
 }
 
 /// A listening socket of this shard.
-pub struct TcpListener(glommio::net::TcpListener);
+pub struct TcpListener(glommio::net::TcpListener, RawFd);
+
+impl Drop for TcpListener {
+    /// Stops listening at once: `shutdown(SHUT_RD)` on a listening socket takes it out of the
+    /// port's `SO_REUSEPORT` group, resets the connections waiting in its backlog (their
+    /// clients retry, and reach another shard's socket) and fails an accept still in flight.
+    /// Without it the socket stayed listening until the runtime cancelled that accept, and a
+    /// client hashed to it in between could be taken by the orphan accept and left unanswered
+    /// until the process exited.
+    fn drop(&mut self) {
+        // SAFETY: `self.1` is the listening socket `self.0` owns and closes after this returns.
+        unsafe { libc::shutdown(self.1, libc::SHUT_RD) };
+    }
+}
 
 impl TcpListener {
     /// Binds `addr` with `SO_REUSEPORT` and the default backlog.
@@ -37,9 +50,10 @@ impl TcpListener {
         let fd = bind_reuseport(addr, backlog)?;
         // SAFETY: `fd` is a freshly created, bound and listening socket owned by nobody else;
         // glommio's listener takes ownership and closes it on drop.
-        Ok(TcpListener(unsafe {
-            glommio::net::TcpListener::from_raw_fd(fd)
-        }))
+        Ok(TcpListener(
+            unsafe { glommio::net::TcpListener::from_raw_fd(fd) },
+            fd,
+        ))
     }
 
     /// Waits for the next connection of this shard's socket.
