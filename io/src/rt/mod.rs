@@ -346,4 +346,53 @@ mod tests {
         assert_eq!(out, vec![0, 10]);
         let _ = std::fs::remove_dir_all(dir);
     }
+
+    #[test]
+    fn a_busy_task_that_yields_when_asked_lets_a_timer_task_run_within_a_few_quanta() {
+        // The vendored glommio keeps its preemption timer across executor turns instead of
+        // re-arming it on every turn (NARAD PATCH 3 in vendor/glommio). Preemption must still
+        // come: while a task that only yields when the executor asks (`yield_if_needed`) keeps
+        // the shard busy, a task sleeping 1 ms gets to run within a few quanta of 100 ms, five
+        // times over. Without a preemption timer the busy task keeps the shard until its 3 s
+        // bound and the first sleep ends 3 s late.
+        use std::cell::Cell;
+        use std::rc::Rc;
+        use std::time::Instant;
+        let (worst, total) = block_on(async {
+            let t0 = Instant::now();
+            let stop = Rc::new(Cell::new(false));
+            let busy = {
+                let stop = stop.clone();
+                spawn(async move {
+                    while !stop.get() && t0.elapsed() < Duration::from_secs(3) {
+                        let spin = Instant::now();
+                        while spin.elapsed() < Duration::from_micros(50) {
+                            std::hint::spin_loop();
+                        }
+                        yield_if_needed().await;
+                    }
+                })
+            };
+            let timed = {
+                let stop = stop.clone();
+                spawn(async move {
+                    let mut worst = Duration::ZERO;
+                    for _ in 0..5 {
+                        let asked = Instant::now();
+                        sleep(Duration::from_millis(1)).await;
+                        worst = worst.max(asked.elapsed());
+                    }
+                    stop.set(true);
+                    worst
+                })
+            };
+            let worst = timed.await;
+            busy.await;
+            (worst, t0.elapsed())
+        });
+        assert!(
+            worst < Duration::from_millis(500) && total < Duration::from_millis(2_500),
+            "a 1 ms sleep took {worst:?} at worst; all took {total:?}"
+        );
+    }
 }
