@@ -1239,8 +1239,6 @@ pub(crate) struct Reactor {
     poll_ring: RefCell<PollRing>,
 
     latency_preemption_timeout_src: Cell<Option<Source>>,
-    /// NARAD PATCH 3: when the pending latency preemption timer was armed, and for how long.
-    latency_preemption_armed: Cell<Option<(std::time::Instant, Duration)>>,
     throughput_preemption_timeout_src: Cell<Option<Source>>,
 
     link_fd: RawFd,
@@ -1372,7 +1370,6 @@ impl Reactor {
             latency_ring: RefCell::new(latency_ring),
             poll_ring: RefCell::new(poll_ring),
             latency_preemption_timeout_src: Cell::new(None),
-            latency_preemption_armed: Cell::new(None),
             throughput_preemption_timeout_src: Cell::new(None),
             blocking_thread,
             link_fd,
@@ -1834,46 +1831,22 @@ impl Reactor {
         // consume all events from the rings
         consume_rings!(into &mut woke; lat_ring, poll_ring, main_ring);
 
-        // NARAD PATCH 3: upstream cancels and re-arms both preemption timers on every call,
-        // which is every turn of the executor loop: four timeout/cancel requests and an extra
-        // `io_uring_enter` per turn, tens of thousands a second under load. Instead, a pending
-        // latency preemption timer of the same duration is kept while less than half of it has
-        // passed (a task queue still gets at least half its quantum), and the throughput timer
-        // is re-armed only once it fired.
-        let keep_latency_timer = match (preempt_timer(), self.latency_preemption_armed.get()) {
-            (Some(d), Some((at, armed))) if armed == d && at.elapsed() < d / 2 => {
-                let src = self.latency_preemption_timeout_src.take();
-                let pending = src.as_ref().is_some_and(|s| s.result().is_none());
-                self.latency_preemption_timeout_src.set(src);
-                pending
-            }
-            _ => false,
-        };
         // Cancel the old timer regardless of whether we can sleep:
         // if we won't sleep, we will register the new timer with its new
         // value.
         //
         // But if we will sleep, there might be a timer registered that needs
         // to be removed otherwise we'll wake up when it expires.
-        if !keep_latency_timer {
-            drop(self.latency_preemption_timeout_src.take());
-            self.latency_preemption_armed.set(None);
-        }
+        drop(self.latency_preemption_timeout_src.take());
 
         // Schedule the throughput-based timeout immediately: it won't matter if we end
         // up sleeping.
-        let throughput_src = self.throughput_preemption_timeout_src.take();
-        if throughput_src.as_ref().is_some_and(|s| s.result().is_none()) {
-            self.throughput_preemption_timeout_src.set(throughput_src);
-        } else {
-            drop(throughput_src);
-            self.throughput_preemption_timeout_src.replace(Some(
-                main_ring.prepare_throughput_preemption_timer(
-                    self.ring_depth() as u32,
-                    self.eventfd_src.raw(),
-                ),
-            ));
-        }
+        self.throughput_preemption_timeout_src.replace(Some(
+            main_ring.prepare_throughput_preemption_timer(
+                self.ring_depth() as u32,
+                self.eventfd_src.raw(),
+            ),
+        ));
 
         // This will only dispatch if we run out of sqes. Which means until
         // flush_rings! nothing is really send to the kernel...
@@ -1924,13 +1897,9 @@ impl Reactor {
         }
 
         if let Some(preempt) = preempt_timer() {
-            if !keep_latency_timer {
-                self.latency_preemption_timeout_src
-                    .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
-                self.latency_preemption_armed
-                    .set(Some((std::time::Instant::now(), preempt)));
-                flush_rings!(lat_ring, main_ring)?;
-            }
+            self.latency_preemption_timeout_src
+                .set(Some(lat_ring.prepare_latency_preemption_timer(preempt)));
+            flush_rings!(lat_ring, main_ring)?;
         }
 
         // A Note about `need_preempt`:
