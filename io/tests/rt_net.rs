@@ -12,6 +12,14 @@ fn loopback0() -> SocketAddr {
     "127.0.0.1:0".parse().expect("addr")
 }
 
+/// Two listeners on one loopback port (one per shard in production) and that port.
+fn two_listeners_on_one_port(backlog: u32) -> (TcpListener, TcpListener, SocketAddr) {
+    let a = TcpListener::bind_with_backlog(loopback0(), backlog).expect("bind a");
+    let addr = a.local_addr().expect("addr");
+    let b = TcpListener::bind_with_backlog(addr, backlog).expect("bind b on the same port");
+    (a, b, addr)
+}
+
 #[test]
 fn tcp_echo_over_loopback() {
     // Proves accept returns the peer address and the stream reads and writes both ways; the
@@ -50,9 +58,7 @@ fn reuseport_lets_two_listeners_share_a_port() {
     // Proves two sockets bind the same port (one per shard in production) and connections to it
     // are accepted; a std client stands in for an external one.
     rt::block_on(async {
-        let a = TcpListener::bind_with_backlog(loopback0(), 16).expect("bind a");
-        let addr = a.local_addr().expect("addr");
-        let b = TcpListener::bind_with_backlog(addr, 16).expect("bind b on the same port");
+        let (a, b, addr) = two_listeners_on_one_port(16);
         assert_eq!(b.local_addr().expect("addr").port(), addr.port());
         drop(b);
         let client = std::thread::spawn(move || {
@@ -109,9 +115,7 @@ fn a_dropped_listener_stops_taking_connections_at_once() {
     // kernel, and a client hashed to it was reset, or taken by that orphan accept and left
     // unanswered until the process exited (a probe during a graceful drain hung 10 s).
     rt::block_on(async {
-        let a = TcpListener::bind_with_backlog(loopback0(), 64).expect("bind a");
-        let addr = a.local_addr().expect("addr");
-        let b = TcpListener::bind_with_backlog(addr, 64).expect("bind b on the same port");
+        let (a, b, addr) = two_listeners_on_one_port(64);
         // An accept in flight on `a` (the runtime submitted it), then given up, as a drain does.
         let gave_up = futures_lite::future::or(
             async {
@@ -142,13 +146,15 @@ fn a_dropped_listener_stops_taking_connections_at_once() {
                 })
                 .count()
         });
-        loop {
+        // Serve until all 16 were answered, or until nobody connects for 3 s.
+        let mut answered = 0;
+        while answered < 16 {
             let Ok(Ok((mut s, _))) = rt::timeout(Duration::from_secs(3), b.accept()).await else {
                 break;
             };
             let mut one = [0u8; 1];
-            if s.read_exact(&mut one).await.is_ok() {
-                let _ = s.write_all(b"y").await;
+            if s.read_exact(&mut one).await.is_ok() && s.write_all(b"y").await.is_ok() {
+                answered += 1;
             }
         }
         assert_eq!(
