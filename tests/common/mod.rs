@@ -165,6 +165,11 @@ impl Server {
         self.spawn();
     }
 
+    /// The broker's process id (while it runs).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
     }
