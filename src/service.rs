@@ -177,8 +177,8 @@ impl Service for ApiService {
         self.node.metrics.early_answer(head, status);
     }
 
-    fn body_too_large(&self, head: &RequestHead) -> Response {
-        crate::api::too_large(head)
+    fn body_too_large(&self, head: &RequestHead) -> impl Future<Output = Response> {
+        crate::api::too_large(&self.node, head)
     }
 
     fn call(&self, req: Request) -> impl Future<Output = Response> {

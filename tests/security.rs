@@ -914,3 +914,115 @@ fn remote_child_attach_answers_by_security_and_plane() {
     let r = c.get("/v1/remotes");
     assert_eq!((r.status, r.error()), (403, NEED_SECURITY.into()));
 }
+
+/// Sends `head` then `body` raw on a new connection (the body write may fail when the server
+/// answers and closes first) and reads the answer.
+fn raw_answer(s: &Server, head: &str, body: &[u8]) -> Resp {
+    use std::io::Write;
+    let mut c = Client::connect(s.addr()).expect("connect");
+    c.raw().write_all(head.as_bytes()).expect("head");
+    let _ = c.raw().write_all(body);
+    c.read_response(false).expect("answer")
+}
+
+#[test]
+fn produce_authorization_comes_before_query_and_body_size() {
+    // Proves API.md §1.4 and §10.1's order for produce: authentication (401), then the grant
+    // (403), then the query (400) and the body's size (413). A user with only a consume grant
+    // gets `403 produce not allowed on this topic` for a bad query, a batch `?key=`, or a body
+    // over the cap (Content-Length or chunked), also on the first, uncached use of its
+    // credential; a wrong password gets 401 whatever the body; a user with the grant gets the
+    // 400 and 413 the same requests deserve.
+    let dir = TempDir::new("sec-order");
+    let s = secure(&dir, &[]);
+    let mut c = s.client();
+    let consume_only = ("carol", "carol-pw");
+    let producer = ("dave", "dave-pw");
+    for (user, action) in [(consume_only, "consume"), (producer, "produce")] {
+        let grants = format!(r#"[{{"action":"{action}","patterns":["t.*"]}}]"#);
+        let r = create_user(&mut c, ROOT, user.0, user.1, &grants);
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let r = call(&mut c, "POST", "/v1/topics", ROOT, r#"{"name":"t.x"}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    let big = vec![b'a'; 2 << 20];
+    let denied = (403, "produce not allowed on this topic".to_string());
+    let head = |user: (&str, &str), path: &str, framing: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nAuthorization: {}\r\n{framing}\r\n",
+            basic_auth(user.0, user.1)
+        )
+    };
+    let length = format!("Content-Length: {}\r\n", big.len());
+    // First use of carol's credential (no cache knows it yet): a 2 MiB body.
+    let r = raw_answer(
+        &s,
+        &head(consume_only, "/v1/topics/t.x/produce", &length),
+        &big,
+    );
+    assert_eq!((r.status, r.error()), denied);
+    // A wrong password is 401, before any grant or size check.
+    let r = raw_answer(
+        &s,
+        &head(("carol", "wrong"), "/v1/topics/t.x/produce", &length),
+        &big,
+    );
+    assert_eq!(r.status, 401, "{}", r.text());
+    // Cached credential: bad query, batch key, over-cap bodies.
+    let mut c = s.client();
+    for path in [
+        "/v1/topics/t.x/produce?partition=abc",
+        "/v1/topics/t.x/produce?key=a&key=b",
+        "/v1/topics/t.x/produce/batch?key=a",
+    ] {
+        let r = call(&mut c, "POST", path, consume_only, r#"{"a":1}"#);
+        assert_eq!((r.status, r.error()), denied, "{path}");
+    }
+    let r = raw_answer(
+        &s,
+        &head(consume_only, "/v1/topics/t.x/produce", &length),
+        &big,
+    );
+    assert_eq!((r.status, r.error()), denied);
+    let mut chunked = format!("{:x}\r\n", big.len()).into_bytes();
+    chunked.extend_from_slice(&big);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    let te = "Transfer-Encoding: chunked\r\n";
+    let r = raw_answer(
+        &s,
+        &head(consume_only, "/v1/topics/t.x/produce", te),
+        &chunked,
+    );
+    assert_eq!((r.status, r.error()), denied);
+
+    // The user with the grant gets the query's 400 and the size's 413.
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/t.x/produce?partition=abc",
+        producer,
+        r#"{"a":1}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics/t.x/produce/batch?key=a",
+        producer,
+        r#"[{"a":1}]"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    for framing in [length.as_str(), te] {
+        let body = if framing == te { &chunked } else { &big };
+        let r = raw_answer(&s, &head(producer, "/v1/topics/t.x/produce", framing), body);
+        assert_eq!(
+            (r.status, r.error()),
+            (413, "request body too large".to_string()),
+            "{framing}"
+        );
+    }
+    // None of the refused requests produced anything.
+    let r = call(&mut c, "GET", "/v1/topics/t.x/consume", ROOT, "");
+    assert_eq!(r.status, 204, "{}", r.text());
+}

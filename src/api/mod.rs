@@ -381,6 +381,9 @@ fn route<'a>(method: &str, path: &'a str) -> Match<'a> {
     }
 }
 
+/// The `403` of a produce without the grant (API.md §10.1).
+const PRODUCE_DENIED: &str = "produce not allowed on this topic";
+
 /// The cross-site guard of API.md §3: true when a state-changing request may pass.
 fn guard_passes(headers: &Headers) -> bool {
     if headers.get("x-narad-client").is_some_and(|v| !v.is_empty()) {
@@ -426,10 +429,25 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
             r.headers.push(("Allow".into(), allow.into()));
             Err(r)
         }
-        Match::Found(r @ (Route::Produce | Route::ProduceBatch), _) => {
-            // A bad query wins over the body's size and the topic (API.md §10.1 order).
-            messages::produce_query(&head.query, matches!(r, Route::ProduceBatch))?;
-            Ok(route_body_cap(r))
+        Match::Found(r @ (Route::Produce | Route::ProduceBatch), args) => {
+            // Authentication and authorization, then a bad query, win over the body's size
+            // (API.md §1.4, §10.1 order). When a cache already knows the credential the head
+            // decides all three here; otherwise the handler does, or `too_large` for a body
+            // over the cap.
+            let may = match args.first().map(percent_decode_segment) {
+                Some(Ok(t)) => {
+                    auth::head_may(&head.headers, &head.path, auth::rbac::ACTION_PRODUCE, &t)
+                }
+                _ => None,
+            };
+            match may {
+                Some(false) => Err(error(403, PRODUCE_DENIED)),
+                Some(true) => {
+                    messages::produce_query(&head.query, matches!(r, Route::ProduceBatch))?;
+                    Ok(route_body_cap(r))
+                }
+                None => Ok(route_body_cap(r)),
+            }
         }
         Match::Found(r, _) => Ok(route_body_cap(r)),
     }
@@ -466,12 +484,30 @@ fn is_user_route(r: Route) -> bool {
     )
 }
 
-/// The answer for a body over the route's cap.
-pub fn too_large(head: &RequestHead) -> Response {
-    match route(head.method.as_str(), &head.path) {
-        Match::Found(r, _) => too_large_for(r),
-        _ => error(413, "request body too large"),
+/// The answer for a body over the route's cap: API.md §1.4's earlier steps first, since the
+/// cap was decided before the credential was checked when that needed a bcrypt check
+/// (authentication `401`/`429`, the guard's `415`, then the grant checks' `403`), then `413`.
+pub async fn too_large(node: &Rc<Node>, head: &RequestHead) -> Response {
+    let caller = tri!(auth::authenticate(node, &head.headers, head.peer, &head.path).await);
+    if is_state_changing(head.method.as_str()) && !guard_passes(&head.headers) {
+        return error(415, GUARD_ERROR);
     }
+    let Match::Found(r, args) = route(head.method.as_str(), &head.path) else {
+        return error(413, "request body too large");
+    };
+    if let Some(Ok(t)) = args.first().map(percent_decode_segment) {
+        let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
+        // The body is not read: only the checks that do not need it can refuse.
+        if let Some(denied) = authorize(node, &caller, r, &t, second.as_deref(), &[]) {
+            return denied;
+        }
+    }
+    if let Route::Produce | Route::ProduceBatch = r {
+        if let Err(bad) = messages::produce_query(&head.query, matches!(r, Route::ProduceBatch)) {
+            return bad;
+        }
+    }
+    too_large_for(r)
 }
 
 /// Serves one request (the head already passed [`body_limit`]).
@@ -484,7 +520,6 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         return error(415, GUARD_ERROR);
     }
     let (r, args) = match route(req.method.as_str(), &path) {
-        Match::Found(r, _) if req.body.len() > route_body_cap(r) => return too_large_for(r),
         Match::Found(r, args) => (r, args),
         // body_limit already answered these; kept for callers that skip it.
         Match::NotFound => return Response::text(404, "404 page not found\n"),
@@ -505,8 +540,13 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     let _cap = tri!(identity_cap(node, &caller, r, &mut req));
     // Authorization (step 7, API.md §16); user routes check their own rules.
     let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
-    if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req) {
+    if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req.body) {
         return denied;
+    }
+    // The server refuses a body over the route's cap before reading it (`too_large`); this is
+    // for callers that skip that (requests not read from a socket).
+    if req.body.len() > route_body_cap(r) {
+        return too_large_for(r);
     }
     // Every later request on this shard sees the single produces it answered before, as if
     // they were committed at their owner (crate::transit): reads, and the admin changes that
@@ -650,7 +690,7 @@ fn authorize(
     r: Route,
     t: &str,
     second: Option<&str>,
-    req: &Request,
+    body: &[u8],
 ) -> Option<Response> {
     if c.open() {
         return None;
@@ -670,7 +710,7 @@ fn authorize(
                 parent: Option<serde_json::Value>,
             }
             // An unparsable body is the handler's 400; only a named topic can be refused here.
-            let names: Names = object_body(&req.body)?;
+            let names: Names = object_body(body)?;
             if let Some(serde_json::Value::String(name)) = &names.name {
                 if !c.may(auth::rbac::ACTION_CREATE, name) {
                     return deny("create not allowed on this topic");
@@ -699,12 +739,12 @@ fn authorize(
                 remote: Option<serde_json::Value>,
             }
             // Owner of parent and child; a remote child needs admin (API.md §16).
-            let body: Option<Attach> = object_body(&req.body);
-            let child = body.as_ref().and_then(|b| match &b.child {
+            let attach: Option<Attach> = object_body(body);
+            let child = attach.as_ref().and_then(|b| match &b.child {
                 Some(serde_json::Value::String(s)) => Some(s.as_str()),
                 _ => None,
             });
-            let remote = body.as_ref().is_some_and(|b| b.remote.is_some());
+            let remote = attach.as_ref().is_some_and(|b| b.remote.is_some());
             if remote && !c.is_admin() {
                 deny(children::REMOTES_NEED_SECURITY)
             } else if !manages(t) || child.is_some_and(|ch| !manages(ch)) {
@@ -728,7 +768,7 @@ fn authorize(
             _ => None,
         },
         Route::Produce | Route::ProduceBatch if !c.may(auth::rbac::ACTION_PRODUCE, t) => {
-            deny("produce not allowed on this topic")
+            deny(PRODUCE_DENIED)
         }
         Route::Consume | Route::Ack if !c.may(auth::rbac::ACTION_CONSUME, t) => {
             deny("consume not allowed on this topic")
@@ -778,9 +818,9 @@ fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
 
 /// Decodes `%XX` escapes of one path segment (a topic name is plain ASCII; anything decoding to
 /// a `/` or invalid bytes is no route).
-fn percent_decode_segment(s: &str) -> Result<String, ()> {
+fn percent_decode_segment(s: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
     if !s.contains('%') {
-        return Ok(s.to_string());
+        return Ok(std::borrow::Cow::Borrowed(s));
     }
     let bytes = crate::wire::query::form_decode(s.as_bytes())
         .map_err(|_| ())?
@@ -789,7 +829,7 @@ fn percent_decode_segment(s: &str) -> Result<String, ()> {
     if s.contains('/') {
         return Err(());
     }
-    Ok(s)
+    Ok(std::borrow::Cow::Owned(s))
 }
 
 #[cfg(test)]

@@ -525,6 +525,19 @@ pub fn head_identity(headers: &Headers, peer: std::net::SocketAddr, path: &str) 
     }
 }
 
+/// Whether the caller of a request may do `action` on `topic`, decided from its head alone:
+/// `Some(true)` with security off or on an exempt path, the grant check for a credential a
+/// cache already verified, `None` when a bcrypt check is pending or the request will be
+/// refused (then [`authenticate`] decides, and the handler authorizes).
+pub fn head_may(headers: &Headers, path: &str, action: &str, topic: &str) -> Option<bool> {
+    let node = shard_node()?;
+    match fast(&node, headers, path) {
+        Fast::Open => Some(true),
+        Fast::Verified(u, meta) => Some(meta.user(&u).is_some_and(|x| rbac::may(x, action, topic))),
+        Fast::Deny(_) | Fast::Slow { .. } => None,
+    }
+}
+
 /// Authenticates a request, running a bcrypt check on a helper thread when no cache knows the
 /// credential. The client IP is the identity with security off; `path` is the raw path.
 pub async fn authenticate(

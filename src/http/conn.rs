@@ -420,7 +420,7 @@ async fn run<S: Service>(
         let decision = match decision {
             Ok(limit) => match head.framing {
                 BodyFraming::Length(n) if n > limit as u64 => {
-                    let resp = service.body_too_large(&head);
+                    let resp = service.body_too_large(&head).await;
                     service.on_refused_after_head(&head, resp.status);
                     c.requests += 1;
                     c.close_with(Some(&resp)).await;
@@ -480,7 +480,7 @@ async fn run<S: Service>(
         let body = match body {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
-                let resp = service.body_too_large(&head);
+                let resp = service.body_too_large(&head).await;
                 service.on_refused_after_head(&head, resp.status);
                 c.requests += 1;
                 c.close_with(Some(&resp)).await;

@@ -322,10 +322,11 @@ pub trait Service: 'static {
         Ok(None)
     }
 
-    /// The answer when the body exceeds the limit returned by [`Service::body_limit`]. The
-    /// default is API.md's `413 {"error":"request body too large"}`.
-    fn body_too_large(&self, _head: &RequestHead) -> Response {
-        Response::for_parse_error(ParseError::BodyTooLarge)
+    /// The answer when the body exceeds the limit returned by [`Service::body_limit`] (the
+    /// connection closes after it). The default is API.md's `413 {"error":"request body too
+    /// large"}`; a service may first run checks that come before the body (authentication).
+    fn body_too_large(&self, _head: &RequestHead) -> impl Future<Output = Response> {
+        std::future::ready(Response::for_parse_error(ParseError::BodyTooLarge))
     }
 
     /// Called for every answer the server gives without [`Service::call`] producing it: a
