@@ -736,6 +736,7 @@ fn schema_rejections_are_counted_by_reason() {
     // busy 0, with nothing left in flight; on every shard's connection alike (node-wide merge).
     // Also `narad_produce_rejections_total{reason="schema"}` 3 for the topic (a refused batch
     // counts once more), and `{reason="delayed_child"}` for a direct produce to a delay child.
+    // A schema refused for its pattern counts as `definition_pattern`.
     // `narad_schema_validation_seconds` times only validations under the slot: none for these
     // small payloads, one for a valid 20 KiB payload.
     let dir = TempDir::new("m-schema");
@@ -746,7 +747,17 @@ fn schema_rejections_are_counted_by_reason() {
     assert_eq!(r.status, 201, "{}", r.text());
     let m = scrape(&mut c);
     assert_eq!(m.sum("narad_schema_validations_total", &[]), 0.0);
-    assert_eq!(m.count("narad_schema_rejections_total"), 4);
+    assert_eq!(m.count("narad_schema_rejections_total"), 7);
+    // A schema refused at registration for its pattern counts as `definition_pattern`.
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"lookaround","schema":{"type":"string","pattern":"(?=a)"}}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let m = scrape(&mut c);
+    let reason = |m: &Exposition, r: &str| m.sum("narad_schema_rejections_total", &[("reason", r)]);
+    assert_eq!(reason(&m, "definition_pattern"), 1.0);
+    assert_eq!(reason(&m, "definition_paths"), 0.0);
     let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
     for (payload, status) in [
         (&br#"{"id":"a"}"#[..], 202),
@@ -778,6 +789,14 @@ fn schema_rejections_are_counted_by_reason() {
         };
         assert_eq!(rejected("schema"), 3.0);
         assert_eq!(rejected("delayed_child"), 0.0);
+        assert_eq!(
+            m.count_with(
+                "narad_produce_rejections_total",
+                &[("topic", "pay"), ("reason", "remote_child")]
+            ),
+            1
+        );
+        assert_eq!(rejected("remote_child"), 0.0);
         assert_eq!(m.sum("narad_schema_validation_seconds_count", &[]), 0.0);
     }
     let big = format!(r#"{{"id":"{}"}}"#, "x".repeat(20 << 10));
@@ -1013,6 +1032,56 @@ fn idle_partition_logs_close_and_reopen_on_use() {
     assert_eq!(r.status, 202, "{}", r.text());
     let r = c.get("/v1/topics/idle/consume?partition=1&offset=4");
     assert_eq!(r.json()["payload"], "again");
+}
+
+#[test]
+fn retention_sweeps_partition_logs_closed_for_idleness() {
+    // Proves `narad_cold_retention_swept_total`: retention covers a partition whose log was
+    // closed for idleness (cold). A topic kept forever fills several segments and its logs
+    // close; once its retention is set to 1 h (judged with the clock 2 h ahead) the next pass
+    // deletes the sealed segments of the closed log, and the counter counts that partition
+    // while `narad_open_partition_logs` stays 0 (the sweep does not reopen the log).
+    let dir = TempDir::new("m-cold");
+    let s = start_with_knobs(
+        &dir,
+        &[
+            ("NARAD_TEST_IDLE_EVICTION_MS", "300"),
+            ("NARAD_TEST_CHECKPOINT_INTERVAL_MS", "50"),
+            ("NARAD_TEST_PARTITION_SEGMENT_BYTES", "65536"),
+            ("NARAD_TEST_RETENTION_INTERVAL_MS", "100"),
+            ("NARAD_TEST_RETENTION_CLOCK_SKEW_MS", "7200000"),
+        ],
+    );
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"cold","partitions":3,"retention_ms":0}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000));
+    for _ in 0..300 {
+        let r = c.post_client("/v1/topics/cold/produce?partition=0", body.as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let p0 = [("topic", "cold"), ("partition", "0")];
+    let m = scrape_until(&mut c, "every log closed", |m| {
+        m.sum("narad_open_partition_logs", &[]) == 0.0
+    });
+    assert!(m.sum("narad_segments", &p0) > 1.0, "several segments");
+    assert_eq!(m.sum("narad_cold_retention_swept_total", &[]), 0.0);
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/cold",
+        &[("Content-Type", "application/json")],
+        br#"{"retention_ms":3600000}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = scrape_until(&mut c, "the closed log swept", |m| {
+        m.sum("narad_segments", &p0) == 1.0
+    });
+    assert_eq!(m.sum("narad_cold_retention_swept_total", &[]), 1.0);
+    assert_eq!(m.sum("narad_open_partition_logs", &[]), 0.0);
+    assert_eq!(m.types["narad_cold_retention_swept_total"], "counter");
 }
 
 #[test]
@@ -1330,9 +1399,48 @@ fn node_health_errors_and_single_node_cluster_series() {
         "narad_moves_bytes_total",
         "narad_moves_blocked",
         "narad_moves_duration_seconds_count",
+        "narad_quarantined_copies",
+        "narad_quarantined_bytes",
+        "narad_member_heartbeat_failures",
+        "narad_dead_marking_refused",
+        "narad_cold_retention_panics_total",
+        "narad_reaper_restarts",
+        "narad_metastore_apply_stalled",
     ] {
         assert!(m.count(name) >= 1, "{name} missing");
         assert_eq!(m.sum(name, &[]), 0.0, "{name}");
+    }
+    // The metastore's files, and timestamps of this scrape's collection (within a minute).
+    assert!(m.sum("narad_metastore_fsm_bytes", &[]) > 0.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for (name, labels) in [
+        (
+            "narad_member_heartbeat_last_success_timestamp_seconds",
+            &[][..],
+        ),
+        (
+            "narad_poller_last_success_timestamp_seconds",
+            &[("loop", "vitals")][..],
+        ),
+        (
+            "narad_poller_last_success_timestamp_seconds",
+            &[("loop", "inventory")][..],
+        ),
+    ] {
+        let at = m.sum(name, labels);
+        assert!((now - at).abs() < 60.0, "{name} {labels:?}: {at} vs {now}");
+    }
+    // Every reason of §9.3 and §9.1 rejections is present from the start.
+    assert_eq!(m.count("narad_schema_rejections_total"), 7);
+    for reason in ["canceled", "definition_paths", "definition_pattern"] {
+        assert_eq!(
+            m.count_with("narad_schema_rejections_total", &[("reason", reason)]),
+            1,
+            "{reason}"
+        );
     }
     assert_eq!(m.count("narad_moves_blocked"), 4);
     assert_eq!(m.count("narad_moves_total"), 2);

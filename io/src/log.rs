@@ -326,6 +326,8 @@ struct Inner {
     failures: Cell<LogFailures>,
     /// Partition logs closed for idleness since the log was opened.
     idle_evicted: Cell<u64>,
+    /// Retention passes that deleted segments of a partition whose log was closed for idleness.
+    cold_swept: Cell<u64>,
 }
 
 /// Wake-ups shared with the committer without keeping the log alive.
@@ -592,6 +594,7 @@ impl ShardLog {
             checkpoint_done: Notify::new(),
             failures: Cell::new(LogFailures::default()),
             idle_evicted: Cell::new(0),
+            cold_swept: Cell::new(0),
         });
         let signals = Rc::new(Signals {
             work: Notify::new(),
@@ -969,8 +972,16 @@ impl ShardLog {
             .values_mut()
             .filter(|p| p.key().topic == topic)
         {
+            // A log closed for idleness is swept like an open one: its segments are listed in
+            // memory, and deleting files needs no open handle.
+            let cold = !p.is_open();
             match p.enforce_retention(retention_ms, now) {
-                Ok(n) => deleted += n,
+                Ok(n) => {
+                    if cold && n > 0 {
+                        self.inner.cold_swept.set(self.inner.cold_swept.get() + 1);
+                    }
+                    deleted += n
+                }
                 Err(e) => {
                     count_failure(&self.inner, |f| f.retention += 1);
                     return Err(e.into());
@@ -1087,6 +1098,12 @@ impl ShardLog {
     /// Partition logs closed for idleness since this log was opened.
     pub fn idle_logs_evicted(&self) -> u64 {
         self.inner.idle_evicted.get()
+    }
+
+    /// Retention passes that deleted segments of a partition log closed for idleness (cold),
+    /// since this log was opened.
+    pub fn cold_retention_swept(&self) -> u64 {
+        self.inner.cold_swept.get()
     }
 
     /// Partition logs whose segment file is open (not idle-evicted).

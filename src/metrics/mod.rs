@@ -40,7 +40,9 @@
 //! `narad_fanout_copy_failures_total`. The fan-out copy counters
 //! (`narad_fanout_committed_total`, `narad_fanout_child_dropped_messages`, per `parent`/`child`)
 //! count since the node started. Schema
-//! rejections count the reasons the validator records (`depth`, `malformed`, `invalid`, `busy`).
+//! rejections count the reasons the validator records (`depth`, `malformed`, `invalid`, `busy`)
+//! and the registration refusals (`definition_paths`, `definition_pattern`); `canceled` stays 0,
+//! as a produce's validation runs to its answer.
 //! The §9.6 Raft and metastore gauges (`narad_raft_*`, `narad_metastore_*`) come from the shard
 //! that hosts the metadata group; `narad_boot_duration_seconds` and
 //! `narad_http_batch_body_budget_rejections_total` are node-wide; `narad_ack_rejected_total` is
@@ -48,12 +50,15 @@
 //! `narad_consumer_dropped_messages` and the storage figures count since the owner shard
 //! started (they restart at 0). The cluster series whose meaning is settled for a node that is
 //! its whole cluster are exported with that value (no moves, no member draining, no remotes
-//! held, the co-location of child partitions). Not present: the remote plane (§9.4
-//! `narad_fanout_remote_*`, `narad_remote_*`), what describes machinery this build does not have
-//! (the cold retention walk, a supervised retention loop to restart, quarantined copies, an
-//! `fsm.db` and apply retries, member heartbeats and dead marking, cluster RPC, the metrics
-//! poller). Status `499` is recorded for a long-poll whose client went
-//! away while it waited; other requests run to their answer.
+//! held, quarantined copies, member heartbeats and dead marking, the co-location of child
+//! partitions, `remote_child` produce rejections). Retention covers partition logs closed for
+//! idleness on every pass (`narad_cold_retention_swept_total` counts those it deleted from);
+//! a panic stops the process, so the panic and restart series of the original's supervised
+//! loops stay 0. `narad_metastore_fsm_bytes` is the bytes of the metastore directory (log,
+//! vote, snapshot); the pollers' timestamps are when the scrape collected the figures. Not
+//! present: the remote plane (§9.4 `narad_fanout_remote_*`, `narad_remote_*`), cluster RPC and
+//! Raft TLS. Status `499` is recorded for a long-poll whose client went away while it waited;
+//! other requests run to their answer.
 
 pub mod expo;
 pub mod listener;
@@ -186,6 +191,9 @@ pub struct Metrics {
     /// Per owned partition: the offset last found oldest unsettled and its commit time, so a
     /// scrape reads a record only when a partition's frontier moved.
     oldest_unsettled: RefCell<HashMap<PartitionKey, (Offset, UnixMillis)>>,
+    /// The metadata applied index last seen by a scrape and since when it has not moved, for
+    /// `narad_metastore_apply_stalled`.
+    applied_seen: Cell<Option<(u64, Instant)>>,
 }
 
 impl Default for Metrics {
@@ -200,6 +208,7 @@ impl Default for Metrics {
             data_dir_size: Cell::new(None),
             budget_rejections: Cell::new(0),
             oldest_unsettled: RefCell::new(HashMap::new()),
+            applied_seen: Cell::new(None),
         }
     }
 }
@@ -534,6 +543,7 @@ pub struct ShardMetrics {
     pub open_partition_logs: u64,
     /// Partition logs closed for idleness since the shard started.
     pub idle_logs_evicted: u64,
+    pub cold_retention_swept: u64,
     /// Single produces accepted here and not yet handed to their owner shard.
     pub transit_backlog: u64,
     pub mesh_calls_pending: u64,
@@ -640,6 +650,7 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         wal_failed: log.poisoned().is_some(),
         open_partition_logs: log.open_logs() as u64,
         idle_logs_evicted: log.idle_logs_evicted(),
+        cold_retention_swept: log.cold_retention_swept(),
         transit_backlog: node.transit.pending() as u64,
         mesh_calls_pending: mesh_calls_pending as u64,
         schema: crate::schema::counters(),
@@ -917,6 +928,78 @@ fn render_metastore(e: &mut Expo, r: &narad_raft::RaftGauges) {
     );
 }
 
+/// How long committed metadata entries may wait with the applied index standing still before
+/// `narad_metastore_apply_stalled` reads 1.
+pub const APPLY_STALL_AFTER: Duration = Duration::from_secs(10);
+
+/// The §9.6 metastore and membership health series: the metastore's bytes on disk, whether
+/// applying stalls, and the member-heartbeat and dead-marking gauges, whose meaning is settled
+/// for a node that is its whole cluster (it is its own leader: no heartbeat travels, no other
+/// member can be marked dead).
+fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges) {
+    e.family(
+        "narad_metastore_fsm_bytes",
+        Kind::Gauge,
+        "Bytes of the metadata state machine's files on disk (Raft log, vote and snapshot).",
+    );
+    e.int(
+        "narad_metastore_fsm_bytes",
+        &[],
+        dir_size(&node.config.data_dir.join("metastore")),
+    );
+    let now = Instant::now();
+    let since = match node.metrics.applied_seen.get() {
+        Some((index, since)) if index == r.applied_index => since,
+        _ => now,
+    };
+    node.metrics
+        .applied_seen
+        .set(Some((r.applied_index, since)));
+    let stalled =
+        r.commit_index > r.applied_index && now.duration_since(since) >= APPLY_STALL_AFTER;
+    e.family(
+        "narad_metastore_apply_stalled",
+        Kind::Gauge,
+        "1 when committed metadata entries wait and the applied index has not moved for 10 s \
+         (judged between scrapes).",
+    );
+    e.int("narad_metastore_apply_stalled", &[], u64::from(stalled));
+    e.family(
+        "narad_member_heartbeat_failures",
+        Kind::Gauge,
+        "Heartbeats to the leader that failed in a row: 0, a node that is its whole cluster \
+         is its own leader and sends none.",
+    );
+    e.int("narad_member_heartbeat_failures", &[], 0);
+    if let Some(ago) = r.last_contact_seconds {
+        e.family(
+            "narad_member_heartbeat_last_success_timestamp_seconds",
+            Kind::Gauge,
+            "Unix time this node last knew its leader alive (now while it leads).",
+        );
+        e.float(
+            "narad_member_heartbeat_last_success_timestamp_seconds",
+            &[],
+            unix_seconds_now() - ago,
+        );
+    }
+    if r.state == "leader" {
+        e.family(
+            "narad_dead_marking_refused",
+            Kind::Gauge,
+            "Members the leader would mark dead but may not (no healthy majority): 0, there is \
+             no other member.",
+        );
+        e.int("narad_dead_marking_refused", &[], 0);
+    }
+}
+
+fn unix_seconds_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
 /// Upper bounds (seconds) of `narad_moves_duration_seconds`.
 static MOVE_DURATION_BOUNDS_S: [u64; 10] = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600];
 
@@ -1019,6 +1102,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut wal_failed = false;
     let mut open_logs = 0u64;
     let mut idle_evicted = 0u64;
+    let mut cold_swept = 0u64;
     let mut transit_backlog = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
@@ -1053,12 +1137,15 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         wal_failed |= s.wal_failed;
         open_logs += s.open_partition_logs;
         idle_evicted += s.idle_logs_evicted;
+        cold_swept += s.cold_retention_swept;
         transit_backlog += s.transit_backlog;
         schema.validations += s.schema.validations;
         schema.rejected_depth += s.schema.rejected_depth;
         schema.rejected_malformed += s.schema.rejected_malformed;
         schema.rejected_invalid += s.schema.rejected_invalid;
         schema.rejected_busy += s.schema.rejected_busy;
+        schema.rejected_definition_paths += s.schema.rejected_definition_paths;
+        schema.rejected_definition_pattern += s.schema.rejected_definition_pattern;
         schema.in_flight += s.schema.in_flight;
         fanout.copied += s.fanout.copied;
         fanout.unreadable += s.fanout.unreadable;
@@ -1272,6 +1359,9 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         for (reason, n) in [
             ("schema", v.rejected_schema),
             ("delayed_child", v.rejected_delayed_child),
+            // A remote child needs the remote plane, which this build does not have
+            // (API.md §18: attach answers 501/403), so no topic has one to refuse for.
+            ("remote_child", 0),
         ] {
             e.int(
                 "narad_produce_rejections_total",
@@ -1432,6 +1522,11 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         ("malformed", schema.rejected_malformed),
         ("invalid", schema.rejected_invalid),
         ("busy", schema.rejected_busy),
+        // A produce is not cancelled while it validates: the answer is computed even when the
+        // client has gone (only long-polls notice a departed client).
+        ("canceled", 0),
+        ("definition_paths", schema.rejected_definition_paths),
+        ("definition_pattern", schema.rejected_definition_pattern),
     ] {
         e.int("narad_schema_rejections_total", &[("reason", reason)], n);
     }
@@ -1628,6 +1723,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     }
     if let Some(r) = &raft {
         render_metastore(&mut e, r);
+        render_metastore_health(&mut e, node, r);
     }
     render_cluster(&mut e, node, &meta);
     let http_5xx: u64 = http
@@ -1703,6 +1799,42 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     );
     e.int("narad_idle_logs_evicted_total", &[], idle_evicted);
     e.family(
+        "narad_cold_retention_swept_total",
+        Kind::Counter,
+        "Retention passes that deleted segments of a partition whose log was closed for \
+         idleness (every retention pass covers closed logs; there is no separate walk).",
+    );
+    e.int("narad_cold_retention_swept_total", &[], cold_swept);
+    e.family(
+        "narad_cold_retention_panics_total",
+        Kind::Counter,
+        "Retention passes over closed logs that panicked and were recovered: always 0 here, \
+         where a panic stops the process and the restart recovers from disk.",
+    );
+    e.int("narad_cold_retention_panics_total", &[], 0);
+    e.family(
+        "narad_reaper_restarts",
+        Kind::Gauge,
+        "Restarts of the lease-expiry loop after a panic: always 0 here, where a panic stops \
+         the process and the restart recovers from disk.",
+    );
+    e.int("narad_reaper_restarts", &[], 0);
+    for (name, help) in [
+        (
+            "narad_quarantined_copies",
+            "Partition copies set aside after a move: 0, a node that is its whole cluster \
+             moves no partitions.",
+        ),
+        (
+            "narad_quarantined_bytes",
+            "Bytes of partition copies set aside after a move: 0, a node that is its whole \
+             cluster moves no partitions.",
+        ),
+    ] {
+        e.family(name, Kind::Gauge, help);
+        e.int(name, &[], 0);
+    }
+    e.family(
         "narad_ingress_wal_failed",
         Kind::Gauge,
         "1 when a shard's write-ahead log stopped accepting writes after an I/O failure.",
@@ -1732,6 +1864,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         orphan_topic_dirs(&node.config.data_dir, &live),
     );
 
+    let now_for_poll = Instant::now();
     let dir = &node.config.data_dir;
     let size = match node.metrics.data_dir_size.get() {
         Some((at, bytes)) if at.elapsed() < DATA_DIR_SIZE_TTL => bytes,
@@ -1749,6 +1882,26 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "Bytes of files under the data directory.",
     );
     e.int("narad_data_dir_size_bytes", &[], size);
+    // The vitals (the data directory's size) are measured at most every DATA_DIR_SIZE_TTL; the
+    // inventory (topics, partitions, their figures) is read at every scrape.
+    let measured = node
+        .metrics
+        .data_dir_size
+        .get()
+        .map_or(now_for_poll, |(at, _)| at);
+    e.family(
+        "narad_poller_last_success_timestamp_seconds",
+        Kind::Gauge,
+        "Unix time the node's figures were last collected, by loop: vitals (data directory \
+         size, measured at most every 5 s), inventory (topics and partitions, every scrape).",
+    );
+    for (lp, at) in [("vitals", measured), ("inventory", now_for_poll)] {
+        e.float(
+            "narad_poller_last_success_timestamp_seconds",
+            &[("loop", lp)],
+            unix_seconds_now() - at.elapsed().as_secs_f64(),
+        );
+    }
     if let Some(avail) = available_bytes(dir) {
         e.family(
             "narad_data_dir_available_bytes",

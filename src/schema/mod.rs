@@ -104,6 +104,12 @@ pub struct Counters {
     pub rejected_malformed: u64,
     pub rejected_invalid: u64,
     pub rejected_busy: u64,
+    /// Schema documents refused at registration for a costly reference shape (more than 64
+    /// paths to one subschema, a cycle through `not`/`if`/`oneOf`, too many path entries).
+    pub rejected_definition_paths: u64,
+    /// Schema documents refused at registration for a `pattern` or `patternProperties` regex
+    /// the linear-time engine refuses (lookarounds, backreferences, over its size limit).
+    pub rejected_definition_pattern: u64,
     pub in_flight: u64,
     /// Validations run under the slot (large payloads, costly schemas), decode included, the
     /// wait for the slot excluded: `narad_schema_validation_seconds`. Others are not timed.
@@ -141,13 +147,16 @@ pub fn counters() -> Counters {
 /// formats asserted, unknown formats ignored, linear-time patterns, no retrieval of anything
 /// outside the document.
 pub fn compile(doc: &Value) -> Result<jsonschema::Validator, String> {
+    build(doc).map_err(|e| e.to_string())
+}
+
+fn build(doc: &Value) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
     jsonschema::options()
         .offline()
         .should_validate_formats(true)
         .should_ignore_unknown_formats(true)
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_BYTES_MAX))
         .build(doc)
-        .map_err(|e| e.to_string())
 }
 
 /// Checks a schema document for registration (SEMANTICS.md §8.4). `Err` is the full `400` text.
@@ -182,8 +191,18 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
             }
         }
     }
-    cost::check(doc).map_err(|e| format!("invalid argument: schema: {e}"))?;
-    compile(doc).map_err(|e| format!("invalid argument: schema: {e}"))?;
+    cost::check(doc).map_err(|e| {
+        count(|c| c.rejected_definition_paths += 1);
+        format!("invalid argument: schema: {e}")
+    })?;
+    build(doc).map_err(|e| {
+        // The builder reports a regex its engine refuses as an invalid `regex` format.
+        if matches!(e.kind(), jsonschema::error::ValidationErrorKind::Format { format } if format == "regex")
+        {
+            count(|c| c.rejected_definition_pattern += 1);
+        }
+        format!("invalid argument: schema: {e}")
+    })?;
     Ok(())
 }
 
@@ -596,12 +615,26 @@ mod tests {
         }
         assert!(check_document(&json!({"$defs":{"a":{}},"$ref":"#/$defs/a"})).is_ok());
         assert!(check_document(&json!({"$ref":"#/$defs/missing"})).is_err());
+        let before = counters();
         assert!(check_document(&json!({"pattern":"(?=a)"})).is_err());
         assert!(check_document(&json!({"pattern":"(a)\\1"})).is_err());
         assert!(check_document(&json!({"pattern":"^[a-z]+$"})).is_ok());
         assert!(check_document(&json!({"pattern":"(\\w{1000}){1000}"})).is_err());
         assert!(check_document(&json!({"patternProperties":{"(?<=x)":{}}})).is_err());
         assert!(check_document(&json!({"type": 5})).is_err());
+        let cycle = json!({"$defs":{"a":{"not":{"$ref":"#/$defs/a"}}},"$ref":"#/$defs/a"});
+        assert!(check_document(&cycle).unwrap_err().contains("cycle"));
+        // The four refused patterns count as `definition_pattern`, the cycle as
+        // `definition_paths`; the bad `type` counts as neither (OPERATIONS.md §9.3).
+        let after = counters();
+        assert_eq!(
+            after.rejected_definition_pattern - before.rejected_definition_pattern,
+            4
+        );
+        assert_eq!(
+            after.rejected_definition_paths - before.rejected_definition_paths,
+            1
+        );
         assert!(check_document(&json!({"$schema":"http://example.com/custom"})).is_err());
     }
 
