@@ -707,7 +707,7 @@ fn contexts_add_select_ls_rm_and_precedence() {
     // Proves ctx add/select/ls/rm keep contexts.json (mode 0600) in NARAD_CONFIG_DIR, else in
     // $XDG_CONFIG_HOME/narad or ~/.config/narad; the first context added is selected; the
     // selected context supplies server and credentials; NARAD_ADDR beats the context, -s beats
-    // NARAD_ADDR; --ctx picks another context and is refused while NARAD_USER is set.
+    // NARAD_ADDR, -u replaces only the user; --ctx picks another context and is refused while NARAD_USER is set.
     let dir = TempDir::new("cli-ctx");
     let cfg = dir.0.join("cfg");
     let cfg_s = cfg.display().to_string();
@@ -770,7 +770,8 @@ fn contexts_add_select_ls_rm_and_precedence() {
         ("NARAD_ADDR", url_b.as_str()),
     ];
     ok(narad_raw(&["topic", "ls"], b"", &env_addr));
-    // -s beats NARAD_ADDR; -u beats the context, whose password is then not sent.
+    // -s beats NARAD_ADDR; -u beats the context's user, and the password, a field of its own,
+    // still comes from the context (OPERATIONS.md §1.2: precedence per field).
     ok(narad_raw(
         &["-s", &url_b, "-u", "carol", "topic", "ls"],
         b"",
@@ -799,10 +800,10 @@ fn contexts_add_select_ls_rm_and_precedence() {
     let a = a.join().unwrap();
     let b = b.join().unwrap();
     let c = c.join().unwrap();
-    // base64 of alice:pw-a, carol:, bob:pw-b
+    // base64 of alice:pw-a, carol:pw-a, bob:pw-b
     assert_eq!(auth(&a[0]).as_deref(), Some("Basic YWxpY2U6cHctYQ=="));
     assert_eq!(auth(&b[0]).as_deref(), Some("Basic YWxpY2U6cHctYQ=="));
-    assert_eq!(auth(&b[1]).as_deref(), Some("Basic Y2Fyb2w6"));
+    assert_eq!(auth(&b[1]).as_deref(), Some("Basic Y2Fyb2w6cHctYQ=="));
     assert_eq!(auth(&c[0]).as_deref(), Some("Basic Ym9iOnB3LWI="));
 
     // select, rm (removing the selected one clears the selection), errors.

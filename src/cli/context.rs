@@ -5,7 +5,7 @@
 //! `~/.config/narad/` on Linux), written whole to a temporary file with mode 0600, fsynced and
 //! renamed over the old one, so a crash leaves the old or the new file, never half of one.
 //! Passwords are stored in plain text, as the spec says; the file mode is the protection.
-//! Never does: talk to a broker, or read a context's password for a different user.
+//! Never does: talk to a broker.
 //!
 //! Format (JSON): `{"current":"<name>","contexts":{"<name>":{"server":"<url>","user":"<u>",
 //! "password":"<p>"}}}`; `user` and `password` are omitted when not set.
@@ -182,7 +182,8 @@ pub struct Settings {
 }
 
 /// Applies flag → environment → context (`--ctx`, else the selected one) → default, per field.
-/// A context's password is used only with that context's user, never sent as another user's.
+/// Each field on its own (OPERATIONS.md §1.2): `-u bob` with a selected context keeps the
+/// context's password.
 /// `--ctx` is refused while any of NARAD_ADDR/USER/PASS is set (OPERATIONS.md §1.2).
 pub fn resolve(
     conn: &ConnArgs,
@@ -219,10 +220,11 @@ pub fn resolve(
         .clone()
         .or_else(|| get(ENV_USER))
         .or_else(|| ctx.and_then(|c| c.user.clone()));
-    let password = conn.password.clone().or_else(|| get(ENV_PASS)).or_else(|| {
-        ctx.filter(|c| c.user.is_some() && c.user == user)
-            .and_then(|c| c.password.clone())
-    });
+    let password = conn
+        .password
+        .clone()
+        .or_else(|| get(ENV_PASS))
+        .or_else(|| ctx.and_then(|c| c.password.clone()));
     Ok(Settings {
         server,
         user,
@@ -385,10 +387,28 @@ mod tests {
             &s,
         )
         .unwrap();
-        // bob is not the context's user: alice's password is not sent as bob's.
+        // Per field: an empty NARAD_PASS is unset, so the context's password stays with bob.
         assert_eq!(
             (r.server.as_str(), r.user.as_deref(), r.password.as_deref()),
-            ("http://e:1", Some("bob"), None)
+            ("http://e:1", Some("bob"), Some("pw-a"))
+        );
+        let r = resolve(
+            &ConnArgs {
+                user: Some("fu".into()),
+                ..Default::default()
+            },
+            &env(&[]),
+            &s,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.server.as_str(), r.user.as_deref(), r.password.as_deref()),
+            ("http://prod:7942", Some("fu"), Some("pw-a"))
+        );
+        let r = resolve(&none, &env(&[(ENV_PASS, "ep")]), &s).unwrap();
+        assert_eq!(
+            (r.user.as_deref(), r.password.as_deref()),
+            (Some("alice"), Some("ep"))
         );
         let flags = ConnArgs {
             server: Some("http://f:2".into()),
