@@ -567,6 +567,19 @@ impl Config {
 
     fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), String> {
         let get = |k: &str| env.get(k).filter(|v| !v.is_empty()).cloned();
+        // Read when the root admin is seeded, after the data is open: checked here so that a
+        // password no login could use stops the node before it creates anything (API.md §2:
+        // passwords are 1-72 bytes; empty means unset, a password is generated).
+        if let Some(p) = get(crate::auth::seed::ADMIN_PASSWORD_ENV) {
+            if p.len() > crate::auth::PASSWORD_BYTES_MAX {
+                return Err(format!(
+                    "{} must be 1-{} bytes (it has {})",
+                    crate::auth::seed::ADMIN_PASSWORD_ENV,
+                    crate::auth::PASSWORD_BYTES_MAX,
+                    p.len()
+                ));
+            }
+        }
         let num = |k: &str| -> Result<Option<u64>, String> {
             get(k)
                 .map(|v| {
@@ -812,6 +825,7 @@ impl Config {
             ));
         }
         parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
+        check_host_port(&self.cluster_addr).map_err(|e| format!("cluster.addr: {e}"))?;
         if !h.metrics_addr.is_empty() {
             parse_listen_addr(&h.metrics_addr).map_err(|e| format!("http.metrics_addr: {e}"))?;
         }
@@ -980,6 +994,34 @@ impl Config {
 }
 
 /// Parses `host:port`, `:port` (all interfaces) or `[v6]:port`.
+/// Checks the form `[host]:port` without resolving the host (a pod's DNS name may not resolve
+/// yet when the node starts): an IP, a bracketed IPv6 address, a DNS name or nothing, then a
+/// port 1-65535.
+pub fn check_host_port(s: &str) -> Result<(), String> {
+    let bad = |why: &str| format!("{s}: {why} (want host:port or :port)");
+    if s.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| bad("missing port"))?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err(bad("invalid port")),
+    }
+    let name_ok = host.len() <= 253
+        && host.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() || name_ok {
+        Ok(())
+    } else {
+        Err(bad("invalid host"))
+    }
+}
+
 pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     let full = if let Some(port) = s.strip_prefix(':') {
         format!("0.0.0.0:{port}")
@@ -1192,6 +1234,48 @@ mod tests {
             let e = load(json, &env).expect_err(json);
             assert!(e.contains(want), "{json} {env:?}: {e}");
         }
+    }
+
+    #[test]
+    fn cluster_addr_and_admin_password_are_checked_before_data_opens() {
+        // Proves that `cluster.addr` must be `[host]:port` (IP, bracketed IPv6, DNS name or
+        // nothing; port 1-65535; the host is not resolved) and that a NARAD_ADMIN_PASSWORD
+        // longer than a login accepts (72 bytes) stops `load`, which runs before the data
+        // directory is opened; 72 bytes and an empty value (unset) pass.
+        let load = |env: &[(&str, &str)]| {
+            let mut c = Config::default();
+            let env: BTreeMap<String, String> = env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            c.apply_env(&env).and_then(|()| c.validate())
+        };
+        for ok in [
+            ":7943",
+            "127.0.0.1:7943",
+            "[::1]:7943",
+            "narad-0.narad-headless.ns.svc:7943",
+            "localhost:1",
+        ] {
+            assert_eq!(load(&[("NARAD_CLUSTER_ADDR", ok)]), Ok(()), "{ok}");
+        }
+        for bad in [
+            "garbage",
+            ":0",
+            ":70000",
+            "a b:7943",
+            "host:",
+            "1.2.3.4:x",
+            "-:",
+        ] {
+            let e = load(&[("NARAD_CLUSTER_ADDR", bad)]).expect_err(bad);
+            assert!(e.starts_with("cluster.addr: "), "{bad}: {e}");
+        }
+        let long = "x".repeat(73);
+        let e = load(&[("NARAD_ADMIN_PASSWORD", &long)]).unwrap_err();
+        assert_eq!(e, "NARAD_ADMIN_PASSWORD must be 1-72 bytes (it has 73)");
+        assert_eq!(load(&[("NARAD_ADMIN_PASSWORD", &long[..72])]), Ok(()));
+        assert_eq!(load(&[("NARAD_ADMIN_PASSWORD", "")]), Ok(()));
     }
 
     #[test]

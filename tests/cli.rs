@@ -1975,6 +1975,19 @@ fn serve_refuses_out_of_range_settings_before_opening_data() {
             Some(("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", "1ms")),
             "cluster.raft_snapshot_interval",
         ),
+        (
+            "{}",
+            Some(("NARAD_CLUSTER_ADDR", "garbage")),
+            "cluster.addr",
+        ),
+        (
+            "{}",
+            Some((
+                "NARAD_ADMIN_PASSWORD",
+                "ppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp",
+            )),
+            "NARAD_ADMIN_PASSWORD must be 1-72 bytes",
+        ),
     ] {
         std::fs::write(&cfg, json).unwrap();
         let mut vars = vec![("NARAD_CLUSTER_ADDR", "127.0.0.1:18251")];
