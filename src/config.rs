@@ -110,7 +110,12 @@ fn is_cidr(s: &str) -> bool {
 
 /// Whether `s` is a host name or a `*.suffix` pattern of one.
 fn is_host_pattern(s: &str) -> bool {
-    let name = s.strip_prefix("*.").unwrap_or(s);
+    is_host_name(s.strip_prefix("*.").unwrap_or(s))
+}
+
+/// Whether `name` is a DNS host name: dot-separated labels of 1-63 letters, digits and inner
+/// hyphens, 253 bytes at most.
+fn is_host_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|label| {
@@ -997,7 +1002,7 @@ impl Config {
 /// Checks the form `[host]:port` without resolving the host (a pod's DNS name may not resolve
 /// yet when the node starts): an IP, a bracketed IPv6 address, a DNS name or nothing, then a
 /// port 1-65535.
-pub fn check_host_port(s: &str) -> Result<(), String> {
+fn check_host_port(s: &str) -> Result<(), String> {
     let bad = |why: &str| format!("{s}: {why} (want host:port or :port)");
     if s.parse::<std::net::SocketAddr>().is_ok() {
         return Ok(());
@@ -1007,15 +1012,7 @@ pub fn check_host_port(s: &str) -> Result<(), String> {
         Ok(p) if p > 0 => {}
         _ => return Err(bad("invalid port")),
     }
-    let name_ok = host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() || name_ok {
+    if host.is_empty() || host.parse::<std::net::IpAddr>().is_ok() || is_host_name(host) {
         Ok(())
     } else {
         Err(bad("invalid host"))
@@ -1242,13 +1239,9 @@ mod tests {
         // nothing; port 1-65535; the host is not resolved) and that a NARAD_ADMIN_PASSWORD
         // longer than a login accepts (72 bytes) stops `load`, which runs before the data
         // directory is opened; 72 bytes and an empty value (unset) pass.
-        let load = |env: &[(&str, &str)]| {
+        let load = |pairs: &[(&str, &str)]| {
             let mut c = Config::default();
-            let env: BTreeMap<String, String> = env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            c.apply_env(&env).and_then(|()| c.validate())
+            c.apply_env(&env(pairs)).and_then(|()| c.validate())
         };
         for ok in [
             ":7943",

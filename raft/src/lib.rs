@@ -28,4 +28,6 @@ pub mod types;
 
 pub use apply::apply;
 pub use model::*;
-pub use node::{stored_node_id, MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges};
+pub use node::{
+    metastore_dir, stored_node_id, MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges,
+};

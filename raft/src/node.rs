@@ -66,8 +66,13 @@ impl MetaConfig {
 
     /// The metastore directory.
     pub fn metastore_dir(&self) -> PathBuf {
-        self.data_dir.join("metastore")
+        metastore_dir(&self.data_dir)
     }
+}
+
+/// The metastore directory under a node's data directory.
+pub fn metastore_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("metastore")
 }
 
 /// The file in the metastore directory naming the node its single-member group belongs to.
@@ -76,7 +81,7 @@ const NODE_ID_FILE: &str = "node-id";
 /// The node id the metastore under `data_dir` was last started with, if it recorded one
 /// (written at every start once the group's membership is known to include it).
 pub fn stored_node_id(data_dir: &std::path::Path) -> Option<String> {
-    let s = std::fs::read_to_string(data_dir.join("metastore").join(NODE_ID_FILE)).ok()?;
+    let s = std::fs::read_to_string(metastore_dir(data_dir).join(NODE_ID_FILE)).ok()?;
     let id = s.trim();
     (!id.is_empty() && id.len() <= 255).then(|| id.to_string())
 }

@@ -409,8 +409,8 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
     // Authentication comes first (API.md §1.4). A credential that needs a bcrypt check has the
     // guard and route decided after the check, in `handle`; its body is read meanwhile, within
     // the largest cap when the route is unknown.
-    match auth::precheck(&head.headers, &head.path) {
-        auth::Pre::Pass => {}
+    let caller = match auth::precheck(&head.headers, &head.path) {
+        auth::Pre::Pass(caller) => caller,
         auth::Pre::Deny(r) => return Err(r),
         auth::Pre::Pending => {
             return Ok(match route(head.method.as_str(), &head.path) {
@@ -418,7 +418,7 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
                 _ => BODY_BYTES_MAX,
             })
         }
-    }
+    };
     if is_state_changing(head.method.as_str()) && !guard_passes(&head.headers) {
         return Err(error(415, GUARD_ERROR));
     }
@@ -430,24 +430,17 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
             Err(r)
         }
         Match::Found(r @ (Route::Produce | Route::ProduceBatch), args) => {
-            // Authentication and authorization, then a bad query, win over the body's size
-            // (API.md §1.4, §10.1 order). When a cache already knows the credential the head
-            // decides all three here; otherwise the handler does, or `too_large` for a body
-            // over the cap.
-            let may = match args.first().map(percent_decode_segment) {
-                Some(Ok(t)) => {
-                    auth::head_may(&head.headers, &head.path, auth::rbac::ACTION_PRODUCE, &t)
-                }
-                _ => None,
+            // The grant, then a bad query, win over the body's size (API.md §1.4, §10.1
+            // order); the caller passed authentication above. A topic that does not decode is
+            // the handler's 404.
+            let Some(Ok(t)) = args.first().map(percent_decode_segment) else {
+                return Ok(route_body_cap(r));
             };
-            match may {
-                Some(false) => Err(error(403, PRODUCE_DENIED)),
-                Some(true) => {
-                    messages::produce_query(&head.query, matches!(r, Route::ProduceBatch))?;
-                    Ok(route_body_cap(r))
-                }
-                None => Ok(route_body_cap(r)),
+            if !caller.may(auth::rbac::ACTION_PRODUCE, &t) {
+                return Err(error(403, PRODUCE_DENIED));
             }
+            messages::produce_query(&head.query, matches!(r, Route::ProduceBatch))?;
+            Ok(route_body_cap(r))
         }
         Match::Found(r, _) => Ok(route_body_cap(r)),
     }

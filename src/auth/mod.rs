@@ -431,10 +431,24 @@ impl Caller {
     }
 }
 
+/// The caller a head alone identifies: nobody to check (security off, exempt path) or a user
+/// whose credential a cache already verified, with the metadata it was checked against.
+pub struct HeadCaller(Option<(String, Arc<MetaState>)>);
+
+impl HeadCaller {
+    /// Whether this caller may do `action` on `topic` (always, with nobody to check).
+    pub fn may(&self, action: &str, topic: &str) -> bool {
+        match &self.0 {
+            None => true,
+            Some((u, meta)) => meta.user(u).is_some_and(|x| rbac::may(x, action, topic)),
+        }
+    }
+}
+
 /// What [`precheck`] decided from the head alone.
 pub enum Pre {
     /// No credentials needed (security off, exempt path) or already verified.
-    Pass,
+    Pass(HeadCaller),
     /// Answer now.
     Deny(Response),
     /// A bcrypt check is needed: read the body, then [`authenticate`].
@@ -507,7 +521,8 @@ pub fn precheck(headers: &Headers, path: &str) -> Pre {
         return Pre::Deny(crate::api::error(500, UNAVAILABLE));
     };
     match fast(&node, headers, path) {
-        Fast::Open | Fast::Verified(..) => Pre::Pass,
+        Fast::Open => Pre::Pass(HeadCaller(None)),
+        Fast::Verified(u, meta) => Pre::Pass(HeadCaller(Some((u, meta)))),
         Fast::Deny(r) => Pre::Deny(r),
         Fast::Slow { .. } => Pre::Pending,
     }
@@ -521,19 +536,6 @@ pub fn head_identity(headers: &Headers, peer: std::net::SocketAddr, path: &str) 
     match fast(&node, headers, path) {
         Fast::Open => Some(peer.ip().to_string()),
         Fast::Verified(u, _) => Some(u),
-        Fast::Deny(_) | Fast::Slow { .. } => None,
-    }
-}
-
-/// Whether the caller of a request may do `action` on `topic`, decided from its head alone:
-/// `Some(true)` with security off or on an exempt path, the grant check for a credential a
-/// cache already verified, `None` when a bcrypt check is pending or the request will be
-/// refused (then [`authenticate`] decides, and the handler authorizes).
-pub fn head_may(headers: &Headers, path: &str, action: &str, topic: &str) -> Option<bool> {
-    let node = shard_node()?;
-    match fast(&node, headers, path) {
-        Fast::Open => Some(true),
-        Fast::Verified(u, meta) => Some(meta.user(&u).is_some_and(|x| rbac::may(x, action, topic))),
         Fast::Deny(_) | Fast::Slow { .. } => None,
     }
 }

@@ -53,8 +53,8 @@
 //! held, quarantined copies, member heartbeats and dead marking, the co-location of child
 //! partitions, `remote_child` produce rejections). Retention covers partition logs closed for
 //! idleness on every pass (`narad_cold_retention_swept_total` counts those it deleted from);
-//! a panic stops the process, so the panic and restart series of the original's supervised
-//! loops stay 0. `narad_metastore_fsm_bytes` is the bytes of the metastore directory (log,
+//! no loop is restarted after a panic (it ends the shard's thread), so the panic and restart
+//! series of the original's supervised loops stay 0. `narad_metastore_fsm_bytes` is the bytes of the metastore directory (log,
 //! vote, snapshot); the pollers' timestamps are when the scrape collected the figures. Not
 //! present: the remote plane (§9.4 `narad_fanout_remote_*`, `narad_remote_*`), cluster RPC and
 //! Raft TLS. Status `499` is recorded for a long-poll whose client went away while it waited;
@@ -945,7 +945,7 @@ fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges
     e.int(
         "narad_metastore_fsm_bytes",
         &[],
-        dir_size(&node.config.data_dir.join("metastore")),
+        dir_size(&narad_raft::metastore_dir(&node.config.data_dir)),
     );
     let now = Instant::now();
     let since = match node.metrics.applied_seen.get() {
@@ -995,9 +995,7 @@ fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges
 }
 
 fn unix_seconds_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    UnixMillis::now().0 as f64 / 1e3
 }
 
 /// Upper bounds (seconds) of `narad_moves_duration_seconds`.
@@ -1808,15 +1806,15 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     e.family(
         "narad_cold_retention_panics_total",
         Kind::Counter,
-        "Retention passes over closed logs that panicked and were recovered: always 0 here, \
-         where a panic stops the process and the restart recovers from disk.",
+        "Retention passes over closed logs that panicked and were recovered: always 0, this \
+         build recovers no loop from a panic (the panic ends the shard's thread).",
     );
     e.int("narad_cold_retention_panics_total", &[], 0);
     e.family(
         "narad_reaper_restarts",
         Kind::Gauge,
-        "Restarts of the lease-expiry loop after a panic: always 0 here, where a panic stops \
-         the process and the restart recovers from disk.",
+        "Restarts of the lease-expiry loop after a panic: always 0, this build restarts no \
+         loop after a panic (the panic ends the shard's thread).",
     );
     e.int("narad_reaper_restarts", &[], 0);
     for (name, help) in [
