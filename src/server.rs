@@ -173,10 +173,15 @@ pub fn run(mut config: Config) -> Result<(), String> {
         data_dir: data_dir.clone(),
         ..config
     });
+    // The shards still serving HTTP; a shard leaves the mesh only when none is.
+    let serving = Arc::new(Serving::new(shards));
     let mut rcfg = RuntimeConfig::new(data_dir.clone());
     rcfg.shards = shards;
-    // Shards still serving HTTP; a shard leaves the mesh only when this reaches 0.
-    let serving = Arc::new(std::sync::atomic::AtomicU32::new(shards));
+    rcfg.on_shard_panic = Some(stop_on_shard_panic(
+        shutdown.clone(),
+        serving.clone(),
+        config.http.shutdown_grace,
+    ));
     let budget_bytes = config.http.max_batch_body_bytes_in_flight;
     let body_budget = (budget_bytes > 0).then(|| crate::service::BodyBudget::new(budget_bytes));
     let results = rt::run(rcfg, move |id| {
@@ -202,6 +207,33 @@ pub fn run(mut config: Config) -> Result<(), String> {
         r?;
     }
     Ok(())
+}
+
+/// What a panic that nothing caught does to the node: the shard it happened on has ended, so
+/// the others stop serving (they drain like on SIGTERM) and the process exits with an error
+/// instead of going on half served. Should the drain wait on the ended shard, the process exits
+/// anyway after twice the grace. Accepted messages are safe either way: they were in the WAL
+/// before their `202`.
+fn stop_on_shard_panic(
+    shutdown: ShutdownSignal,
+    serving: Arc<Serving>,
+    grace: Duration,
+) -> rt::ShardPanicHook {
+    Arc::new(move |id: ShardId| {
+        tracing::error!(shard = id.0, "a panic ended this shard; the node stops");
+        serving.leave(id);
+        shutdown.trigger();
+        let limit = grace * 2 + Duration::from_secs(5);
+        let _ = std::thread::Builder::new()
+            .name("panic-exit".into())
+            .spawn(move || {
+                std::thread::sleep(limit);
+                eprintln!(
+                    "narad: the node did not stop within {limit:?} after a shard panicked; exiting"
+                );
+                std::process::exit(70);
+            });
+    })
 }
 
 /// Test-only knobs, read from the environment at start and documented here only: they exist so
@@ -240,10 +272,36 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     c
 }
 
-/// What the shards of one node share: the count of shards still serving, and the batch-body
-/// budget (both atomics).
+/// Which shards of the node still serve HTTP (and so may forward requests to the others).
+struct Serving(Vec<std::sync::atomic::AtomicBool>);
+
+impl Serving {
+    fn new(shards: u32) -> Serving {
+        Serving(
+            (0..shards)
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+        )
+    }
+
+    /// Counts a shard out (again is harmless: a shard that panicked is counted out by the
+    /// panic hook, whether or not its guard ran).
+    fn leave(&self, id: ShardId) {
+        if let Some(s) = self.0.get(id.0 as usize) {
+            s.store(false, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.0
+            .iter()
+            .any(|s| s.load(std::sync::atomic::Ordering::Acquire))
+    }
+}
+
+/// What the shards of one node share: the shards still serving, and the batch-body budget.
 struct Shared {
-    serving: Arc<std::sync::atomic::AtomicU32>,
+    serving: Arc<Serving>,
     body_budget: Option<Arc<crate::service::BodyBudget>>,
 }
 
@@ -261,7 +319,7 @@ async fn shard_main(
         body_budget,
     } = shared;
     // Counts this shard out of `serving` however this function returns.
-    let serving_guard = ServingGuard(serving.clone());
+    let serving_guard = ServingGuard(serving.clone(), id);
     let mesh = mesh.join(id).await.map_err(|e| e.to_string())?;
     let (log, recovered, report) = ShardLog::open(log_config(&config.data_dir, id, shards))
         .await
@@ -371,7 +429,7 @@ async fn shard_main(
     // mesh only when every shard is done (a bounded wait: each one stops within the grace).
     drop(serving_guard);
     let start = std::time::Instant::now();
-    while serving.load(std::sync::atomic::Ordering::Acquire) > 0 && start.elapsed() < grace * 2 {
+    while serving.any() && start.elapsed() < grace * 2 {
         rt::sleep(Duration::from_millis(5)).await;
     }
     node.close_fanout().await;
@@ -382,11 +440,11 @@ async fn shard_main(
     Ok(())
 }
 
-struct ServingGuard(Arc<std::sync::atomic::AtomicU32>);
+struct ServingGuard(Arc<Serving>, ShardId);
 
 impl Drop for ServingGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        self.0.leave(self.1);
     }
 }
 
@@ -409,11 +467,33 @@ fn spawn_housekeeping(node: &Rc<Node>, config: &Config) {
         })
         .detach();
     }
+    if injected_panic("detached") && node.shard.0 + 1 == node.shards {
+        rt::spawn(async {
+            rt::sleep(Duration::from_millis(300)).await;
+            panic!("injected panic in a detached task (NARAD_TEST_PANIC)");
+        })
+        .detach();
+    }
     let n = node.clone();
+    let mut inject = injected_panic("sweep");
     rt::spawn(async move {
         while !n.shutting_down() {
             rt::sleep(LEASE_SWEEP_INTERVAL).await;
-            n.host.sweep();
+            let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if std::mem::take(&mut inject) {
+                    panic!("injected panic in the lease-expiry loop (NARAD_TEST_PANIC)");
+                }
+                n.host.sweep();
+            }));
+            if pass.is_err() {
+                // Leases still lapse: the loop starts over at its next tick (the panic hook
+                // printed where it happened).
+                n.metrics.reaper_restarted();
+                tracing::error!(
+                    shard = n.shard.0,
+                    "the lease-expiry loop panicked; restarting it"
+                );
+            }
         }
     })
     .detach();
@@ -421,21 +501,49 @@ fn spawn_housekeeping(node: &Rc<Node>, config: &Config) {
     let retention_every = test_knob("NARAD_TEST_RETENTION_INTERVAL_MS")
         .map_or(RETENTION_INTERVAL, Duration::from_millis);
     let skew_ms = test_knob("NARAD_TEST_RETENTION_CLOCK_SKEW_MS").unwrap_or(0);
+    let mut inject = injected_panic("retention");
     rt::spawn(async move {
         while !n.shutting_down() {
             rt::sleep(retention_every).await;
-            let meta = n.meta();
-            for t in meta.topics.values() {
-                let now = narad_io::types::UnixMillis(
-                    narad_io::types::UnixMillis::now().0.saturating_add(skew_ms),
+            let pass = retention_pass(&n, skew_ms, std::mem::take(&mut inject));
+            if futures_lite::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(pass))
+                .await
+                .is_err()
+            {
+                n.metrics.retention_panicked();
+                tracing::error!(
+                    shard = n.shard.0,
+                    "a retention pass panicked; the next pass runs as planned"
                 );
-                if let Err(e) = n.host.enforce_retention_at(t.id, t.retention_ms, now).await {
-                    tracing::error!(topic = %t.name, error = %e, "retention failed");
-                }
             }
         }
     })
     .detach();
+}
+
+/// One retention pass over every topic's partitions on this shard (their logs open or closed).
+async fn retention_pass(n: &Node, skew_ms: u64, inject_panic: bool) {
+    if inject_panic {
+        panic!("injected panic in a retention pass (NARAD_TEST_PANIC)");
+    }
+    let meta = n.meta();
+    for t in meta.topics.values() {
+        let now = narad_io::types::UnixMillis(
+            narad_io::types::UnixMillis::now().0.saturating_add(skew_ms),
+        );
+        if let Err(e) = n.host.enforce_retention_at(t.id, t.retention_ms, now).await {
+            tracing::error!(topic = %t.name, error = %e, "retention failed");
+        }
+    }
+}
+
+/// `NARAD_TEST_PANIC=retention|sweep|detached` (test-only, comma-separated): the first pass of
+/// that housekeeping loop on each shard panics, so tests can watch the loop recover; `detached`
+/// panics in a task of the last shard that nothing catches, so tests can watch the node stop.
+fn injected_panic(which: &str) -> bool {
+    std::env::var("NARAD_TEST_PANIC")
+        .map(|v| v.split(',').any(|w| w.trim() == which))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

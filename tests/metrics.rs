@@ -1085,6 +1085,83 @@ fn retention_sweeps_partition_logs_closed_for_idleness() {
 }
 
 #[test]
+fn housekeeping_loops_recover_from_a_panic() {
+    // Proves a panic in a retention pass or in the lease-expiry loop is recovered on each shard
+    // (NARAD_TEST_PANIC makes the first pass of both panic on both shards): the node keeps
+    // serving, `narad_cold_retention_panics_total` and `narad_reaper_restarts` count them, and
+    // both loops go on working: retention still deletes old segments, and a lease left to lapse
+    // is expired by the sweep (no consume runs that could find it instead).
+    let dir = TempDir::new("m-panic");
+    let s = start_with_knobs(
+        &dir,
+        &[
+            ("NARAD_TEST_PANIC", "retention,sweep"),
+            ("NARAD_TEST_PARTITION_SEGMENT_BYTES", "65536"),
+            ("NARAD_TEST_RETENTION_INTERVAL_MS", "100"),
+            ("NARAD_TEST_RETENTION_CLOCK_SKEW_MS", "7200000"),
+        ],
+    );
+    let mut c = s.client();
+    let m = scrape_until(&mut c, "both loops panicked on both shards", |m| {
+        m.sum("narad_cold_retention_panics_total", &[]) == 2.0
+            && m.sum("narad_reaper_restarts", &[]) == 2.0
+    });
+    assert_eq!(m.types["narad_cold_retention_panics_total"], "counter");
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"old","partitions":3,"retention_ms":3600000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"lease","partitions":3,"visibility_timeout_ms":1000}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.post_client("/v1/topics/lease/produce", b"one");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1000));
+    for p in [0, 1] {
+        for _ in 0..150 {
+            let r = c.post_client(
+                &format!("/v1/topics/old/produce?partition={p}"),
+                body.as_bytes(),
+            );
+            assert_eq!(r.status, 202, "{}", r.text());
+        }
+    }
+    let first = c.get("/v1/topics/lease/consume");
+    assert_eq!(first.status, 200, "{}", first.text());
+    let m = scrape_until(&mut c, "retention and lease expiry after the panics", |m| {
+        m.sum("narad_segments", &[("topic", "old"), ("partition", "0")]) == 1.0
+            && m.sum("narad_segments", &[("topic", "old"), ("partition", "1")]) == 1.0
+            && m.sum("narad_lease_expired_total", &[("topic", "lease")]) == 1.0
+    });
+    assert_eq!(m.sum("narad_cold_retention_panics_total", &[]), 2.0);
+    assert_eq!(m.sum("narad_reaper_restarts", &[]), 2.0);
+}
+
+#[test]
+fn a_panic_nothing_catches_stops_the_node() {
+    // Proves a panic that ends one shard (NARAD_TEST_PANIC=detached: a task of the last shard)
+    // stops the whole node with a failure exit, instead of leaving it half served.
+    let dir = TempDir::new("m-panic-stop");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args(["server", "start", "--dev", "--port"])
+        .arg(common::free_port_pair().to_string())
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .env("NARAD_SHARDS", "2")
+        .env("NARAD_TEST_PANIC", "detached");
+    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(40));
+    let status = status.unwrap_or_else(|| panic!("still running after 40 s: {stderr}"));
+    assert!(!status.success(), "{status}: {stderr}");
+    assert!(
+        stderr.contains("a panic ended this shard; the node stops"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn storage_series_follow_writes_checkpoints_and_retention() {
     // Proves the §9.5 per-partition series: segment writes (flush) count with their frame bytes,
     // which with the 40-byte segment headers make up the partition's size; checkpoints (every

@@ -53,8 +53,9 @@
 //! held, quarantined copies, member heartbeats and dead marking, the co-location of child
 //! partitions, `remote_child` produce rejections). Retention covers partition logs closed for
 //! idleness on every pass (`narad_cold_retention_swept_total` counts those it deleted from);
-//! no loop is restarted after a panic (it ends the shard's thread), so the panic and restart
-//! series of the original's supervised loops stay 0. `narad_metastore_fsm_bytes` is the bytes of the metastore directory (log,
+//! a retention pass or lease-expiry pass that panics is counted
+//! (`narad_cold_retention_panics_total`, `narad_reaper_restarts`) and its loop goes on.
+//! `narad_metastore_fsm_bytes` is the bytes of the metastore directory (log,
 //! vote, snapshot); the pollers' timestamps are when the scrape collected the figures. Not
 //! present: the remote plane (§9.4 `narad_fanout_remote_*`, `narad_remote_*`), cluster RPC and
 //! Raft TLS. Status `499` is recorded for a long-poll whose client went away while it waited;
@@ -194,6 +195,10 @@ pub struct Metrics {
     /// The metadata applied index last seen by a scrape and since when it has not moved, for
     /// `narad_metastore_apply_stalled`.
     applied_seen: Cell<Option<(u64, Instant)>>,
+    /// Retention passes that panicked and were recovered (the loop goes on).
+    retention_panics: Cell<u64>,
+    /// Restarts of the lease-expiry loop after a panic.
+    reaper_restarts: Cell<u64>,
 }
 
 impl Default for Metrics {
@@ -207,6 +212,8 @@ impl Default for Metrics {
             next_request: Cell::new(0),
             data_dir_size: Cell::new(None),
             budget_rejections: Cell::new(0),
+            retention_panics: Cell::new(0),
+            reaper_restarts: Cell::new(0),
             oldest_unsettled: RefCell::new(HashMap::new()),
             applied_seen: Cell::new(None),
         }
@@ -276,6 +283,16 @@ impl Metrics {
     /// A batch body was refused because the node's batch-body budget was spent.
     pub fn budget_rejected(&self) {
         self.budget_rejections.set(self.budget_rejections.get() + 1);
+    }
+
+    /// A retention pass panicked; the loop recovered and goes on with the next pass.
+    pub fn retention_panicked(&self) {
+        self.retention_panics.set(self.retention_panics.get() + 1);
+    }
+
+    /// The lease-expiry loop panicked and was restarted.
+    pub fn reaper_restarted(&self) {
+        self.reaper_restarts.set(self.reaper_restarts.get() + 1);
     }
 
     fn record_http(&self, key: HttpKey, elapsed: Duration, bytes_in: u64, bytes_out: u64) {
@@ -544,6 +561,8 @@ pub struct ShardMetrics {
     /// Partition logs closed for idleness since the shard started.
     pub idle_logs_evicted: u64,
     pub cold_retention_swept: u64,
+    pub retention_panics: u64,
+    pub reaper_restarts: u64,
     /// Single produces accepted here and not yet handed to their owner shard.
     pub transit_backlog: u64,
     pub mesh_calls_pending: u64,
@@ -651,6 +670,8 @@ pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
         open_partition_logs: log.open_logs() as u64,
         idle_logs_evicted: log.idle_logs_evicted(),
         cold_retention_swept: log.cold_retention_swept(),
+        retention_panics: m.retention_panics.get(),
+        reaper_restarts: m.reaper_restarts.get(),
         transit_backlog: node.transit.pending() as u64,
         mesh_calls_pending: mesh_calls_pending as u64,
         schema: crate::schema::counters(),
@@ -1101,6 +1122,8 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut open_logs = 0u64;
     let mut idle_evicted = 0u64;
     let mut cold_swept = 0u64;
+    let mut retention_panics = 0u64;
+    let mut reaper_restarts = 0u64;
     let mut transit_backlog = 0u64;
     let mut schema = crate::schema::Counters::default();
     let mut fanout = narad_shard::fanout::FanoutCounters::default();
@@ -1136,6 +1159,8 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         open_logs += s.open_partition_logs;
         idle_evicted += s.idle_logs_evicted;
         cold_swept += s.cold_retention_swept;
+        retention_panics += s.retention_panics;
+        reaper_restarts += s.reaper_restarts;
         transit_backlog += s.transit_backlog;
         schema.validations += s.schema.validations;
         schema.rejected_depth += s.schema.rejected_depth;
@@ -1806,17 +1831,16 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     e.family(
         "narad_cold_retention_panics_total",
         Kind::Counter,
-        "Retention passes over closed logs that panicked and were recovered: always 0, this \
-         build recovers no loop from a panic (the panic ends the shard's thread).",
+        "Retention passes (they cover closed logs too) that panicked and were recovered: the \
+         loop goes on with its next pass.",
     );
-    e.int("narad_cold_retention_panics_total", &[], 0);
+    e.int("narad_cold_retention_panics_total", &[], retention_panics);
     e.family(
         "narad_reaper_restarts",
         Kind::Gauge,
-        "Restarts of the lease-expiry loop after a panic: always 0, this build restarts no \
-         loop after a panic (the panic ends the shard's thread).",
+        "Restarts of the lease-expiry loop after a panic, summed over the shards since start.",
     );
-    e.int("narad_reaper_restarts", &[], 0);
+    e.int("narad_reaper_restarts", &[], reaper_restarts);
     for (name, help) in [
         (
             "narad_quarantined_copies",

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::types::ShardId;
@@ -33,7 +34,10 @@ pub const IO_MEMORY_BYTES_DEFAULT: usize = 1 << 20;
 /// glommio refuses to start below this much lockable memory.
 pub const MEMLOCK_BYTES_MIN: u64 = 512 << 10;
 
-#[derive(Clone, Debug)]
+/// Called on a shard's thread when a panic that nothing caught ends that shard (see [`run`]).
+pub type ShardPanicHook = Arc<dyn Fn(ShardId) + Send + Sync>;
+
+#[derive(Clone)]
 pub struct RuntimeConfig {
     /// Number of shards (executors). Defaults to the CPUs this process may run on.
     pub shards: u32,
@@ -43,6 +47,21 @@ pub struct RuntimeConfig {
     /// A directory on the data filesystem: each executor first opens a non-empty file there for
     /// direct I/O (glommio issue #670, DESIGN.md §5).
     pub data_dir: PathBuf,
+    /// Runs when an uncaught panic (in any task of the shard) ends a shard's executor, while the
+    /// other shards still run: a node must not go on half served.
+    pub on_shard_panic: Option<ShardPanicHook>,
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("shards", &self.shards)
+            .field("pin", &self.pin)
+            .field("io_memory_bytes", &self.io_memory_bytes)
+            .field("data_dir", &self.data_dir)
+            .field("on_shard_panic", &self.on_shard_panic.is_some())
+            .finish()
+    }
 }
 
 impl RuntimeConfig {
@@ -52,6 +71,7 @@ impl RuntimeConfig {
             pin: true,
             io_memory_bytes: IO_MEMORY_BYTES_DEFAULT,
             data_dir,
+            on_shard_panic: None,
         }
     }
 }
@@ -225,11 +245,33 @@ where
                 f(ShardId(i)).await
             })
             .map_err(|e| classify(e.to_string()))?;
-        handles.push(h);
+        // A panic in a detached task unwinds the whole executor, not only that task. Each
+        // shard's thread is joined by a watcher of its own, so that the hook runs as soon as
+        // that shard ends, not once the shards before it in the join order have returned.
+        let hook = cfg.on_shard_panic.clone();
+        let watcher = std::thread::Builder::new()
+            .name(format!("shard-{i}-watch"))
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let r = h
+                    .join()
+                    .map_err(|e| format!("shard {i} ended by a panic ({e})"));
+                if r.is_err() {
+                    if let Some(hook) = hook {
+                        hook(ShardId(i));
+                    }
+                }
+                r
+            })
+            .map_err(|e| StartError::Other(e.to_string()))?;
+        handles.push(watcher);
     }
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
-        out.push(h.join().map_err(|e| classify(e.to_string()))?);
+        let r = h
+            .join()
+            .map_err(|_| StartError::Other("a shard watcher panicked".into()))?;
+        out.push(r.map_err(classify)?);
     }
     Ok(out)
 }
@@ -344,6 +386,51 @@ mod tests {
         })
         .expect("runtime starts");
         assert_eq!(out, vec![0, 10]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_panic_in_a_detached_task_calls_the_hook_while_other_shards_run() {
+        // Proves a panic escaping a detached task on shard 1 ends that shard and calls the
+        // shard-panic hook with its id, so shard 0 (which waits for that signal, at most 10 s)
+        // can stop; and `run` then reports the ended shard as an error.
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let dir = std::env::temp_dir().join(format!("narad-rt-panic-{}", std::process::id()));
+        let seen = Arc::new(AtomicU32::new(u32::MAX));
+        let s2 = seen.clone();
+        let cfg = RuntimeConfig {
+            shards: 2,
+            pin: false,
+            on_shard_panic: Some(Arc::new(move |id: ShardId| {
+                s2.store(id.0, Ordering::SeqCst)
+            })),
+            ..RuntimeConfig::new(dir.clone())
+        };
+        let seen2 = seen.clone();
+        let r = run(cfg, move |id| {
+            let seen = seen2.clone();
+            async move {
+                if id.0 == 1 {
+                    spawn(async {
+                        sleep(Duration::from_millis(20)).await;
+                        panic!("test panic in a detached task");
+                    })
+                    .detach();
+                    sleep(Duration::from_secs(30)).await;
+                    return false;
+                }
+                let start = std::time::Instant::now();
+                while seen.load(Ordering::SeqCst) == u32::MAX {
+                    if start.elapsed() > Duration::from_secs(10) {
+                        return false;
+                    }
+                    sleep(Duration::from_millis(5)).await;
+                }
+                true
+            }
+        });
+        assert_eq!(seen.load(Ordering::SeqCst), 1, "the hook names shard 1");
+        assert!(r.is_err(), "the ended shard is an error: {r:?}");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
