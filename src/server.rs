@@ -321,6 +321,9 @@ async fn shard_main(
     // Counts this shard out of `serving` however this function returns.
     let serving_guard = ServingGuard(serving.clone(), id);
     let mesh = mesh.join(id).await.map_err(|e| e.to_string())?;
+    // However this shard ends (a start-up error included), its peers' calls to it then fail at
+    // once instead of waiting for an answer that cannot come.
+    let _leave_mesh = LeaveMesh(mesh.clone());
     let (log, recovered, report) = ShardLog::open(log_config(&config.data_dir, id, shards))
         .await
         .map_err(|e| format!("shard {}: opening the log: {e}", id.0))?;
@@ -361,7 +364,21 @@ async fn shard_main(
         // Seed before any shard serves, so a ready node already has its root admin.
         crate::auth::seed::seed_root(&node).await?;
         let state = node.meta_node_state().expect("shard 0 hosts the metadata");
-        node.broadcast_meta(state).await;
+        // A shard that failed to start stops the node: stop waiting for its answer then.
+        let sent = futures_lite::future::or(
+            async {
+                node.broadcast_meta(state).await;
+                true
+            },
+            async {
+                shutdown.wait().await;
+                false
+            },
+        )
+        .await;
+        if !sent {
+            return Err("shard 0: stopped before every shard had the metadata".into());
+        }
     } else {
         let start = std::time::Instant::now();
         while !node.meta_installed() {
@@ -438,6 +455,14 @@ async fn shard_main(
     }
     node.shutdown_meta().await;
     Ok(())
+}
+
+struct LeaveMesh(narad_io::rt::Mesh<ShardReq, ShardResp>);
+
+impl Drop for LeaveMesh {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 struct ServingGuard(Arc<Serving>, ShardId);

@@ -149,3 +149,28 @@ fn a_shard_failing_at_start_stops_the_node_at_once_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_shard_other_than_0_failing_at_start_stops_the_node() {
+    // Proves a start-up failure of shard 1 (its WAL directory is a file) ends the process
+    // promptly with status 2 and the reason. Before, shard 0 waited forever for shard 1 to take
+    // the metadata, so the node neither became ready nor exited.
+    let dir = common::TempDir::new("boot-fail-1");
+    let data = dir.0.join("data");
+    std::fs::create_dir_all(data.join("ingress")).unwrap();
+    std::fs::write(data.join("ingress").join("shard-1"), b"not a directory").unwrap();
+    let port = common::free_port_pair();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
+        .arg("--data-dir")
+        .arg(&data)
+        .env("NARAD_SHARDS", "2");
+    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
+    let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("shard failed; the node stops")
+            && stderr.contains("shard 1: opening the log"),
+        "{stderr}"
+    );
+}

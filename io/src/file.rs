@@ -60,6 +60,27 @@ impl std::fmt::Display for OsError {
 impl std::error::Error for OsError {}
 
 /// The OS error code of `e`, also through [`io_err`]'s wrapping.
+/// Makes `path` a file of `len` bytes unless it already is one: written under a name of its own
+/// and renamed into place, so that an executor probing it at the same moment (DESIGN.md §5: the
+/// first direct-I/O file an executor opens must not be empty) never sees it empty or short. Two
+/// writers race harmlessly: both rename a complete file.
+pub fn ensure_probe_file(path: &Path, len: usize) -> io::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if std::fs::metadata(path).is_ok_and(|m| m.len() >= len as u64) {
+        return Ok(());
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}-{n}.tmp", std::process::id()));
+    let tmp = std::path::PathBuf::from(tmp);
+    let written =
+        std::fs::write(&tmp, vec![0x4e_u8; len]).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 pub fn os_error_code(e: &io::Error) -> Option<i32> {
     e.raw_os_error().or_else(|| {
         e.get_ref()
@@ -346,6 +367,45 @@ mod tests {
             std::fs::write(&path, c).unwrap();
         }
         (dir, path)
+    }
+
+    #[test]
+    fn probe_files_are_never_seen_short_by_concurrent_starters() {
+        // Proves `ensure_probe_file` never exposes an empty or short file, even while other
+        // threads create it at the same moment and one keeps removing it (every shard of a node
+        // probes the same file at start; a short one made glommio pick polled I/O, and reads
+        // then failed with EOPNOTSUPP). Bounded: 4 threads x 300 rounds.
+        let (dir, path) = test_file("probe-race", None);
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300 {
+                        if t == 0 && i % 3 == 0 {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        ensure_probe_file(&path, 4096).unwrap();
+                        match std::fs::read(&path) {
+                            Ok(b) => assert_eq!(b.len(), 4096, "thread {t} round {i}"),
+                            Err(e) => assert_eq!(e.kind(), io::ErrorKind::NotFound),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            [std::ffi::OsString::from("f")],
+            "no temporary file left"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -39,8 +39,32 @@ impl Drop for TempDir {
     }
 }
 
-/// Two consecutive free loopback ports (API and Raft).
+/// Two consecutive free loopback ports (API and Raft), below the kernel's ephemeral port range
+/// when it leaves room: there no outgoing connection of another test can take the port between
+/// this check and the server's bind, and a readiness probe that connects before the server
+/// listens can never connect to itself (a self-connected socket, and its TIME_WAIT, would
+/// keep the server from binding). Each call of a test process tries the next pair.
 pub fn free_port_pair() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low > LOW + 2_000 {
+        let span = (ephemeral_low - LOW) / 2;
+        let seed = std::process::id().wrapping_mul(7_919);
+        for _ in 0..400 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let p = (LOW + 2 * (seed.wrapping_add(n) % span)) as u16;
+            if TcpListener::bind(("127.0.0.1", p)).is_ok()
+                && TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
+            {
+                return p;
+            }
+        }
+    }
     for _ in 0..200 {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let p = l.local_addr().unwrap().port();

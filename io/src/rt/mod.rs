@@ -192,12 +192,8 @@ fn probe_io_uring() -> Result<(), StartError> {
 async fn open_probe_file(dir: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let path = dir.join(".io-probe");
-    let ok = std::fs::metadata(&path)
-        .map(|m| m.len() >= 4096)
-        .unwrap_or(false);
-    if !ok {
-        std::fs::write(&path, vec![0x4e_u8; 4096])?;
-    }
+    // Every shard probes this same file at start, at the same moment.
+    crate::file::ensure_probe_file(&path, 4096)?;
     let f = glommio::io::DmaFile::open(&path)
         .await
         .map_err(|e| std::io::Error::other(e.to_string()))?;

@@ -409,12 +409,7 @@ fn validate(cfg: &WalConfig) -> Result<(), WalError> {
 /// non-empty file first, whatever else this executor did before.
 async fn probe_direct_io(dir: &Path) -> io::Result<()> {
     let path = dir.join(".io-probe");
-    if std::fs::metadata(&path)
-        .map(|m| m.len() < BATCH_ALIGN as u64)
-        .unwrap_or(true)
-    {
-        std::fs::write(&path, vec![0x4e_u8; BATCH_ALIGN])?;
-    }
+    crate::file::ensure_probe_file(&path, BATCH_ALIGN)?;
     let f = DirectFile::open_read(&path).await?;
     let _ = f.read_exact_at(0, BATCH_ALIGN).await?;
     f.close().await
