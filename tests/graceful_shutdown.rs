@@ -125,6 +125,21 @@ fn metrics_listener_answers_shutting_down_while_requests_drain() {
     assert_eq!(r.json()["payload"], "half-sent-body");
 }
 
+/// Starts a 2-shard node on `data` (prepared by the caller to fail) and waits at most 15 s for
+/// it to exit: its status must be 2; answers its stderr.
+fn start_expecting_failure(data: &std::path::Path) -> String {
+    let port = common::free_port_pair();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
+        .arg("--data-dir")
+        .arg(data)
+        .env("NARAD_SHARDS", "2");
+    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
+    let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 #[test]
 fn a_shard_failing_at_start_stops_the_node_at_once_with_the_reason() {
     // Proves a start-up failure of shard 0 (here: its metadata store cannot be opened, because
@@ -135,15 +150,7 @@ fn a_shard_failing_at_start_stops_the_node_at_once_with_the_reason() {
     let data = dir.0.join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("metastore"), b"not a directory").unwrap();
-    let port = common::free_port_pair();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
-    cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
-        .arg("--data-dir")
-        .arg(&data)
-        .env("NARAD_SHARDS", "2");
-    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
-    let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
-    assert_eq!(status.code(), Some(2), "{stderr}");
+    let stderr = start_expecting_failure(&data);
     assert!(
         stderr.contains("shard failed; the node stops") && stderr.contains("metadata store"),
         "{stderr}"
@@ -159,15 +166,7 @@ fn a_shard_other_than_0_failing_at_start_stops_the_node() {
     let data = dir.0.join("data");
     std::fs::create_dir_all(data.join("ingress")).unwrap();
     std::fs::write(data.join("ingress").join("shard-1"), b"not a directory").unwrap();
-    let port = common::free_port_pair();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
-    cmd.args(["server", "start", "--dev", "--port", &port.to_string()])
-        .arg("--data-dir")
-        .arg(&data)
-        .env("NARAD_SHARDS", "2");
-    let (status, stderr) = common::run_to_exit(cmd, Duration::from_secs(15));
-    let status = status.unwrap_or_else(|| panic!("still running after 15 s; stderr: {stderr}"));
-    assert_eq!(status.code(), Some(2), "{stderr}");
+    let stderr = start_expecting_failure(&data);
     assert!(
         stderr.contains("shard failed; the node stops")
             && stderr.contains("shard 1: opening the log"),
