@@ -227,6 +227,138 @@ fn hostname() -> String {
         .unwrap_or_else(|| "narad-0".into())
 }
 
+/// A config file error that names the setting it is about (OPERATIONS.md §4.1): for a value of
+/// the wrong type or range, or an unknown key, the dotted path of the member at the error's
+/// position (`http.max_connections: invalid type: ...`); syntax errors keep serde's text only.
+fn file_error(text: &str, e: &serde_json::Error) -> String {
+    let path = (e.classify() == serde_json::error::Category::Data)
+        .then(|| {
+            let line_start: usize = text
+                .split_inclusive('\n')
+                .take(e.line().saturating_sub(1))
+                .map(str::len)
+                .sum();
+            json_path_at(text.as_bytes(), line_start + e.column().saturating_sub(1))
+        })
+        .flatten();
+    match path {
+        Some(p) => format!("config file: {p}: {e}"),
+        None => format!("config file: {e}"),
+    }
+}
+
+/// The dotted path (`a.b`, `a[2].c`) of the innermost object member of the JSON `text` whose
+/// span, from its key to the end of its value, holds byte `at`. `None` when no member does or
+/// the text stops being JSON before one does. Bounded by the text: one pass, no allocation per
+/// byte.
+fn json_path_at(text: &[u8], at: usize) -> Option<String> {
+    struct Walk<'a> {
+        b: &'a [u8],
+        i: usize,
+        at: usize,
+        path: Vec<String>,
+        found: Option<String>,
+        depth_left: usize,
+    }
+    impl Walk<'_> {
+        fn ws(&mut self) {
+            while self.b.get(self.i).is_some_and(u8::is_ascii_whitespace) {
+                self.i += 1;
+            }
+        }
+        fn string(&mut self) -> Option<String> {
+            let start = self.i + 1;
+            self.i = start;
+            loop {
+                match *self.b.get(self.i)? {
+                    b'"' => break,
+                    b'\\' => self.i += 2,
+                    _ => self.i += 1,
+                }
+            }
+            let s = String::from_utf8_lossy(&self.b[start..self.i]).into_owned();
+            self.i += 1;
+            Some(s)
+        }
+        fn value(&mut self) -> Option<()> {
+            self.depth_left = self.depth_left.checked_sub(1)?;
+            self.ws();
+            match *self.b.get(self.i)? {
+                b'{' => {
+                    self.i += 1;
+                    loop {
+                        self.ws();
+                        match *self.b.get(self.i)? {
+                            b'}' => break,
+                            b',' => self.i += 1,
+                            b'"' => {
+                                let key_at = self.i;
+                                let key = self.string()?;
+                                self.ws();
+                                (*self.b.get(self.i)? == b':').then_some(())?;
+                                self.i += 1;
+                                self.path.push(key);
+                                let inner = self.value();
+                                if self.found.is_none() && (key_at..=self.i).contains(&self.at) {
+                                    self.found = Some(self.path.join("."));
+                                }
+                                self.path.pop();
+                                inner?;
+                            }
+                            _ => return None,
+                        }
+                    }
+                    self.i += 1;
+                }
+                b'[' => {
+                    self.i += 1;
+                    let mut n = 0;
+                    loop {
+                        self.ws();
+                        match *self.b.get(self.i)? {
+                            b']' => break,
+                            b',' => self.i += 1,
+                            _ => {
+                                let last = self.path.pop();
+                                self.path
+                                    .push(format!("{}[{n}]", last.as_deref().unwrap_or("")));
+                                let inner = self.value();
+                                self.path.pop();
+                                self.path.extend(last);
+                                inner?;
+                                n += 1;
+                            }
+                        }
+                    }
+                    self.i += 1;
+                }
+                b'"' => {
+                    self.string()?;
+                }
+                _ => {
+                    while self.b.get(self.i).is_some_and(|c| {
+                        !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace()
+                    }) {
+                        self.i += 1;
+                    }
+                }
+            }
+            self.depth_left += 1;
+            Some(())
+        }
+    }
+    let mut w = Walk {
+        b: text,
+        i: 0,
+        at,
+        path: Vec::new(),
+        found: None,
+        depth_left: 64,
+    };
+    let _ = w.value();
+    w.found
+}
+
 /// The JSON config file. Unknown keys at any level are a start-up error.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -381,7 +513,7 @@ impl Config {
     }
 
     fn apply_file(&mut self, text: &str) -> Result<(), String> {
-        let f: FileConfig = serde_json::from_str(text).map_err(|e| format!("config file: {e}"))?;
+        let f: FileConfig = serde_json::from_str(text).map_err(|e| file_error(text, &e))?;
         if let Some(h) = f.http {
             let t = &mut self.http;
             if let Some(v) = h.addr {
@@ -1139,7 +1271,69 @@ mod tests {
             "storage.segment_bytes is an internal setting and cannot be configured"
         );
         let e = c.apply_file(r#"{"http":{"read_timeout":10}}"#).unwrap_err();
-        assert!(e.contains("config file"), "{e}");
+        assert!(e.starts_with("config file: http.read_timeout: "), "{e}");
+    }
+
+    #[test]
+    fn config_file_errors_name_the_setting() {
+        // Proves a value of the wrong type or range, or an unknown key, names the dotted setting
+        // (OPERATIONS.md §4.1 "a message naming the setting"), on any line, and that syntax
+        // errors keep serde's own text.
+        let mut c = Config::default();
+        for (text, want) in [
+            (
+                r#"{"http":{"max_connections":"abc"}}"#,
+                "http.max_connections: invalid type",
+            ),
+            (
+                r#"{"http":{"max_connections":-5}}"#,
+                "http.max_connections: invalid value",
+            ),
+            (
+                "{\n  \"log\": {\n    \"level\": 3\n  }\n}",
+                "log.level: invalid type",
+            ),
+            (r#"{"shards":2}"#, "shards: unknown field `shards`"),
+            (
+                r#"{"http":{"addr":":1","x":{"y":[1]}}}"#,
+                "http.x: unknown field `x`",
+            ),
+        ] {
+            let e = c.apply_file(text).unwrap_err();
+            assert!(
+                e.starts_with(&format!("config file: {want}")),
+                "{text}: {e}"
+            );
+        }
+        let e = c
+            .apply_file(r#"{"http":{"max_connections":1,}}"#)
+            .unwrap_err();
+        assert!(e.starts_with("config file: trailing comma"), "{e}");
+    }
+
+    #[test]
+    fn json_paths_at_positions() {
+        // Proves the member lookup: innermost member holding the byte, array indexes, a key's
+        // own bytes (also where the text breaks off after it), None outside any member, and a
+        // depth bound.
+        let t = br#"{"a":{"b":[{"c":1},{"d":"x\"y"}]},"e":2}"#;
+        let at = |needle: &str| {
+            let pos = t
+                .windows(needle.len())
+                .position(|w| w == needle.as_bytes())
+                .unwrap();
+            json_path_at(t, pos)
+        };
+        assert_eq!(at("1}").as_deref(), Some("a.b[0].c"));
+        assert_eq!(at("y\"").as_deref(), Some("a.b[1].d"));
+        assert_eq!(at("\"e\"").as_deref(), Some("e"));
+        assert_eq!(at("2}").as_deref(), Some("e"));
+        assert_eq!(json_path_at(t, 0), None);
+        assert_eq!(json_path_at(br#"{"a":{"b":"#, 8).as_deref(), Some("a.b"));
+        assert_eq!(json_path_at(b"[1,2", 1), None);
+        assert_eq!(json_path_at(br#"[{"x":1}]"#, 6).as_deref(), Some("[0].x"));
+        let deep = "[".repeat(100);
+        assert_eq!(json_path_at(deep.as_bytes(), 50), None);
     }
 
     #[test]
