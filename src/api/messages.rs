@@ -576,7 +576,8 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
         if i > 0 {
             body.push(b',');
         }
-        body.extend_from_slice(format!("{{\"status\":{status}").as_bytes());
+        body.extend_from_slice(b"{\"status\":");
+        wire::push_u64(&mut body, u64::from(*status));
         if let Some(m) = msg {
             body.extend_from_slice(b",\"error\":");
             wire::json::push_json_string(&mut body, m.as_bytes());
