@@ -247,116 +247,72 @@ fn file_error(text: &str, e: &serde_json::Error) -> String {
     }
 }
 
+/// Deepest container level [`json_path_at`] enters.
+const JSON_PATH_DEPTH_MAX: usize = 64;
+
 /// The dotted path (`a.b`, `a[2].c`) of the innermost object member of the JSON `text` whose
 /// span, from its key to the end of its value, holds byte `at`. `None` when no member does or
-/// the text stops being JSON before one does. Bounded by the text: one pass, no allocation per
-/// byte.
+/// the text stops being JSON before one does. Walks with the wire reader: each level skips the
+/// items before the one holding `at` and enters that one (a value that does not end runs to
+/// the end of the text).
 fn json_path_at(text: &[u8], at: usize) -> Option<String> {
-    struct Walk<'a> {
-        b: &'a [u8],
-        i: usize,
-        at: usize,
-        path: Vec<String>,
-        found: Option<String>,
-        depth_left: usize,
-    }
-    impl Walk<'_> {
-        fn ws(&mut self) {
-            while self.b.get(self.i).is_some_and(u8::is_ascii_whitespace) {
-                self.i += 1;
-            }
-        }
-        fn string(&mut self) -> Option<String> {
-            let start = self.i + 1;
-            self.i = start;
-            loop {
-                match *self.b.get(self.i)? {
-                    b'"' => break,
-                    b'\\' => self.i += 2,
-                    _ => self.i += 1,
+    let mut r = crate::wire::reader::Reader::new(text);
+    let mut path = String::new();
+    let mut member = None;
+    'level: for _ in 0..JSON_PATH_DEPTH_MAX {
+        r.skip_ws();
+        let object = match r.peek() {
+            Some(b'{') => true,
+            Some(b'[') => false,
+            _ => break,
+        };
+        r.pos += 1;
+        for index in 0.. {
+            r.skip_ws();
+            let item_at = r.pos;
+            let key = match r.peek() {
+                Some(b'"') if object => {
+                    let Ok(key) = r.read_string_lossy() else {
+                        break 'level;
+                    };
+                    if r.expect(b':', "").is_err() {
+                        break 'level;
+                    }
+                    Some(key)
                 }
-            }
-            let s = String::from_utf8_lossy(&self.b[start..self.i]).into_owned();
-            self.i += 1;
-            Some(s)
-        }
-        fn value(&mut self) -> Option<()> {
-            self.depth_left = self.depth_left.checked_sub(1)?;
-            self.ws();
-            match *self.b.get(self.i)? {
-                b'{' => {
-                    self.i += 1;
-                    loop {
-                        self.ws();
-                        match *self.b.get(self.i)? {
-                            b'}' => break,
-                            b',' => self.i += 1,
-                            b'"' => {
-                                let key_at = self.i;
-                                let key = self.string()?;
-                                self.ws();
-                                (*self.b.get(self.i)? == b':').then_some(())?;
-                                self.i += 1;
-                                self.path.push(key);
-                                let inner = self.value();
-                                if self.found.is_none() && (key_at..=self.i).contains(&self.at) {
-                                    self.found = Some(self.path.join("."));
-                                }
-                                self.path.pop();
-                                inner?;
-                            }
-                            _ => return None,
+                Some(b'}' | b']') | None => break 'level,
+                Some(_) if object => break 'level,
+                Some(_) => None,
+            };
+            let value_at = r.pos;
+            let (end, complete) = match r.skip_value() {
+                Ok((_, end)) => (end, true),
+                Err(_) => (text.len(), false),
+            };
+            if (item_at..=end).contains(&at) {
+                match key {
+                    Some(k) => {
+                        if !path.is_empty() {
+                            path.push('.');
                         }
+                        path.push_str(&k);
+                        member = Some(path.clone());
                     }
-                    self.i += 1;
+                    None => path.push_str(&format!("[{index}]")),
                 }
-                b'[' => {
-                    self.i += 1;
-                    let mut n = 0;
-                    loop {
-                        self.ws();
-                        match *self.b.get(self.i)? {
-                            b']' => break,
-                            b',' => self.i += 1,
-                            _ => {
-                                let last = self.path.pop();
-                                self.path
-                                    .push(format!("{}[{n}]", last.as_deref().unwrap_or("")));
-                                let inner = self.value();
-                                self.path.pop();
-                                self.path.extend(last);
-                                inner?;
-                                n += 1;
-                            }
-                        }
-                    }
-                    self.i += 1;
-                }
-                b'"' => {
-                    self.string()?;
-                }
-                _ => {
-                    while self.b.get(self.i).is_some_and(|c| {
-                        !matches!(c, b',' | b'}' | b']') && !c.is_ascii_whitespace()
-                    }) {
-                        self.i += 1;
-                    }
-                }
+                r.pos = value_at;
+                continue 'level;
             }
-            self.depth_left += 1;
-            Some(())
+            if !complete {
+                break 'level;
+            }
+            r.skip_ws();
+            if r.peek() == Some(b',') {
+                r.pos += 1;
+            }
         }
     }
-    let mut w = Walk {
-        b: text,
-        i: 0,
-        at,
-        path: Vec::new(),
-        found: None,
-        depth_left: 64,
-    };
-    let _ = w.value();
-    w.found
+    member
 }
 
 /// The JSON config file. Unknown keys at any level are a start-up error.
@@ -1331,6 +1287,8 @@ mod tests {
         assert_eq!(json_path_at(t, 0), None);
         assert_eq!(json_path_at(br#"{"a":{"b":"#, 8).as_deref(), Some("a.b"));
         assert_eq!(json_path_at(b"[1,2", 1), None);
+        assert_eq!(json_path_at(b"[1", 99), None);
+        assert_eq!(json_path_at(br#"{"a":[,1]}"#, 7).as_deref(), Some("a"));
         assert_eq!(json_path_at(br#"[{"x":1}]"#, 6).as_deref(), Some("[0].x"));
         let deep = "[".repeat(100);
         assert_eq!(json_path_at(deep.as_bytes(), 50), None);

@@ -59,7 +59,6 @@ impl std::fmt::Display for OsError {
 
 impl std::error::Error for OsError {}
 
-/// The OS error code of `e`, also through [`io_err`]'s wrapping.
 /// Makes `path` a file of `len` bytes unless it already is one: written under a name of its own
 /// and renamed into place, so that an executor probing it at the same moment (DESIGN.md §5: the
 /// first direct-I/O file an executor opens must not be empty) never sees it empty or short. Two
@@ -81,6 +80,7 @@ pub fn ensure_probe_file(path: &Path, len: usize) -> io::Result<()> {
     written
 }
 
+/// The OS error code of `e`, also through [`io_err`]'s wrapping.
 pub fn os_error_code(e: &io::Error) -> Option<i32> {
     e.raw_os_error().or_else(|| {
         e.get_ref()

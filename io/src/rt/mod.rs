@@ -34,7 +34,8 @@ pub const IO_MEMORY_BYTES_DEFAULT: usize = 1 << 20;
 /// glommio refuses to start below this much lockable memory.
 pub const MEMLOCK_BYTES_MIN: u64 = 512 << 10;
 
-/// Called on a shard's thread when a panic that nothing caught ends that shard (see [`run`]).
+/// Called, on that shard's watcher thread, when a panic that nothing caught ended a shard (see
+/// [`run`]).
 pub type ShardPanicHook = Arc<dyn Fn(ShardId) + Send + Sync>;
 
 #[derive(Clone)]
