@@ -634,6 +634,43 @@ fn batch_produce_consume_and_ack() {
 }
 
 #[test]
+fn a_batch_consume_answer_stays_within_8_mib() {
+    // Proves API.md §10.3: a batch consume answer holds at most 8 MiB of encoded messages (the
+    // first always), and the records left out are released at once. Each 1,000,000-byte payload
+    // of 0x01 bytes is text returned as a JSON string of `\u0001` escapes, 6 MB encoded: two
+    // together are over the cap (before the fix the answer held two, 12 MB).
+    let (_d, s) = server("bigbatch");
+    let mut c = s.client();
+    c.create_topic("big", 3);
+    for _ in 0..3 {
+        let r = c.request(
+            "POST",
+            "/v1/topics/big/produce?partition=0",
+            &[("X-Narad-Client", "t")],
+            &vec![1u8; 1_000_000],
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let mut offsets = Vec::new();
+    for _ in 0..3 {
+        let r = c.request(
+            "GET",
+            "/v1/topics/big/consume?max=10&partition=0",
+            &[("X-Narad-Client", "t")],
+            b"",
+        );
+        assert_eq!(r.status, 200);
+        assert!(r.body.len() <= 8 << 20, "{} bytes", r.body.len());
+        let msgs = r.json()["messages"].as_array().unwrap().clone();
+        assert_eq!(msgs.len(), 1, "one 6 MB message per answer");
+        assert_eq!(msgs[0]["payload"].as_str().unwrap().len(), 1_000_000);
+        offsets.push(msgs[0]["offset"].as_u64().unwrap());
+    }
+    // The left-out records were released at once, not after the visibility timeout.
+    assert_eq!(offsets, vec![0, 1, 2]);
+}
+
+#[test]
 fn leases_expire_nack_redelivers_extend_keeps() {
     // Proves SEMANTICS.md §2: an unacked lease comes back after the visibility timeout with a new
     // handle and the late ack gets 410; nack redelivers at once; extend keeps the lease alive.

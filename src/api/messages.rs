@@ -482,15 +482,24 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
     }
     body.extend_from_slice(b"{\"messages\":[");
     let mut unsent = Vec::new();
+    // The messages written stay within CONSUME_RESPONSE_BYTES_MAX (the first always goes out);
+    // from the first that does not fit, the rest are released, so the order holds.
+    let mut full = false;
     for (i, l) in leased.iter().enumerate() {
-        if i > 0 && body.len() >= CONSUME_RESPONSE_BYTES_MAX {
-            unsent.push((l.partition, l.record.offset, l.nonce));
-            continue;
+        if !full {
+            let mark = body.len();
+            if i > 0 {
+                body.push(b',');
+            }
+            write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
+            // The closing `]}\n` counts too.
+            full = i > 0 && body.len() + 3 > CONSUME_RESPONSE_BYTES_MAX;
+            if !full {
+                continue;
+            }
+            body.truncate(mark);
         }
-        if i > 0 {
-            body.push(b',');
-        }
-        write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
+        unsent.push((l.partition, l.record.offset, l.nonce));
     }
     body.extend_from_slice(b"]}\n");
     node.metrics
