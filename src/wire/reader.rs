@@ -141,24 +141,27 @@ impl<'a> Reader<'a> {
         'value: loop {
             self.skip_ws();
             match self.peek() {
+                // An empty container counts as a level too, as in Go's scanner.
                 Some(b'{') => {
                     self.pos += 1;
+                    nest.push(true)?;
                     self.skip_ws();
                     if self.peek() == Some(b'}') {
                         self.pos += 1;
+                        nest.depth -= 1;
                     } else {
-                        nest.push(true)?;
                         self.object_key()?;
                         continue 'value;
                     }
                 }
                 Some(b'[') => {
                     self.pos += 1;
+                    nest.push(false)?;
                     self.skip_ws();
                     if self.peek() == Some(b']') {
                         self.pos += 1;
+                        nest.depth -= 1;
                     } else {
-                        nest.push(false)?;
                         continue 'value;
                     }
                 }
@@ -586,6 +589,20 @@ mod tests {
             json_syntax_error(too_deep.as_bytes()).as_deref(),
             Some("exceeded max depth")
         );
+        // The innermost level counts when it is empty too (Go counts the bracket, not the
+        // value inside), for arrays and objects alike.
+        for inner in ["[]", "{}", "[ ]"] {
+            let doc = format!(
+                "{}{inner}{}",
+                "[".repeat(JSON_DEPTH_MAX),
+                "]".repeat(JSON_DEPTH_MAX)
+            );
+            assert_eq!(
+                json_syntax_error(doc.as_bytes()).as_deref(),
+                Some("exceeded max depth"),
+                "{inner}"
+            );
+        }
     }
 
     /// splitmix64 for the randomised test below.
