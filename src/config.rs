@@ -795,10 +795,10 @@ impl Config {
         }
         let t = &mut self.topic;
         if let Some(v) = num("NARAD_TOPIC_DEFAULT_PARTITIONS")? {
-            t.default_partitions = v as u32;
+            t.default_partitions = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = num("NARAD_TOPIC_MAX_PARTITIONS")? {
-            t.max_partitions = v as u32;
+            t.max_partitions = u32::try_from(v).unwrap_or(u32::MAX);
         }
         if let Some(v) = num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS")? {
             t.default_retention_age_ms = v;
@@ -939,9 +939,12 @@ impl Config {
             ));
         }
         let t = &self.topic;
-        if t.max_partitions < 3 {
+        // Raft's apply refuses more partitions than PARTITIONS_HARD_MAX whatever the setting, so a
+        // larger setting would promise topics that every create then refuses.
+        let hard_max = narad_raft::model::PARTITIONS_HARD_MAX;
+        if !(3..=hard_max).contains(&t.max_partitions) {
             return Err(format!(
-                "topic.max_partitions ({}) must be >= 3",
+                "topic.max_partitions ({}) must be between 3 and {hard_max}",
                 t.max_partitions
             ));
         }
@@ -1208,6 +1211,19 @@ mod tests {
         let mut c = Config::default();
         c.fanout.linger = Duration::from_secs(61);
         assert!(c.validate().unwrap_err().starts_with("fanout.linger_ms"));
+        let mut c = Config::default();
+        c.topic.max_partitions = narad_raft::model::PARTITIONS_HARD_MAX + 1;
+        assert_eq!(
+            c.validate().unwrap_err(),
+            "topic.max_partitions (4097) must be between 3 and 4096"
+        );
+        let mut c = Config::default();
+        c.apply_env(&env(&[("NARAD_TOPIC_MAX_PARTITIONS", "4294967299")]))
+            .unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .starts_with("topic.max_partitions (4294967295)"));
         let mut c = Config::default();
         c.http.pprof_addr = "notanaddr".into();
         assert!(c.validate().unwrap_err().starts_with("http.pprof_addr"));
