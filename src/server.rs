@@ -184,13 +184,16 @@ pub fn run(mut config: Config) -> Result<(), String> {
     ));
     let budget_bytes = config.http.max_batch_body_bytes_in_flight;
     let body_budget = (budget_bytes > 0).then(|| crate::service::BodyBudget::new(budget_bytes));
+    let connections = crate::http::ConnectionBudget::new(config.http.max_connections);
     let results = rt::run(rcfg, move |id| {
         let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
         let (serving, body_budget) = (serving.clone(), body_budget.clone());
+        let connections = connections.clone();
         async move {
             let shared = Shared {
                 serving,
                 body_budget,
+                connections,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
             if let Err(e) = &r {
@@ -299,10 +302,13 @@ impl Serving {
     }
 }
 
-/// What the shards of one node share: the shards still serving, and the batch-body budget.
+/// What the shards of one node share: the shards still serving, the batch-body budget and the
+/// connection budget.
 struct Shared {
     serving: Arc<Serving>,
     body_budget: Option<Arc<crate::service::BodyBudget>>,
+    /// The node's open-connection cap (`http.max_connections`), counted over every shard.
+    connections: Arc<crate::http::ConnectionBudget>,
 }
 
 async fn shard_main(
@@ -317,6 +323,7 @@ async fn shard_main(
     let Shared {
         serving,
         body_budget,
+        connections,
     } = shared;
     // Counts this shard out of `serving` however this function returns.
     let serving_guard = ServingGuard(serving.clone(), id);
@@ -409,7 +416,7 @@ async fn shard_main(
         tracing::info!(addr = %addr, shards, "http listening");
     }
     let service = Rc::new(crate::service::ApiService::new(node.clone(), body_budget));
-    let limits = crate::service::limits(&config, shards);
+    let limits = crate::service::limits(&config, connections);
     let grace = config.http.shutdown_grace;
     let served = crate::http::serve(listener, service, limits, shutdown.clone());
     let drained = futures_lite::future::or(

@@ -187,21 +187,17 @@ impl Service for ApiService {
     }
 }
 
-/// The HTTP limits of one shard: the node-wide connection cap is split over the shards.
-pub fn limits(config: &Config, shards: u32) -> Limits {
+/// The HTTP limits of one shard; `connections` is the node's connection budget
+/// (`http.max_connections`), shared by every shard.
+pub fn limits(config: &Config, connections: Arc<crate::http::ConnectionBudget>) -> Limits {
     let h = &config.http;
-    let per_shard = if h.max_connections == 0 {
-        0
-    } else {
-        h.max_connections.div_ceil(shards as usize)
-    };
     Limits {
         header_bytes_max: h.max_header_bytes,
         body_bytes_max: crate::api::BATCH_BODY_BYTES_MAX,
         read_timeout: h.read_timeout,
         idle_timeout: h.idle_timeout,
         write_timeout: h.write_timeout,
-        connections_max: per_shard,
+        connections,
         ..Limits::default()
     }
 }

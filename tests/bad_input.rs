@@ -293,3 +293,49 @@ fn object_bodies_refuse_arrays_and_other_non_objects() {
     assert!(!r.error().contains("Body"), "{}", r.error());
     assert_eq!(c.get("/v1/topics/arrtopic").status, 404);
 }
+
+#[test]
+fn head_refusals_carry_no_body_and_probes_ignore_a_small_body() {
+    // Proves API.md §1.1 for HEAD (headers only, also when the request is refused after its
+    // headers: 413 over a Content-Length or a chunked body, 400 for broken chunk framing), and
+    // that /healthz, /readyz and /metrics ignore a small body as Go's handlers do: answered 200
+    // with the connection kept, so a request pipelined behind it is answered too (before, 413
+    // and the pipelined request was lost).
+    let dir = TempDir::new("headbody");
+    let s = Server::start(&dir);
+    let head_refusals: [(&[u8], u16); 3] = [
+        (
+            b"HEAD /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n",
+            413,
+        ),
+        (
+            b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n20000\r\n",
+            413,
+        ),
+        (
+            b"HEAD /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            400,
+        ),
+    ];
+    for (req, want) in head_refusals {
+        let mut body = vec![b'a'; if want == 413 { 70_000 } else { 0 }];
+        let mut bytes = req.to_vec();
+        bytes.append(&mut body);
+        let answer = raw_exchange(&s, &bytes);
+        assert_eq!(status_of(&answer), want, "{answer}");
+        let (_, after_head) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert_eq!(after_head, "", "a HEAD answer with a body: {answer}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let two = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let answer = raw_exchange(&s, two.as_bytes());
+        assert_eq!(status_of(&answer), 200, "{path}: {answer}");
+        assert_eq!(
+            answer.matches("HTTP/1.1 200").count(),
+            2,
+            "{path}: both answered: {answer}"
+        );
+    }
+}

@@ -456,11 +456,16 @@ pub fn is_produce(method: &str, path: &str) -> bool {
 }
 
 /// The body cap of a route (API.md §4).
+/// Body cap of the probe, scrape and OpenAPI routes, which ignore their body.
+const PROBE_BODY_BYTES_MAX: usize = 64 << 10;
+
 fn route_body_cap(r: Route) -> usize {
     match r {
         Route::ProduceBatch => BATCH_BODY_BYTES_MAX,
         Route::Ack => BATCH_ACK_BODY_BYTES_MAX,
-        Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => 0,
+        // Probes and scrapes ignore a body, as Go's handlers do; a small one is read and
+        // dropped instead of refused (which closed the connection and lost pipelined requests).
+        Route::Healthz | Route::Readyz | Route::Metrics | Route::OpenApi => PROBE_BODY_BYTES_MAX,
         _ => BODY_BYTES_MAX,
     }
 }

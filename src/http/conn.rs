@@ -26,7 +26,7 @@ use narad_io::rt::{self, Notify, Semaphore, ShutdownSignal, TcpListener, TcpStre
 
 use super::parse::{parse_head, BodyFraming, ChunkedDecoder, ParseError};
 use super::response::{encode, ConnectionHeader};
-use super::{Limits, Request, RequestHead, Response, Service};
+use super::{ConnectionBudget, Limits, Request, RequestHead, Response, Service};
 
 /// Initial read buffer per connection.
 const READ_BUF_INITIAL_BYTES: usize = 8 << 10;
@@ -41,10 +41,15 @@ const OUT_KEEP_BYTES: usize = 256 << 10;
 const LINGER_BYTES_MAX: usize = 256 << 10;
 /// ... for at most this long, so the client sees the answer rather than a reset.
 const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
+/// The first buffer of a body declared by Content-Length; it doubles as the body arrives.
+const BODY_READ_STEP_BYTES: usize = 64 << 10;
 /// Pause after an accept failure for lack of descriptors or memory (no busy loop).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Stand-in capacity for "no connection limit".
 const CONNECTIONS_UNLIMITED: usize = 1 << 30;
+/// How often a shard at the connection cap looks again for a slot another shard freed (one it
+/// freed itself is seen at once).
+const ROOM_POLL: Duration = Duration::from_millis(5);
 
 /// Shard-local "stop taking requests" flag: set when shutdown begins; idle connections close,
 /// busy ones finish their request and answer with `Connection: close`.
@@ -229,15 +234,20 @@ impl Conn<'_> {
         n: usize,
         deadline: Instant,
     ) -> Result<Vec<u8>, BodyError> {
-        let mut body = Vec::with_capacity(n);
+        // The buffer grows with what arrives (doubling, from BODY_READ_STEP_BYTES): a client
+        // declaring a large body and sending little costs little memory. Not even its capacity
+        // is taken ahead: the allocator may back a large fresh block with resident huge pages.
+        let mut body = Vec::with_capacity(n.min(BODY_READ_STEP_BYTES));
         let take = n.min(self.rb.data().len());
         body.extend_from_slice(&self.rb.data()[..take]);
         self.rb.consume(take);
         if body.len() < n {
             // Large bodies are read straight into their final buffer.
             let mut filled = body.len();
-            body.resize(n, 0);
             while filled < n {
+                if body.len() == filled {
+                    body.resize(n.min(filled.max(BODY_READ_STEP_BYTES / 2) * 2), 0);
+                }
                 self.arm(deadline)
                     .map_err(|_| BodyError::Gone(CloseReason::ReadTimeout))?;
                 match self.stream.read(&mut body[filled..]).await {
@@ -423,7 +433,8 @@ async fn run<S: Service>(
                     let resp = service.body_too_large(&head).await;
                     service.on_refused_after_head(&head, resp.status);
                     c.requests += 1;
-                    c.close_with(Some(&resp)).await;
+                    encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
+                    c.close_with(None).await;
                     return CloseReason::Refused(resp.status);
                 }
                 _ => service.reserve_body(&head, limit).map(|r| (limit, r)),
@@ -483,14 +494,16 @@ async fn run<S: Service>(
                 let resp = service.body_too_large(&head).await;
                 service.on_refused_after_head(&head, resp.status);
                 c.requests += 1;
-                c.close_with(Some(&resp)).await;
+                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
+                c.close_with(None).await;
                 return CloseReason::Refused(resp.status);
             }
             Err(BodyError::Bad(e)) => {
                 let resp = Response::for_parse_error(e);
                 service.on_refused_after_head(&head, resp.status);
                 c.requests += 1;
-                c.close_with(Some(&resp)).await;
+                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
+                c.close_with(None).await;
                 return CloseReason::Refused(resp.status);
             }
             Err(BodyError::Gone(r)) => return r,
@@ -580,28 +593,16 @@ pub async fn serve<S: Service>(
             drain.start();
         })
     };
-    let capacity = if limits.connections_max == 0 {
-        CONNECTIONS_UNLIMITED
-    } else {
-        limits.connections_max
-    };
-    let conns = Semaphore::new(capacity);
+    // This shard's connections, so that the drain can wait for every one of them to end.
+    let conns = Semaphore::new(CONNECTIONS_UNLIMITED);
+    // Told when a connection of this shard ends and gives its slot back.
+    let released = Rc::new(Notify::new());
     let limits = Rc::new(limits);
     loop {
-        let notified = drain.notify.notified();
-        if drain.is_draining() {
+        // At the node's cap, further connections wait in the kernel's accept backlog.
+        if !wait_for_room(&limits.connections, &released, &drain).await {
             break;
         }
-        // At the limit, further connections wait in the kernel's accept backlog.
-        let permit = match future::or(async { Some(conns.acquire().await) }, async {
-            notified.await;
-            None
-        })
-        .await
-        {
-            Some(p) => p,
-            None => break,
-        };
         let notified = drain.notify.notified();
         if drain.is_draining() {
             break;
@@ -614,18 +615,34 @@ pub async fn serve<S: Service>(
         match accepted {
             None => break,
             Some(Ok((stream, peer))) => {
+                // Another shard may have taken the last slot since the look above: this
+                // connection then waits for one, unserved, as it would have in the backlog.
+                let slot = loop {
+                    if let Some(slot) = limits.connections.try_claim() {
+                        break Some(slot);
+                    }
+                    if !wait_for_room(&limits.connections, &released, &drain).await {
+                        break None;
+                    }
+                };
+                let Some(slot) = slot else {
+                    break;
+                };
+                let permit = conns.acquire().await;
                 let service = service.clone();
                 let limits = limits.clone();
                 let drain = drain.clone();
+                let released = released.clone();
                 rt::spawn(async move {
                     let stats = serve_connection(stream, peer, &*service, &limits, &drain).await;
                     tracing::trace!(%peer, requests = stats.requests, close = ?stats.close, "connection closed");
+                    drop(slot);
+                    released.notify_waiters();
                     drop(permit);
                 })
                 .detach();
             }
             Some(Err(e)) => {
-                drop(permit);
                 match e.raw_os_error() {
                     Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
                         tracing::warn!(error = %e, "accept failed, backing off");
@@ -644,7 +661,44 @@ pub async fn serve<S: Service>(
     drop(listener);
     drop(watcher);
     // Every permit back means every connection has ended.
-    let _all = conns.acquire_n(capacity).await;
+    let _all = conns.acquire_n(CONNECTIONS_UNLIMITED).await;
+}
+
+/// Waits until `budget` has room for one more connection; false when the drain starts first.
+/// A slot freed on this shard is seen at once (`released`), one freed on another shard at the
+/// next look, every [`ROOM_POLL`]; below the cap it returns at once, so an idle node sets no
+/// timer.
+async fn wait_for_room(budget: &ConnectionBudget, released: &Notify, drain: &Drain) -> bool {
+    loop {
+        let notified = drain.notify.notified();
+        if drain.is_draining() {
+            return false;
+        }
+        let freed = released.notified();
+        if budget.has_room() {
+            return true;
+        }
+        let woken = future::or(
+            future::or(
+                async {
+                    freed.await;
+                    true
+                },
+                async {
+                    rt::sleep(ROOM_POLL).await;
+                    true
+                },
+            ),
+            async {
+                notified.await;
+                false
+            },
+        )
+        .await;
+        if !woken {
+            return false;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1095,7 +1149,7 @@ mod tests {
         // Proves that with connections_max = 1 a second client is not served while the first
         // is open, and is served as soon as the first closes.
         let limits = Limits {
-            connections_max: 1,
+            connections: crate::http::ConnectionBudget::new(1),
             ..test_limits()
         };
         with_server(limits, |addr| {

@@ -15,6 +15,8 @@ pub mod response;
 use std::borrow::Cow;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use conn::{serve, serve_connection, ConnStats, Drain};
@@ -360,8 +362,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Any single write waiting for the client to read (`http.write_timeout`).
     pub write_timeout: Duration,
-    /// Open connections on this shard; further ones wait in the accept backlog. 0 = unlimited.
-    pub connections_max: usize,
+    /// Open connections, counted over every shard that shares this budget; further ones wait
+    /// in the accept backlog.
+    pub connections: Arc<ConnectionBudget>,
     /// Responses held back to coalesce writes for pipelined requests before a flush.
     pub pipelined_responses_max: usize,
     /// A body this small is read and dropped after an early answer so the connection can stay
@@ -382,20 +385,61 @@ impl Default for Limits {
             read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(30),
-            connections_max: 4096,
+            connections: ConnectionBudget::new(4096),
             pipelined_responses_max: 64,
             drain_body_bytes_max: 64 << 10,
         }
     }
 }
 
-impl Limits {
-    /// Splits a node-wide connection limit (`http.max_connections`, 0 = unlimited) over the
-    /// shards, rounding up so the node total is never below the configured value.
-    pub fn connections_per_shard(node_connections_max: usize, shards: u32) -> usize {
-        if node_connections_max == 0 {
-            return 0;
-        }
-        node_connections_max.div_ceil(shards.max(1) as usize)
+/// The cap on open connections of one listening address (`http.max_connections`), shared by
+/// every shard that accepts on it. The cap is node-wide: a per-shard share left a client waiting
+/// in one shard's accept backlog while another shard had room (the kernel spreads connections
+/// over SO_REUSEPORT listeners unevenly). One compare-and-swap per accepted connection, never a
+/// lock.
+#[derive(Debug)]
+pub struct ConnectionBudget {
+    open: AtomicUsize,
+    /// 0 = unlimited.
+    max: usize,
+}
+
+impl ConnectionBudget {
+    /// A budget of `max` open connections; 0 = unlimited.
+    pub fn new(max: usize) -> Arc<ConnectionBudget> {
+        Arc::new(ConnectionBudget {
+            open: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// Connections holding a slot now.
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// Whether a connection accepted now would get a slot (it may still lose a race).
+    pub fn has_room(&self) -> bool {
+        self.max == 0 || self.open() < self.max
+    }
+
+    /// Takes a slot if one is free; it comes back when the returned value drops.
+    pub fn try_claim(self: &Arc<Self>) -> Option<ConnectionSlot> {
+        let max = self.max;
+        self.open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (max == 0 || n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(ConnectionSlot(self.clone()))
+    }
+}
+
+/// One open connection's place in a [`ConnectionBudget`].
+pub struct ConnectionSlot(Arc<ConnectionBudget>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use narad_io::rt::{self, ShutdownSignal, TcpListener};
 
-use crate::http::{Limits, Request, RequestHead, Response, Service};
+use crate::http::{Request, RequestHead, Response, Service};
 use crate::node::Node;
 
 /// Connections per shard on the metrics listener (scrapers are few).
@@ -77,10 +77,11 @@ pub fn spawn(node: &Rc<Node>, stop: &ShutdownSignal) -> Result<(), String> {
     }
     let addr = crate::config::parse_listen_addr(addr)?;
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.metrics_addr {addr}: {e}"))?;
-    let limits = Limits {
-        connections_max: METRICS_CONNECTIONS_MAX,
-        ..crate::service::limits(&node.config, node.shards)
-    };
+    // Per shard: the listener only serves scrapes and probes.
+    let limits = crate::service::limits(
+        &node.config,
+        crate::http::ConnectionBudget::new(METRICS_CONNECTIONS_MAX),
+    );
     let service = Rc::new(MetricsService::new(node.clone()));
     rt::spawn(crate::http::serve(listener, service, limits, stop.clone())).detach();
     Ok(())
