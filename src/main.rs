@@ -4,16 +4,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use narad::config::{Config, FlagOverrides};
 
 #[derive(Parser)]
-#[command(
-    name = "narad",
-    about = "Narad: a small, sturdy, fast message broker",
-    version
-)]
+#[command(name = "narad", about = "Narad: a small, sturdy, fast message broker")]
 struct Cli {
     #[command(flatten)]
     conn: narad::cli::ConnArgs,
@@ -87,7 +83,10 @@ fn env_map() -> BTreeMap<String, String> {
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `--version` prints what `narad version` prints (clap prints "narad <version>").
+    let version: &'static str = Box::leak(narad::cli::version_line().into_boxed_str());
+    let command = Cli::command().version(version.strip_prefix("narad ").unwrap_or(version));
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Version => {
             println!("{}", narad::cli::version_line());

@@ -1225,11 +1225,13 @@ fn server_report_sums_every_topic() {
 
 #[test]
 fn version_and_completion() {
-    // Proves `version` prints `narad dev (...)` for this non-release build and `completion`
-    // writes a script for each shell that knows the subcommands, without panicking when its
-    // reader goes away; an unknown shell exits 2.
+    // Proves `version` (and `--version`) prints `narad dev (...)` for this non-release build and
+    // `completion` writes a script for each shell that knows the subcommands, without panicking
+    // when its reader goes away; an unknown shell exits 2.
     let v = ok(narad_raw(&["version"], b"", &[]));
     assert!(v.stdout.starts_with("narad dev ("), "{}", v.stdout);
+    // The --version flag says the same.
+    assert_eq!(ok(narad_raw(&["--version"], b"", &[])).stdout, v.stdout);
     // Built from a git checkout without NARAD_COMMIT: the commit is named (build.rs).
     let head = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
