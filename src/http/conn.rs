@@ -414,7 +414,19 @@ async fn run<S: Service>(
                             return CloseReason::Draining;
                         }
                         Some(Ok(0)) => return CloseReason::ClientClosed,
-                        Some(Ok(_)) => started = Some(Instant::now()),
+                        Some(Ok(_)) => {
+                            // Empty lines between requests are not the start of one (RFC 9112
+                            // §2.2): they leave the connection idle, under the idle timeout.
+                            let blank =
+                                c.rb.data()
+                                    .iter()
+                                    .take_while(|&&b| b == b'\r' || b == b'\n')
+                                    .count();
+                            c.rb.consume(blank);
+                            if !c.rb.is_empty() {
+                                started = Some(Instant::now());
+                            }
+                        }
                         Some(Err(e)) if is_timeout(&e) => return CloseReason::IdleTimeout,
                         Some(Err(_)) => return CloseReason::ClientClosed,
                     }
@@ -1176,6 +1188,26 @@ mod tests {
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .expect("timeout");
             assert_eq!(read_response(&mut b, false).2, b"GET /b  ");
+        });
+    }
+
+    #[test]
+    fn empty_lines_between_requests_keep_the_connection_idle() {
+        // Proves a CRLF sent after an answer does not start the request read timeout (300 ms
+        // here): the connection is still served 700 ms later, under the idle timeout (5 s).
+        // Before, the stray bytes started a request and the read timeout closed the connection.
+        with_server(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .write_all(b"GET /a HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).0, 200);
+            c.get_mut().write_all(b"\r\n\r\n").expect("write");
+            std::thread::sleep(Duration::from_millis(700));
+            c.get_mut()
+                .write_all(b"GET /b HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /b  ");
         });
     }
 
