@@ -395,10 +395,15 @@ async fn run<S: Service>(
                         c.close_with(None).await;
                         return CloseReason::Draining;
                     }
-                    if c.stream
-                        .set_read_timeout(Some(limits.idle_timeout))
-                        .is_err()
-                    {
+                    // A new connection gets the read timeout for its first byte, as Go's server
+                    // does: only a connection that has been served waits under the idle timeout
+                    // (a silent one no longer holds a connection slot for 60 s).
+                    let wait = if c.requests == 0 {
+                        limits.read_timeout
+                    } else {
+                        limits.idle_timeout
+                    };
+                    if c.stream.set_read_timeout(Some(wait)).is_err() {
                         return CloseReason::Truncated;
                     }
                     let cap = c.rb_cap();
@@ -1188,6 +1193,27 @@ mod tests {
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .expect("timeout");
             assert_eq!(read_response(&mut b, false).2, b"GET /b  ");
+        });
+    }
+
+    #[test]
+    fn a_silent_new_connection_is_closed_after_the_read_timeout() {
+        // Proves a connection that sends nothing is closed after read_timeout (300 ms here), not
+        // kept for idle_timeout (5 s), which applies only between requests.
+        with_server(test_limits(), |addr| {
+            let mut c = connect(addr);
+            c.get_mut()
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            let t0 = Instant::now();
+            let mut one = [0u8; 1];
+            let r = c.get_mut().read(&mut one);
+            assert!(matches!(r, Ok(0)) || r.is_err(), "{r:?}");
+            let waited = t0.elapsed();
+            assert!(
+                waited >= Duration::from_millis(250) && waited < Duration::from_millis(2500),
+                "closed after {waited:?}"
+            );
         });
     }
 
