@@ -89,7 +89,7 @@ fn main() -> ExitCode {
     let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Version => {
-            println!("{}", narad::cli::version_line());
+            println!("{version}");
             ExitCode::SUCCESS
         }
         Command::Server {

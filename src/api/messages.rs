@@ -484,17 +484,15 @@ async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: boo
     let mut unsent = Vec::new();
     // The messages written stay within CONSUME_RESPONSE_BYTES_MAX (the first always goes out);
     // from the first that does not fit, the rest are released, so the order holds.
-    let mut full = false;
     for (i, l) in leased.iter().enumerate() {
-        if !full {
+        if unsent.is_empty() {
             let mark = body.len();
             if i > 0 {
                 body.push(b',');
             }
             write_message(&mut body, &t.name, l.partition.0, &l.record, Some(l.nonce));
             // The closing `]}\n` counts too.
-            full = i > 0 && body.len() + 3 > CONSUME_RESPONSE_BYTES_MAX;
-            if !full {
+            if i == 0 || body.len() + 3 <= CONSUME_RESPONSE_BYTES_MAX {
                 continue;
             }
             body.truncate(mark);

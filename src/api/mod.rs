@@ -455,10 +455,10 @@ pub fn is_produce(method: &str, path: &str) -> bool {
     )
 }
 
-/// The body cap of a route (API.md §4).
 /// Body cap of the probe, scrape and OpenAPI routes, which ignore their body.
 const PROBE_BODY_BYTES_MAX: usize = 64 << 10;
 
+/// The body cap of a route (API.md §4).
 fn route_body_cap(r: Route) -> usize {
     match r {
         Route::ProduceBatch => BATCH_BODY_BYTES_MAX,

@@ -18,15 +18,16 @@ use std::io;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_lite::future::{self, FutureExt};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
-use narad_io::rt::{self, Notify, Semaphore, ShutdownSignal, TcpListener, TcpStream};
+use narad_io::rt::{self, Notify, ShutdownSignal, TcpListener, TcpStream};
 
-use super::parse::{parse_head, BodyFraming, ChunkedDecoder, ParseError};
+use super::parse::{blank_prefix, parse_head, BodyFraming, ChunkedDecoder, ParseError};
 use super::response::{encode, ConnectionHeader};
-use super::{ConnectionBudget, Limits, Request, RequestHead, Response, Service};
+use super::{ConnectionBudget, ConnectionSlot, Limits, Request, RequestHead, Response, Service};
 
 /// Initial read buffer per connection.
 const READ_BUF_INITIAL_BYTES: usize = 8 << 10;
@@ -45,8 +46,6 @@ const LINGER_TIMEOUT: Duration = Duration::from_secs(2);
 const BODY_READ_STEP_BYTES: usize = 64 << 10;
 /// Pause after an accept failure for lack of descriptors or memory (no busy loop).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// Stand-in capacity for "no connection limit".
-const CONNECTIONS_UNLIMITED: usize = 1 << 30;
 /// How often a shard at the connection cap looks again for a slot another shard freed (one it
 /// freed itself is seen at once).
 const ROOM_POLL: Duration = Duration::from_millis(5);
@@ -300,12 +299,15 @@ impl Conn<'_> {
         }
     }
 
-    /// Answers, flushes, shuts the write side and drains input for a bounded time. With nothing
-    /// to send (an idle connection closed for shutdown) the socket is simply closed.
-    async fn close_with(&mut self, resp: Option<&Response>) {
-        if let Some(resp) = resp {
-            encode(&mut self.out, resp, false, ConnectionHeader::Close);
-        }
+    /// Answers `resp` (headers only to a HEAD request) with `Connection: close`, then closes.
+    async fn refuse(&mut self, resp: &Response, head_only: bool) {
+        encode(&mut self.out, resp, head_only, ConnectionHeader::Close);
+        self.close().await;
+    }
+
+    /// Flushes what is queued, shuts the write side and drains input for a bounded time. With
+    /// nothing to send (an idle connection closed for shutdown) the socket is simply closed.
+    async fn close(&mut self) {
         if self.out.is_empty() {
             return;
         }
@@ -373,7 +375,7 @@ async fn run<S: Service>(
                     Err(e) => {
                         let resp = Response::for_parse_error(e);
                         service.on_refused(resp.status);
-                        c.close_with(Some(&resp)).await;
+                        c.refuse(&resp, false).await;
                         return CloseReason::Refused(resp.status);
                     }
                 }
@@ -392,7 +394,7 @@ async fn run<S: Service>(
                 None => {
                     let notified = drain.notify.notified();
                     if drain.is_draining() {
-                        c.close_with(None).await;
+                        c.close().await;
                         return CloseReason::Draining;
                     }
                     // A new connection gets the read timeout for its first byte, as Go's server
@@ -415,18 +417,14 @@ async fn run<S: Service>(
                     .await;
                     match r {
                         None => {
-                            c.close_with(None).await;
+                            c.close().await;
                             return CloseReason::Draining;
                         }
                         Some(Ok(0)) => return CloseReason::ClientClosed,
                         Some(Ok(_)) => {
                             // Empty lines between requests are not the start of one (RFC 9112
                             // §2.2): they leave the connection idle, under the idle timeout.
-                            let blank =
-                                c.rb.data()
-                                    .iter()
-                                    .take_while(|&&b| b == b'\r' || b == b'\n')
-                                    .count();
+                            let blank = blank_prefix(c.rb.data());
                             c.rb.consume(blank);
                             if !c.rb.is_empty() {
                                 started = Some(Instant::now());
@@ -448,11 +446,7 @@ async fn run<S: Service>(
             Ok(limit) => match head.framing {
                 BodyFraming::Length(n) if n > limit as u64 => {
                     let resp = service.body_too_large(&head).await;
-                    service.on_refused_after_head(&head, resp.status);
-                    c.requests += 1;
-                    encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
-                    c.close_with(None).await;
-                    return CloseReason::Refused(resp.status);
+                    return refuse_after_head(c, service, &head, resp).await;
                 }
                 _ => service.reserve_body(&head, limit).map(|r| (limit, r)),
             },
@@ -480,8 +474,7 @@ async fn run<S: Service>(
                     continue;
                 }
                 c.requests += 1;
-                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
-                c.close_with(None).await;
+                c.refuse(&resp, head.head).await;
                 return if drain.is_draining() {
                     CloseReason::Draining
                 } else if !head.keep_alive {
@@ -509,19 +502,11 @@ async fn run<S: Service>(
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
                 let resp = service.body_too_large(&head).await;
-                service.on_refused_after_head(&head, resp.status);
-                c.requests += 1;
-                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
-                c.close_with(None).await;
-                return CloseReason::Refused(resp.status);
+                return refuse_after_head(c, service, &head, resp).await;
             }
             Err(BodyError::Bad(e)) => {
                 let resp = Response::for_parse_error(e);
-                service.on_refused_after_head(&head, resp.status);
-                c.requests += 1;
-                encode(&mut c.out, &resp, head.head, ConnectionHeader::Close);
-                c.close_with(None).await;
-                return CloseReason::Refused(resp.status);
+                return refuse_after_head(c, service, &head, resp).await;
             }
             Err(BodyError::Gone(r)) => return r,
         };
@@ -566,7 +551,7 @@ async fn run<S: Service>(
         encode(&mut c.out, &resp, head_only, hdr);
         responses_waiting += 1;
         if !keep_alive {
-            c.close_with(None).await;
+            c.close().await;
             return if drain.is_draining() {
                 CloseReason::Draining
             } else {
@@ -592,6 +577,20 @@ fn conn_header(head: &RequestHead, keep_alive: bool) -> ConnectionHeader {
     }
 }
 
+/// A request refused after its head was read (body over the cap, broken chunk framing): counted,
+/// answered and the connection closed, since the rest of its body is not read.
+async fn refuse_after_head<S: Service>(
+    c: &mut Conn<'_>,
+    service: &S,
+    head: &RequestHead,
+    resp: Response,
+) -> CloseReason {
+    service.on_refused_after_head(head, resp.status);
+    c.requests += 1;
+    c.refuse(&resp, head.head).await;
+    CloseReason::Refused(resp.status)
+}
+
 /// Accepts connections on this shard's `listener` and serves each with `service` until
 /// `shutdown` triggers; then stops accepting, lets busy connections finish their current
 /// request (closing idle ones at once) and returns when every connection has ended. Wrap it in
@@ -610,14 +609,11 @@ pub async fn serve<S: Service>(
             drain.start();
         })
     };
-    // This shard's connections, so that the drain can wait for every one of them to end.
-    let conns = Semaphore::new(CONNECTIONS_UNLIMITED);
-    // Told when a connection of this shard ends and gives its slot back.
-    let released = Rc::new(Notify::new());
+    let conns = Rc::new(ShardConns::default());
     let limits = Rc::new(limits);
     loop {
         // At the node's cap, further connections wait in the kernel's accept backlog.
-        if !wait_for_room(&limits.connections, &released, &drain).await {
+        if !wait_for_room(&limits.connections, &conns, &drain).await {
             break;
         }
         let notified = drain.notify.notified();
@@ -632,30 +628,19 @@ pub async fn serve<S: Service>(
         match accepted {
             None => break,
             Some(Ok((stream, peer))) => {
-                // Another shard may have taken the last slot since the look above: this
-                // connection then waits for one, unserved, as it would have in the backlog.
-                let slot = loop {
-                    if let Some(slot) = limits.connections.try_claim() {
-                        break Some(slot);
-                    }
-                    if !wait_for_room(&limits.connections, &released, &drain).await {
-                        break None;
-                    }
-                };
-                let Some(slot) = slot else {
+                let Some(slot) = claim_slot(&limits.connections, &conns, &drain).await else {
                     break;
                 };
-                let permit = conns.acquire().await;
+                let conn = conns.enter();
                 let service = service.clone();
                 let limits = limits.clone();
                 let drain = drain.clone();
-                let released = released.clone();
                 rt::spawn(async move {
                     let stats = serve_connection(stream, peer, &*service, &limits, &drain).await;
                     tracing::trace!(%peer, requests = stats.requests, close = ?stats.close, "connection closed");
+                    // The node-wide slot first: a waiter woken by the local end finds it free.
                     drop(slot);
-                    released.notify_waiters();
-                    drop(permit);
+                    drop(conn);
                 })
                 .detach();
             }
@@ -677,44 +662,81 @@ pub async fn serve<S: Service>(
     }
     drop(listener);
     drop(watcher);
-    // Every permit back means every connection has ended.
-    let _all = conns.acquire_n(CONNECTIONS_UNLIMITED).await;
+    conns.all_ended().await;
+}
+
+/// This shard's open connections: the drain waits for every one to end, and a shard at the
+/// connection cap hears at once when one of its own ends.
+#[derive(Default)]
+struct ShardConns {
+    open: Cell<usize>,
+    ended: Notify,
+}
+
+/// One open connection in [`ShardConns`]; dropping it counts the connection out.
+struct ShardConn(Rc<ShardConns>);
+
+impl ShardConns {
+    fn enter(self: &Rc<Self>) -> ShardConn {
+        self.open.set(self.open.get() + 1);
+        ShardConn(self.clone())
+    }
+
+    async fn all_ended(&self) {
+        loop {
+            let ended = self.ended.notified();
+            if self.open.get() == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+impl Drop for ShardConn {
+    fn drop(&mut self) {
+        self.0.open.set(self.0.open.get() - 1);
+        self.0.ended.notify_waiters();
+    }
+}
+
+/// A slot for a connection already accepted. Another shard may have taken the last one since
+/// [`wait_for_room`] looked: the connection then waits for one, unserved, as it would have in
+/// the backlog. `None` when the drain starts first.
+async fn claim_slot(
+    budget: &Arc<ConnectionBudget>,
+    conns: &ShardConns,
+    drain: &Drain,
+) -> Option<ConnectionSlot> {
+    loop {
+        if let Some(slot) = budget.try_claim() {
+            return Some(slot);
+        }
+        if !wait_for_room(budget, conns, drain).await {
+            return None;
+        }
+    }
 }
 
 /// Waits until `budget` has room for one more connection; false when the drain starts first.
-/// A slot freed on this shard is seen at once (`released`), one freed on another shard at the
-/// next look, every [`ROOM_POLL`]; below the cap it returns at once, so an idle node sets no
-/// timer.
-async fn wait_for_room(budget: &ConnectionBudget, released: &Notify, drain: &Drain) -> bool {
+/// A slot freed on this shard is seen at once (`conns.ended`), one freed on another shard at
+/// the next look, every [`ROOM_POLL`]; below the cap it returns at once, so an idle node sets
+/// no timer.
+async fn wait_for_room(budget: &ConnectionBudget, conns: &ShardConns, drain: &Drain) -> bool {
     loop {
-        let notified = drain.notify.notified();
+        let drained = drain.notify.notified();
         if drain.is_draining() {
             return false;
         }
-        let freed = released.notified();
+        let ended = conns.ended.notified();
         if budget.has_room() {
             return true;
         }
-        let woken = future::or(
-            future::or(
-                async {
-                    freed.await;
-                    true
-                },
-                async {
-                    rt::sleep(ROOM_POLL).await;
-                    true
-                },
-            ),
-            async {
-                notified.await;
-                false
-            },
-        )
-        .await;
-        if !woken {
-            return false;
-        }
+        // Woken by a local end, the next look or the drain; the loop looks again.
+        let look = async {
+            let _ = rt::timeout(ROOM_POLL, ended).await;
+        };
+        future::or(look, drained).await;
     }
 }
 
@@ -722,6 +744,8 @@ async fn wait_for_room(budget: &ConnectionBudget, released: &Notify, drain: &Dra
 mod tests {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpStream as StdStream;
+
+    use narad_io::rt::Semaphore;
 
     use super::*;
 

@@ -57,27 +57,28 @@ pub enum BodyFraming {
     Chunked,
 }
 
+/// Bytes of empty lines (CR and LF) at the start of `buf`: before a request line they are
+/// not part of a request (RFC 9112 §2.2).
+pub fn blank_prefix(buf: &[u8]) -> usize {
+    buf.iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count()
+}
+
 /// Parses the request line and header fields at the start of `buf`.
 ///
 /// `Ok(None)`: incomplete, read more (unless `buf` already holds `header_bytes_max` bytes, which
 /// is reported as [`ParseError::HeaderTooLarge`]). `Ok(Some((head, n)))`: the head took the first
 /// `n` bytes; the body (if any) follows.
-fn memchr_count(needle: u8, hay: &[u8]) -> usize {
-    hay.iter().filter(|&&b| b == needle).count()
-}
-
 pub fn parse_head(
     buf: &[u8],
     header_bytes_max: usize,
     peer: SocketAddr,
 ) -> Result<Option<(RequestHead, usize)>, ParseError> {
     // Leading empty lines before a request line are tolerated (RFC 9112 §2.2), within the limit.
-    let mut skip = 0;
-    while skip < buf.len() && (buf[skip] == b'\r' || buf[skip] == b'\n') {
-        skip += 1;
-        if skip > 64 {
-            return Err(ParseError::BadRequest("empty lines before request"));
-        }
+    let skip = blank_prefix(buf);
+    if skip > 64 {
+        return Err(ParseError::BadRequest("empty lines before request"));
     }
     let input = &buf[skip..];
     let mut inline = [httparse::EMPTY_HEADER; HEADER_FIELDS_INLINE];
@@ -87,7 +88,7 @@ pub fn parse_head(
     if let Err(httparse::Error::TooManyHeaders) = parsed {
         // Every field ends a line: as many slots as lines always suffice. The header bytes
         // seen so far are bounded by the read buffer, so this is too.
-        spilled = vec![httparse::EMPTY_HEADER; memchr_count(b'\n', input) + 1];
+        spilled = vec![httparse::EMPTY_HEADER; input.iter().filter(|&&b| b == b'\n').count() + 1];
         req = httparse::Request::new(&mut spilled);
         parsed = req.parse(input);
     }
