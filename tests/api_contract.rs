@@ -643,12 +643,7 @@ fn a_batch_consume_answer_stays_within_8_mib() {
     let mut c = s.client();
     c.create_topic("big", 3);
     for _ in 0..3 {
-        let r = c.request(
-            "POST",
-            "/v1/topics/big/produce?partition=0",
-            &[("X-Narad-Client", "t")],
-            &vec![1u8; 1_000_000],
-        );
+        let r = c.post_client("/v1/topics/big/produce?partition=0", &vec![1u8; 1_000_000]);
         assert_eq!(r.status, 202, "{}", r.text());
     }
     let mut offsets = Vec::new();
