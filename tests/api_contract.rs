@@ -173,6 +173,20 @@ fn topic_lifecycle_and_errors() {
         r.error(),
         "at least one of partitions, retention_ms, max_*_per_partition, or schema is required"
     );
+    // `partitions: 0` means "no change", so alone it is no field either.
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/orders",
+        &[("Content-Type", "application/json")],
+        br#"{"partitions":0}"#,
+    );
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (
+            400,
+            "at least one of partitions, retention_ms, max_*_per_partition, or schema is required"
+        )
+    );
     let r = c.request(
         "PATCH",
         "/v1/topics/orders",

@@ -440,6 +440,13 @@ fn replica_create_and_reattach_epochs() {
             "invalid argument: fanout_delay_ms requires parent".into()
         )
     );
+    // Zero values are absent values: an empty parent and a zero delay create a plain topic.
+    let r = create(
+        &mut c,
+        r#"{"name":"plain0","parent":"","fanout_delay_ms":0}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(r.json().get("parent").is_none(), "{}", r.text());
     assert_eq!(
         create(&mut c, r#"{"name":"x","parent":"missing"}"#).status,
         404

@@ -247,20 +247,17 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
             crate::wire::go_quote(name.as_bytes())
         ));
     }
-    if body.fanout_delay_ms.is_some() && body.parent.is_none() {
+    // Zero values mean absent, as in Go's request struct: `"parent":""` is no parent and
+    // `"fanout_delay_ms":0` no delay (clients that send every field must still create).
+    let parent = body.parent.as_deref().filter(|p| !p.is_empty());
+    if body.fanout_delay_ms.is_some_and(|d| d != 0) && parent.is_none() {
         return invalid("fanout_delay_ms requires parent".into());
     }
-    let link = match super::children::link_for_create(
-        node,
-        &name,
-        body.parent.as_deref(),
-        body.fanout_delay_ms,
-    )
-    .await
-    {
-        Ok(l) => l,
-        Err(r) => return r,
-    };
+    let link =
+        match super::children::link_for_create(node, &name, parent, body.fanout_delay_ms).await {
+            Ok(l) => l,
+            Err(r) => return r,
+        };
     let schemas = tri!(schema_v1(body.schema.as_deref()));
     let partitions = match partitions_for_create(
         body.partitions,
@@ -436,7 +433,8 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         Ok(b) => b,
         Err(e) => return error(400, &e),
     };
-    if body.partitions.is_none()
+    // `partitions: 0` is "no change" (API.md §6.4), so it alone is no field.
+    if body.partitions.is_none_or(|p| p == 0)
         && body.retention_ms.is_none()
         && body.max_in_flight_per_partition.is_none()
         && body.max_acked_ahead_per_partition.is_none()
