@@ -96,3 +96,87 @@ fn a_damaged_record_is_skipped_and_counted() {
     );
     assert!(metrics.contains(r#"narad_consumer_dropped_messages{topic="dmg",partition="1"} 0"#));
 }
+
+#[test]
+fn a_damaged_last_record_is_not_cut_as_a_torn_tail() {
+    // Proves the damage of the newest record of a partition, after a clean stop checkpointed it,
+    // is not taken for a torn write: on restart the high watermark stays, the damaged offset is
+    // skipped and counted, and the next produce gets a new offset instead of reusing it.
+    let dir = TempDir::new("corrupt-tail");
+    let mut s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("tail", 3);
+    for i in 0..4 {
+        let body = if i == 3 {
+            "DAMAGE-THE-TAIL".to_string()
+        } else {
+            format!("ok-{i}")
+        };
+        let r = c.post_client("/v1/topics/tail/produce?partition=2", body.as_bytes());
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert!(s.terminate().success());
+    let marker = b"DAMAGE-THE-TAIL";
+    let mut damaged = 0;
+    for f in files(&s.data_dir().join("topics")) {
+        let mut bytes = std::fs::read(&f).expect("read segment");
+        if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
+            assert_eq!(
+                at + marker.len(),
+                bytes.len(),
+                "the record is the segment's last"
+            );
+            bytes[at + 3] ^= 0x20;
+            std::fs::write(&f, &bytes).expect("write segment");
+            damaged += 1;
+        }
+    }
+    assert_eq!(damaged, 1, "the record was not found in exactly one file");
+
+    s.restart();
+    let mut c = s.client();
+    let stats = c.get("/v1/topics/tail?partition=2").json();
+    assert_eq!(
+        stats["partition_stats"][0]["high_watermark"], 4,
+        "high watermark after restart: {stats}"
+    );
+    let r = c.post_client("/v1/topics/tail/produce?partition=2", b"after");
+    assert_eq!(r.status, 202, "{}", r.text());
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        let r = c.get("/v1/topics/tail/consume?partition=2");
+        if r.status == 204 {
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = r.json();
+        got.push((
+            m["offset"].as_u64().expect("offset"),
+            m["payload"].as_str().unwrap_or_default().to_string(),
+        ));
+        let h = m["receipt_handle"].as_str().expect("handle").to_string();
+        let a = c.request(
+            "POST",
+            &format!("/v1/topics/tail/ack?receipt_handle={h}"),
+            &[("X-Narad-Client", "t")],
+            b"",
+        );
+        assert_eq!(a.status, 204, "{}", a.text());
+    }
+    got.sort_unstable();
+    let offsets: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert_eq!(
+        offsets,
+        vec![0, 1, 2, 4],
+        "damaged offset 3 skipped: {got:?}"
+    );
+    assert_eq!(
+        got[3].1, "after",
+        "the new record took a new offset: {got:?}"
+    );
+    let metrics = c.get("/metrics").text();
+    assert!(
+        metrics.contains(r#"narad_consumer_corrupt_skipped_total{topic="tail",partition="2"} 1"#),
+        "{metrics}"
+    );
+}

@@ -43,8 +43,15 @@ pub enum WalRecord {
         key: PartitionKey,
         offsets: Vec<Offset>,
     },
-    /// Everything before `upto` is materialised elsewhere.
-    Checkpoint { upto: WalPosition },
+    /// Everything before `upto` is materialised elsewhere. `marks` holds, for every partition
+    /// of the shard, the offset one past its last record materialised then (its next offset):
+    /// recovery knows that every offset below a mark was durable, so damage at the end of a
+    /// partition's files cannot pass for a torn tail and hand its offsets out again. Written
+    /// as a count and entries after `upto`; a body of `upto` alone (older logs) has none.
+    Checkpoint {
+        upto: WalPosition,
+        marks: Vec<(PartitionKey, Offset)>,
+    },
     /// Every transit record for shard `dest` with `seq < upto` reached its owner.
     Handed { dest: u32, upto: u64 },
 }
@@ -55,6 +62,8 @@ pub const RECORD_VERSION: u8 = 1;
 pub const RECORD_HEADER_BYTES: usize = 12;
 /// Hard bound on one record body, checked before the length is used for anything.
 pub const RECORD_BODY_BYTES_MAX: usize = 64 << 20;
+/// One checkpoint mark: topic(8) partition(4) next offset(8).
+const MARK_BYTES: usize = 20;
 /// `key_len` value meaning "no message key".
 const KEY_NONE: u32 = u32::MAX;
 
@@ -134,7 +143,7 @@ fn body_len(r: &WalRecord) -> usize {
             msg_key, payload, ..
         } => 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len(),
         WalRecord::Settle { offsets, .. } => 8 + 4 + 4 + 8 * offsets.len(),
-        WalRecord::Checkpoint { .. } => 16,
+        WalRecord::Checkpoint { marks, .. } => 16 + 4 + MARK_BYTES * marks.len(),
         WalRecord::Handed { .. } => 12,
     }
 }
@@ -203,9 +212,14 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
                 out.extend_from_slice(&o.0.to_le_bytes());
             }
         }
-        WalRecord::Checkpoint { upto } => {
+        WalRecord::Checkpoint { upto, marks } => {
             out.extend_from_slice(&upto.segment.to_le_bytes());
             out.extend_from_slice(&upto.byte.to_le_bytes());
+            out.extend_from_slice(&(marks.len() as u32).to_le_bytes());
+            for (key, next) in marks {
+                put_key(out, *key);
+                out.extend_from_slice(&next.0.to_le_bytes());
+            }
         }
         WalRecord::Handed { dest, upto } => {
             out.extend_from_slice(&dest.to_le_bytes());
@@ -321,8 +335,22 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
         TYPE_CHECKPOINT => {
             let segment = r.u64()?;
             let byte = r.u64()?;
+            let mut marks = Vec::new();
+            if !r.b.is_empty() {
+                let n = r.u32()? as usize;
+                if n.checked_mul(MARK_BYTES) != Some(r.b.len()) {
+                    return Err(DecodeError::Malformed(
+                        "checkpoint mark count does not match body length",
+                    ));
+                }
+                marks.reserve(n);
+                for _ in 0..n {
+                    marks.push((r.key()?, Offset(r.u64()?)));
+                }
+            }
             WalRecord::Checkpoint {
                 upto: WalPosition { segment, byte },
+                marks,
             }
         }
         TYPE_HANDED => {
@@ -647,6 +675,15 @@ pub(crate) mod tests {
                     segment: rng.next(),
                     byte: rng.next(),
                 },
+                marks: (0..rng.below(4))
+                    .map(|i| {
+                        let k = PartitionKey {
+                            topic: key.topic,
+                            partition: PartitionId(key.partition.0.wrapping_add(i as u32)),
+                        };
+                        (k, Offset(rng.next()))
+                    })
+                    .collect(),
             },
         }
     }
@@ -674,6 +711,51 @@ pub(crate) mod tests {
             assert_eq!(n, encoded_len(&r), "seed {s} case {i}");
             assert_eq!(d, r, "seed {s} case {i}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_without_marks_from_an_older_log_still_reads() {
+        // Proves a checkpoint body of `upto` alone (as written before marks existed) decodes with
+        // no marks, and that a mark count disagreeing with the body is refused, not misread.
+        let mut old = Vec::new();
+        old.extend_from_slice(&RECORD_MAGIC);
+        old.push(TYPE_CHECKPOINT);
+        old.push(RECORD_VERSION);
+        old.extend_from_slice(&16u32.to_le_bytes());
+        old.extend_from_slice(&[0; 4]);
+        old.extend_from_slice(&7u64.to_le_bytes());
+        old.extend_from_slice(&4096u64.to_le_bytes());
+        let crc = record_crc(&old);
+        old[8..12].copy_from_slice(&crc.to_le_bytes());
+        let (r, n) = decode_record(&old).expect("old checkpoint");
+        assert_eq!(n, old.len());
+        assert_eq!(
+            r,
+            WalRecord::Checkpoint {
+                upto: WalPosition {
+                    segment: 7,
+                    byte: 4096
+                },
+                marks: Vec::new()
+            }
+        );
+        let key = PartitionKey {
+            topic: TopicId(9),
+            partition: PartitionId(2),
+        };
+        let mut bad = Vec::new();
+        let r = WalRecord::Checkpoint {
+            upto: WalPosition::default(),
+            marks: vec![(key, Offset(5))],
+        };
+        encode_record(&r, &mut bad).expect("encode");
+        bad[RECORD_HEADER_BYTES + 16] = 2; // count 2, one entry
+        let crc = record_crc(&bad);
+        bad[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            decode_record(&bad),
+            Err(DecodeError::Malformed(_))
+        ));
     }
 
     #[test]

@@ -185,6 +185,9 @@ pub struct RecoveryReport {
     /// Offsets missing from the WAL replay (holes), filled with gap frames that read as corrupt.
     pub gap_records: u64,
     pub replayed_settles: u64,
+    /// Offsets below a partition's mark in the last checkpoint that its files no longer held
+    /// (filled with gap frames that read as corrupt).
+    pub checkpointed_missing: u64,
     /// Partitions whose files were damaged after the last checkpoint and rewritten from the WAL.
     pub repaired_partitions: u32,
     /// Transit records replayed: accepted here for a partition of another shard, and not known
@@ -380,6 +383,37 @@ fn flush_runs(
     Ok(())
 }
 
+/// After the replay: a partition whose files end below its mark in the last checkpoint lost
+/// records that were durable (damage at the end of its newest segment, cut as if torn). Their
+/// offsets become gap frames that read as corrupt, so that they are skipped and counted instead of
+/// silently handed out again to new records.
+fn fill_below_marks(
+    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    marks: &[(PartitionKey, Offset)],
+    report: &mut RecoveryReport,
+) -> Result<(), LogError> {
+    for &(key, mark) in marks {
+        // A partition without files was deleted after the checkpoint (or before, under a
+        // checkpoint written by an older version): nothing to keep.
+        let Some(p) = partitions.get_mut(&key) else {
+            continue;
+        };
+        let next = p.next_offset();
+        if next >= mark {
+            continue;
+        }
+        tracing::error!(?key, from = next.0, to = mark.0,
+            "records the last checkpoint made durable are missing from the partition files; they will read as corrupt");
+        let mut run = EncodedBatch::new(next);
+        while run.next() < mark {
+            run.push_gap();
+        }
+        p.append(&run)?;
+        report.checkpointed_missing += mark.0 - next.0;
+    }
+    Ok(())
+}
+
 fn replay(
     cfg: &LogConfig,
     partitions: &mut HashMap<PartitionKey, PartitionLog>,
@@ -519,7 +553,8 @@ impl ShardLog {
             report.scan.add(&scan);
             partitions.insert(key, p);
         }
-        let (wal, records, wal_stats) = Wal::open(wal_config(&cfg)).await?;
+        let (wal, records, mut wal_stats) = Wal::open(wal_config(&cfg)).await?;
+        let marks = std::mem::take(&mut wal_stats.last_checkpoint_marks);
         report.wal = wal_stats;
         let replayed = !records.is_empty();
         let open_pos = wal.write_position();
@@ -533,6 +568,7 @@ impl ShardLog {
             &mut transit,
             &mut handed,
         )?;
+        fill_below_marks(&mut partitions, &marks, &mut report)?;
         // Sequences continue after everything recovery saw; records a marker covers were
         // handed over before the crash.
         let mut transit_next = handed.clone();
@@ -602,7 +638,7 @@ impl ShardLog {
         });
         crate::rt::spawn(committer(Rc::downgrade(&inner), signals.clone())).detach();
         let log = ShardLog { inner, signals };
-        if replayed {
+        if replayed || report.checkpointed_missing > 0 {
             log.checkpoint().await?;
         }
         report.duration_ms = started.elapsed().as_millis() as u64;
@@ -615,6 +651,7 @@ impl ShardLog {
             torn_bytes = report.scan.torn_tail_bytes,
             corrupt = report.scan.corrupt_records,
             gaps = report.gap_records,
+            missing_below_checkpoint = report.checkpointed_missing,
             ms = report.duration_ms,
             "shard log recovered"
         );
@@ -1169,7 +1206,7 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
     }
     // Capture P and the dirty files together: no batch is half-materialised outside the committer's
     // synchronous section, so every WAL record before `upto` is in these files and states.
-    let (upto, works) = {
+    let (upto, marks, works) = {
         let mut st = inner.state.borrow_mut();
         // Never past a transit record that has not reached its owner.
         let held = st.transit_holds.values().min().copied();
@@ -1177,13 +1214,20 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
         st.wal_bytes_since_checkpoint = 0;
         st.last_checkpoint_at = Instant::now();
         let mut works: Vec<SyncWork> = Vec::new();
-        for p in st.partitions.values_mut() {
+        let mut marks = Vec::with_capacity(st.partitions.len().min(CHECKPOINT_MARKS_MAX));
+        for (key, p) in st.partitions.iter_mut() {
             let w = p.take_sync_work()?;
             if !w.is_empty() {
                 works.push(w);
             }
+            // Every record below it is in the files the sync below makes durable.
+            if p.next_offset() > Offset(0) {
+                marks.push((*key, p.next_offset()));
+            }
         }
-        (upto, works)
+        marks.sort_unstable();
+        marks.truncate(CHECKPOINT_MARKS_MAX);
+        (upto, marks, works)
     };
     if !works.is_empty() {
         let (times, synced) = glommio::executor()
@@ -1239,8 +1283,11 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
         inner: inner.clone(),
         signals: signals.clone(),
     };
-    log.submit(Kind::Checkpoint, vec![WalRecord::Checkpoint { upto }])
-        .await?;
+    log.submit(
+        Kind::Checkpoint,
+        vec![WalRecord::Checkpoint { upto, marks }],
+    )
+    .await?;
     inner.wal.release_before(upto).await?;
     let mut st = inner.state.borrow_mut();
     if st.last_checkpoint.is_none_or(|c| c < upto) {
@@ -1248,6 +1295,10 @@ async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(),
     }
     Ok(())
 }
+
+/// Most partitions a checkpoint record marks (20 bytes each: 2 MB, within one WAL batch); the
+/// partitions past it, in key order, are recovered without the check their mark gives.
+const CHECKPOINT_MARKS_MAX: usize = 100_000;
 
 /// Takes queued requests up to the WAL batch limits (always at least one).
 fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {

@@ -126,9 +126,12 @@ fn checkpoint_limits_replay_and_release_deletes_old_segments() {
             upto = wal.append(vec![msg(1, i, 8000)]).await.expect("append");
         }
         assert!(upto.segment >= 2, "wrote several segments: {upto:?}");
-        wal.append(vec![WalRecord::Checkpoint { upto }])
-            .await
-            .expect("checkpoint");
+        wal.append(vec![WalRecord::Checkpoint {
+            upto,
+            marks: Vec::new(),
+        }])
+        .await
+        .expect("checkpoint");
         let after: Vec<WalRecord> = (100..105).map(|i| msg(1, i, 10)).collect();
         wal.append(after.clone()).await.expect("append");
         let before = wal.segments();
@@ -266,9 +269,12 @@ async fn fill_checkpoint_and_release(wal: &Wal) -> WalPosition {
 
 /// Appends a checkpoint at `upto` and releases the segments before it.
 async fn checkpoint_and_release(wal: &Wal, upto: WalPosition) {
-    wal.append(vec![WalRecord::Checkpoint { upto }])
-        .await
-        .expect("checkpoint");
+    wal.append(vec![WalRecord::Checkpoint {
+        upto,
+        marks: Vec::new(),
+    }])
+    .await
+    .expect("checkpoint");
     wal.release_before(upto).await.expect("release");
 }
 

@@ -171,9 +171,12 @@ fn kill_9_during_appends_loses_nothing_acknowledged() {
             }
             // Checkpoint everything so the next round replays only its own records.
             let upto = wal.write_position();
-            wal.append(vec![WalRecord::Checkpoint { upto }])
-                .await
-                .map_err(|e| e.to_string())?;
+            wal.append(vec![WalRecord::Checkpoint {
+                upto,
+                marks: Vec::new(),
+            }])
+            .await
+            .map_err(|e| e.to_string())?;
             wal.release_before(upto).await.map_err(|e| e.to_string())?;
             Ok(format!(
                 "{} acked, {} recovered, torn {} bytes",

@@ -667,7 +667,7 @@ fn scan_segment(
                     let cut = data.len() - pos;
                     if is_last {
                         tracing::warn!(path = %path.display(), byte = pos, bytes = cut,
-                            "truncating torn tail of the newest partition segment (the WAL replays it)");
+                            "truncating torn tail of the newest partition segment (the WAL replays it; records the last checkpoint made durable read as corrupt)");
                         open_rw(path)?.set_len(pos as u64)?;
                         report.torn_tail_bytes += cut as u64;
                     } else {

@@ -48,6 +48,7 @@ pub mod sim;
 use std::path::PathBuf;
 
 pub use crate::codec::{WalPosition, WalRecord};
+use crate::types::{Offset, PartitionKey};
 pub use driver::{segment_path, Wal, SPARE_NAME};
 
 /// Default pipelining depth of the group commit.
@@ -221,4 +222,6 @@ pub struct WalRecoveryStats {
     /// Segments removed because they held nothing valid after the end of the log.
     pub removed_segments: u32,
     pub last_checkpoint: Option<WalPosition>,
+    /// The marks of that checkpoint (see [`WalRecord::Checkpoint`]); empty without one.
+    pub last_checkpoint_marks: Vec<(PartitionKey, Offset)>,
 }

@@ -439,11 +439,17 @@ impl Scanner {
         };
         self.stats.removed_segments = remove_segments.len() as u32;
         self.stats.records = self.records.len() as u64;
-        let checkpoint = self.records.iter().rev().find_map(|(_, r)| match r {
-            WalRecord::Checkpoint { upto } => Some(*upto),
-            _ => None,
-        });
+        let (checkpoint, checkpoint_marks) = self
+            .records
+            .iter_mut()
+            .rev()
+            .find_map(|(_, r)| match r {
+                WalRecord::Checkpoint { upto, marks } => Some((*upto, std::mem::take(marks))),
+                _ => None,
+            })
+            .unzip();
         self.stats.last_checkpoint = checkpoint;
+        self.stats.last_checkpoint_marks = checkpoint_marks.unwrap_or_default();
         let from = checkpoint.unwrap_or_default();
         self.records
             .retain(|(p, r)| *p >= from && !matches!(r, WalRecord::Checkpoint { .. }));
@@ -813,6 +819,7 @@ mod tests {
                 segment: 1,
                 byte: 4096,
             },
+            marks: Vec::new(),
         };
         let c = records(&mut rng, 1);
         let (img1, _) = build(1, &[b, vec![cp], c.clone()], 2, 16 << 10);

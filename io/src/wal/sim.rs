@@ -358,7 +358,10 @@ impl Sim {
                 };
                 self.checkpoints.insert(upto);
                 checkpoint = Some(upto);
-                vec![WalRecord::Checkpoint { upto }]
+                vec![WalRecord::Checkpoint {
+                    upto,
+                    marks: Vec::new(),
+                }]
             } else {
                 (0..1 + self.rng.below(4))
                     .map(|_| self.new_record())
