@@ -44,10 +44,7 @@ fn queue_conf(t: &TopicMeta) -> QueueConf {
 /// final: produces are taken again once space is free.)
 fn store_failure(e: StoreError) -> Response {
     match e {
-        StoreError::DiskFull => error(
-            500,
-            "produce failed: disk full, the message was not stored; retry later",
-        ),
+        StoreError::DiskFull => error(500, "produce failed: disk full; retry later"),
         StoreError::Failed(detail) => {
             tracing::error!(error = %detail, "produce failed");
             error(500, "produce failed")
