@@ -212,9 +212,17 @@ fn decode_frame(buf: &[u8], pos: usize) -> Option<Decoded> {
 }
 
 /// After a bad frame at `bad`: the start of an intact frame written after a later synced write,
-/// which proves the bad frame lies in synced data (damage, not a torn tail).
+/// which proves the bad frame lies in synced data (damage, not a torn tail). The bad frame itself
+/// counts as that synced write when its header still reads as the end of one: a write returns
+/// only after its sync, so an intact frame past its end was written after the sync.
 fn intact_after_sync_end(buf: &[u8], bad: usize) -> Option<usize> {
     let mut synced_end: Option<usize> = None;
+    if u32_at(buf, bad) == Some(FRAME_MAGIC_SYNC_END) {
+        synced_end = u32_at(buf, bad + 4)
+            .map(|len| len as usize)
+            .filter(|&len| len <= FRAME_PAYLOAD_BYTES_MAX)
+            .map(|len| bad + FRAME_HEADER_BYTES + len);
+    }
     for q in bad + 1..buf.len() {
         let Some(d) = decode_frame(buf, q) else {
             continue;
@@ -979,6 +987,18 @@ mod tests {
             std::fs::write(dir.join(LOG_FILE), &bytes).expect("write");
             let err = LogStore::open(&dir).err().expect("open refuses");
             assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+            assert!(err.to_string().contains("damaged frame at byte"), "{err}");
+            // The damaged frame is the last of its synced write (the one a later write
+            // follows): its own header says so.
+            let mut bytes = std::fs::read(dir.join(LOG_FILE)).expect("read");
+            bytes[LOG_FILE_MAGIC.len() + FRAME_HEADER_BYTES + 3] ^= 0x01;
+            let second = LOG_FILE_MAGIC.len()
+                + FRAME_HEADER_BYTES
+                + u32_at(&bytes, LOG_FILE_MAGIC.len() + 4).unwrap() as usize;
+            assert_eq!(u32_at(&bytes, second), Some(FRAME_MAGIC_SYNC_END));
+            bytes[second + FRAME_HEADER_BYTES + 3] ^= 0x01;
+            std::fs::write(dir.join(LOG_FILE), &bytes).expect("write");
+            let err = LogStore::open(&dir).err().expect("open refuses");
             assert!(err.to_string().contains("damaged frame at byte"), "{err}");
             std::fs::write(dir.join(LOG_FILE), b"NOTALOG!").expect("write");
             assert!(LogStore::open(&dir).is_err(), "bad magic refused");
