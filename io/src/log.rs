@@ -639,7 +639,17 @@ impl ShardLog {
         crate::rt::spawn(committer(Rc::downgrade(&inner), signals.clone())).detach();
         let log = ShardLog { inner, signals };
         if replayed || report.checkpointed_missing > 0 {
-            log.checkpoint().await?;
+            match log.checkpoint().await {
+                Ok(()) => {}
+                // The WAL still holds everything the checkpoint would have written out, and the
+                // periodic checkpoint retries: serve reads (and drain) on a full disk instead of
+                // refusing to start.
+                Err(LogError::DiskFull) => tracing::warn!(
+                    shard = log.inner.cfg.shard.0,
+                    "disk full: the checkpoint after recovery waits for space; consumes are served, produces fail until then"
+                ),
+                Err(e) => return Err(e),
+            }
         }
         report.duration_ms = started.elapsed().as_millis() as u64;
         tracing::info!(
