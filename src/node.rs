@@ -20,7 +20,9 @@ use std::time::Duration;
 use narad_io::log::{AppendRecord, LogError, ReadError, StoredRecord};
 use narad_io::partition::PartitionStats;
 use narad_io::rt::{self, Mesh, ShutdownSignal};
-use narad_io::types::{owner_shard, Nonce, Offset, PartitionId, PartitionKey, ShardId, TopicId};
+use narad_io::types::{
+    owner_shard, FastMap, Nonce, Offset, PartitionId, PartitionKey, ShardId, TopicId,
+};
 use narad_raft::{MetaCommand, MetaNode, MetaResponse, MetaState, ProposeError, TopicMeta};
 use narad_shard::fanout::{ChildLag, Fanout, Link};
 use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleError, SettleKind};
@@ -542,7 +544,7 @@ impl Node {
 
     /// Gives back leases that could not be delivered.
     pub async fn release(&self, topic: TopicId, items: Vec<(PartitionId, Offset, Nonce)>) {
-        let mut by_shard: HashMap<ShardId, Vec<(PartitionId, Offset, Nonce)>> = HashMap::new();
+        let mut by_shard: FastMap<ShardId, Vec<(PartitionId, Offset, Nonce)>> = FastMap::default();
         for it in items {
             by_shard
                 .entry(self.owner(PartitionKey {

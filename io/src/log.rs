@@ -62,7 +62,7 @@ use crate::partition::{
     SyncError, SyncTimes, SyncWork,
 };
 use crate::rt::{oneshot, Notify, Task};
-use crate::types::{owner_shard, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
+use crate::types::{owner_shard, FastMap, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
 use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
@@ -280,14 +280,14 @@ struct Request {
 }
 
 struct State {
-    partitions: HashMap<PartitionKey, PartitionLog>,
+    partitions: FastMap<PartitionKey, PartitionLog>,
     queue: VecDeque<Request>,
     queue_bytes: usize,
     /// Batches handed to the WAL and not yet materialised.
     inflight: usize,
     /// For partitions with batches in flight: the next offset to assign and the frame bytes
     /// planned but not yet written to their files.
-    planned_next: HashMap<PartitionKey, (Offset, u64)>,
+    planned_next: FastMap<PartitionKey, (Offset, u64)>,
     /// Position just after the last durable batch; every WAL record before it is materialised.
     last_pos: Option<WalPosition>,
     /// Position just after the last durable batch holding more than checkpoint records: a
@@ -598,11 +598,11 @@ impl ShardLog {
         report.partitions = recovered.len() as u32;
         let last_pos = replayed.then(|| wal.write_position());
         let state = State {
-            partitions,
+            partitions: partitions.into_iter().collect(),
             queue: VecDeque::new(),
             queue_bytes: 0,
             inflight: 0,
-            planned_next: HashMap::new(),
+            planned_next: FastMap::default(),
             last_pos,
             last_content_pos: None,
             last_checkpoint: None,

@@ -19,7 +19,7 @@ use std::time::Instant;
 use narad_io::log::{AppendRecord, LogError, ReadError, RecoveredPartition, ShardLog};
 use narad_io::partition::{PartitionStats, StoredRecord};
 use narad_io::rt::Notify;
-use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, SplitMix64, TopicId};
+use narad_io::types::{FastMap, Nonce, Offset, PartitionId, PartitionKey, SplitMix64, TopicId};
 
 use crate::lease::LeaseTable;
 
@@ -74,7 +74,7 @@ pub struct Leased {
 
 pub struct Host {
     log: ShardLog,
-    queues: RefCell<HashMap<PartitionKey, LeaseTable>>,
+    queues: RefCell<FastMap<PartitionKey, LeaseTable>>,
     /// Settled state found at recovery, consumed when a partition's queue is first touched.
     recovered: RefCell<HashMap<PartitionKey, (Offset, Vec<Offset>)>>,
     wakers: RefCell<HashMap<TopicId, Rc<Notify>>>,
@@ -106,7 +106,7 @@ impl Host {
             .collect();
         let host = Rc::new(Host {
             log,
-            queues: RefCell::new(HashMap::new()),
+            queues: RefCell::new(FastMap::default()),
             recovered: RefCell::new(rec),
             wakers: RefCell::new(HashMap::new()),
             wake_hook: RefCell::new(None),
@@ -387,7 +387,7 @@ impl Host {
     ) -> Vec<Result<(), SettleError>> {
         let now = now_ms();
         let mut results = Vec::with_capacity(items.len());
-        let mut durable: HashMap<PartitionId, Vec<Offset>> = HashMap::new();
+        let mut durable: FastMap<PartitionId, Vec<Offset>> = FastMap::default();
         let mut woke = false;
         for &(p, offset, nonce) in items {
             let key = PartitionKey {

@@ -73,7 +73,7 @@ use std::time::{Duration, Instant};
 use narad_io::log::{AppendRecord, LogFailures, ShardLog};
 use narad_io::partition::PartitionIoStats;
 use narad_io::stats::{Durations, DURATION_BOUNDS_US};
-use narad_io::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+use narad_io::types::{FastMap, Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
 use narad_shard::fanout::{LinkCounts, FANOUT_BATCH_BYTES_BOUNDS, FANOUT_BATCH_RECORDS_BOUNDS};
 use narad_shard::host::{Leased, SettleKind};
 
@@ -178,10 +178,10 @@ pub struct PartitionGauges {
 
 /// The counters of one shard. Lives in the shard's `Node`; never leaves its thread.
 pub struct Metrics {
-    http: RefCell<HashMap<HttpKey, HttpSeries>>,
+    http: RefCell<FastMap<HttpKey, HttpSeries>>,
     in_flight: Cell<u64>,
-    traffic: RefCell<HashMap<PartitionKey, Traffic>>,
-    topics: RefCell<HashMap<TopicId, TopicCounters>>,
+    traffic: RefCell<FastMap<PartitionKey, Traffic>>,
+    topics: RefCell<FastMap<TopicId, TopicCounters>>,
     /// `narad_consume_wait_seconds` by (topic, outcome).
     consume_wait: RefCell<HashMap<(TopicId, &'static str), Histogram>>,
     next_request: Cell<u64>,
@@ -204,10 +204,10 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics {
-            http: RefCell::new(HashMap::new()),
+            http: RefCell::new(FastMap::default()),
             in_flight: Cell::new(0),
-            traffic: RefCell::new(HashMap::new()),
-            topics: RefCell::new(HashMap::new()),
+            traffic: RefCell::new(FastMap::default()),
+            topics: RefCell::new(FastMap::default()),
             consume_wait: RefCell::new(HashMap::new()),
             next_request: Cell::new(0),
             data_dir_size: Cell::new(None),

@@ -49,17 +49,37 @@ pub fn key_partition(key: &[u8], partitions: u32) -> u32 {
     fnv1a32(key) % partitions.max(1)
 }
 
-/// Appends the decimal form of `v`.
+/// "00" to "99": two digits per division in [`push_u64`].
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut t = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        t[2 * i] = b'0' + (i / 10) as u8;
+        t[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Appends the decimal form of `v`. Two digits per step: every consumed message writes seven
+/// integers (offsets, timestamp, the receipt handle's nonce), and one digit per step was 3 % of
+/// the broker's CPU in a full-flow benchmark.
 pub fn push_u64(out: &mut Vec<u8>, mut v: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
-    loop {
+    while v >= 100 {
+        let d = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
+    }
+    if v >= 10 {
+        let d = v as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
+    } else {
         i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
+        buf[i] = b'0' + v as u8;
     }
     out.extend_from_slice(&buf[i..]);
 }
@@ -252,6 +272,18 @@ mod tests {
         out.push(b' ');
         push_i64(&mut out, 42);
         assert_eq!(out, b"0 18446744073709551615 -9223372036854775808 42");
+        // Every digit count and both sides of every power of ten, against std's formatting.
+        let mut p = 1u64;
+        let mut values = vec![0, 1, 9, u64::MAX, u64::MAX - 1, 0x5eed_1234_abcd];
+        for _ in 0..19 {
+            p *= 10;
+            values.extend([p - 1, p, p + 1, p / 2 + 7]);
+        }
+        for v in values {
+            let mut out = Vec::new();
+            push_u64(&mut out, v);
+            assert_eq!(out, v.to_string().into_bytes(), "{v}");
+        }
     }
 
     #[test]
