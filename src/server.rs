@@ -311,6 +311,25 @@ struct Shared {
     connections: Arc<crate::http::ConnectionBudget>,
 }
 
+// mimalloc's C library, linked through the mimalloc crate (the binary's global allocator).
+use mimalloc as _;
+
+extern "C" {
+    fn mi_collect(force: bool);
+}
+
+/// Hands the memory start-up freed back to the system. Recovery reads each WAL segment and each
+/// partition's newest segment whole (64 MiB buffers, one at a time); mimalloc keeps what is
+/// freed for a purge delay that a then idle shard thread never reaches, so a restarted node held
+/// the images: two shards, release build, an empty data directory: 76 MiB fresh, 196 MiB after
+/// a restart, 78 MiB with this; 150k messages recovered after kill -9 (debug build): 102 MiB
+/// before the kill, 186 MiB after, 98 MiB with this.
+fn release_freed_memory() {
+    // SAFETY: mi_collect takes no arguments that point anywhere; it may run on any thread at any
+    // time and only returns memory the allocator holds unused.
+    unsafe { mi_collect(true) }
+}
+
 async fn shard_main(
     id: ShardId,
     shards: u32,
@@ -411,6 +430,7 @@ async fn shard_main(
     let metrics_stop = ShutdownSignal::new();
     crate::metrics::listener::spawn(&node, &metrics_stop)?;
     node.mark_started();
+    release_freed_memory();
     crate::metrics::shard_serving();
     if id.0 == 0 {
         tracing::info!(addr = %addr, shards, "http listening");
