@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Server, TempDir};
+use common::{Client, Server, TempDir};
 
 /// Every file under `dir`, recursively.
 fn files(dir: &Path) -> Vec<PathBuf> {
@@ -27,62 +27,96 @@ fn files(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-#[test]
-fn a_damaged_record_is_skipped_and_counted() {
-    let dir = TempDir::new("corrupt-record");
-    let mut s = Server::start(&dir);
-    let mut c = s.client();
-    c.create_topic("dmg", 3);
-    for i in 0..5 {
-        let body = if i == 2 {
-            "DAMAGE-ME-PLEASE".to_string()
+/// Produces `n` records to `partition` of `topic`, the one at `damage_at` being `marker`.
+fn produce_with_marker(
+    c: &mut Client,
+    topic: &str,
+    partition: u32,
+    n: usize,
+    damage_at: usize,
+    marker: &str,
+) {
+    for i in 0..n {
+        let body = if i == damage_at {
+            marker.to_string()
         } else {
             format!("ok-{i}")
         };
-        let r = c.post_client("/v1/topics/dmg/produce?partition=1", body.as_bytes());
+        let r = c.post_client(
+            &format!("/v1/topics/{topic}/produce?partition={partition}"),
+            body.as_bytes(),
+        );
         assert_eq!(r.status, 202, "{}", r.text());
     }
-    assert!(s.terminate().success());
+}
 
-    // The record is in a partition segment under topics/ (the clean stop checkpointed it).
-    let marker = b"DAMAGE-ME-PLEASE";
-    let mut damaged = 0;
-    for f in files(&s.data_dir().join("topics")) {
+/// Flips one byte of `marker` in the one file under `topics/` holding it (a clean stop has
+/// checkpointed it into its partition segment); returns the marker's end and the file's length.
+fn damage_marker(data_dir: &Path, marker: &[u8]) -> (usize, usize) {
+    let mut found = Vec::new();
+    for f in files(&data_dir.join("topics")) {
         let mut bytes = std::fs::read(&f).expect("read segment");
         if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
             bytes[at + 3] ^= 0x20;
             std::fs::write(&f, &bytes).expect("write segment");
-            damaged += 1;
+            found.push((at + marker.len(), bytes.len()));
         }
     }
     assert_eq!(
-        damaged, 1,
-        "the record was not found in exactly one segment file"
+        found.len(),
+        1,
+        "the record is not in exactly one segment file"
     );
+    found[0]
+}
 
-    s.restart();
-    let mut c = s.client();
+/// Queue-consumes `partition` of `topic` without waiting (a consume that meets a damaged record
+/// must answer with the next one) and acks each message, until 204; returns (offset, payload)
+/// sorted by offset.
+fn drain(c: &mut Client, topic: &str, partition: u32) -> Vec<(u64, String)> {
     let mut got = Vec::new();
     for _ in 0..20 {
-        // No wait: the consume that meets the damaged record must answer with the next one.
-        let r = c.get("/v1/topics/dmg/consume?partition=1");
+        let r = c.get(&format!("/v1/topics/{topic}/consume?partition={partition}"));
         if r.status == 204 {
             break;
         }
         assert_eq!(r.status, 200, "{}", r.text());
         let m = r.json();
-        got.push(m["offset"].as_u64().expect("offset"));
+        got.push((
+            m["offset"].as_u64().expect("offset"),
+            m["payload"].as_str().unwrap_or_default().to_string(),
+        ));
         let h = m["receipt_handle"].as_str().expect("handle").to_string();
         let a = c.request(
             "POST",
-            &format!("/v1/topics/dmg/ack?receipt_handle={h}"),
+            &format!("/v1/topics/{topic}/ack?receipt_handle={h}"),
             &[("X-Narad-Client", "t")],
             b"",
         );
         assert_eq!(a.status, 204, "{}", a.text());
     }
     got.sort_unstable();
-    assert_eq!(got, vec![0, 1, 3, 4], "every record but the damaged one");
+    got
+}
+
+#[test]
+fn a_damaged_record_is_skipped_and_counted() {
+    let dir = TempDir::new("corrupt-record");
+    let mut s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("dmg", 3);
+    produce_with_marker(&mut c, "dmg", 1, 5, 2, "DAMAGE-ME-PLEASE");
+    assert!(s.terminate().success());
+    damage_marker(s.data_dir(), b"DAMAGE-ME-PLEASE");
+
+    s.restart();
+    let mut c = s.client();
+    let offsets: Vec<u64> = drain(&mut c, "dmg", 1).iter().map(|g| g.0).collect();
+    assert_eq!(
+        offsets,
+        vec![0, 1, 3, 4],
+        "every record but the damaged one"
+    );
     let metrics = c.get("/metrics").text();
     let line = metrics
         .lines()
@@ -106,32 +140,10 @@ fn a_damaged_last_record_is_not_cut_as_a_torn_tail() {
     let mut s = Server::start(&dir);
     let mut c = s.client();
     c.create_topic("tail", 3);
-    for i in 0..4 {
-        let body = if i == 3 {
-            "DAMAGE-THE-TAIL".to_string()
-        } else {
-            format!("ok-{i}")
-        };
-        let r = c.post_client("/v1/topics/tail/produce?partition=2", body.as_bytes());
-        assert_eq!(r.status, 202, "{}", r.text());
-    }
+    produce_with_marker(&mut c, "tail", 2, 4, 3, "DAMAGE-THE-TAIL");
     assert!(s.terminate().success());
-    let marker = b"DAMAGE-THE-TAIL";
-    let mut damaged = 0;
-    for f in files(&s.data_dir().join("topics")) {
-        let mut bytes = std::fs::read(&f).expect("read segment");
-        if let Some(at) = bytes.windows(marker.len()).position(|w| w == marker) {
-            assert_eq!(
-                at + marker.len(),
-                bytes.len(),
-                "the record is the segment's last"
-            );
-            bytes[at + 3] ^= 0x20;
-            std::fs::write(&f, &bytes).expect("write segment");
-            damaged += 1;
-        }
-    }
-    assert_eq!(damaged, 1, "the record was not found in exactly one file");
+    let (end, len) = damage_marker(s.data_dir(), b"DAMAGE-THE-TAIL");
+    assert_eq!(end, len, "the record is the segment's last");
 
     s.restart();
     let mut c = s.client();
@@ -142,28 +154,7 @@ fn a_damaged_last_record_is_not_cut_as_a_torn_tail() {
     );
     let r = c.post_client("/v1/topics/tail/produce?partition=2", b"after");
     assert_eq!(r.status, 202, "{}", r.text());
-    let mut got = Vec::new();
-    for _ in 0..20 {
-        let r = c.get("/v1/topics/tail/consume?partition=2");
-        if r.status == 204 {
-            break;
-        }
-        assert_eq!(r.status, 200, "{}", r.text());
-        let m = r.json();
-        got.push((
-            m["offset"].as_u64().expect("offset"),
-            m["payload"].as_str().unwrap_or_default().to_string(),
-        ));
-        let h = m["receipt_handle"].as_str().expect("handle").to_string();
-        let a = c.request(
-            "POST",
-            &format!("/v1/topics/tail/ack?receipt_handle={h}"),
-            &[("X-Narad-Client", "t")],
-            b"",
-        );
-        assert_eq!(a.status, 204, "{}", a.text());
-    }
-    got.sort_unstable();
+    let got = drain(&mut c, "tail", 2);
     let offsets: Vec<u64> = got.iter().map(|g| g.0).collect();
     assert_eq!(
         offsets,

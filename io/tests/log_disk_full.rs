@@ -27,22 +27,9 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
     let wal_dir = data.clone();
     let ballast = mount.0.join("ballast");
     std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
-    let cfg = LogConfig {
-        wal_segment_bytes: 512 << 10,
-        wal_batch_bytes_max: 64 << 10,
-        wal_batch_records_max: 64,
-        append_queue_bytes_max: 256 << 10,
-        partition_segment_bytes_max: 256 << 10,
-        checkpoint_wal_bytes: 256 << 10,
-        checkpoint_interval_ms: 3_600_000,
-        ..LogConfig::new(data, ShardId(0), 1)
-    };
+    let cfg = small_cfg(data, 256 << 10);
     let k = key(30, 0);
-    let rec = |i: u64| AppendRecord {
-        key: k,
-        msg_key: None,
-        payload: vec![i as u8; 3000],
-    };
+    let rec = |i: u64| record(k, i);
     let c = cfg.clone();
     let acked = rt::block_on(async move {
         let (log, _, _) = ShardLog::open(c).await.expect("open");
@@ -109,6 +96,30 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
     drop(mount);
 }
 
+/// A log sized for a few MiB of disk: 512 KiB WAL segments, 256 KiB partition segments, a
+/// checkpoint every `checkpoint_wal_bytes` of WAL (never by time).
+fn small_cfg(data: std::path::PathBuf, checkpoint_wal_bytes: u64) -> LogConfig {
+    LogConfig {
+        wal_segment_bytes: 512 << 10,
+        wal_batch_bytes_max: 64 << 10,
+        wal_batch_records_max: 64,
+        append_queue_bytes_max: 256 << 10,
+        partition_segment_bytes_max: 256 << 10,
+        checkpoint_wal_bytes,
+        checkpoint_interval_ms: 3_600_000,
+        ..LogConfig::new(data, ShardId(0), 1)
+    }
+}
+
+/// Record `i` of partition `k`: 3,000 bytes of `i as u8`.
+fn record(k: narad_io::types::PartitionKey, i: u64) -> AppendRecord {
+    AppendRecord {
+        key: k,
+        msg_key: None,
+        payload: vec![i as u8; 3000],
+    }
+}
+
 /// Appends the records `ids` one by one until one fails with DiskFull (returns true), pushing
 /// each acknowledged one's offset and id to `acked`.
 async fn fill(
@@ -138,22 +149,10 @@ fn a_log_reopens_on_a_full_disk_and_serves_reads() {
         return;
     };
     let data = mount.0.join("data");
-    let cfg = LogConfig {
-        wal_segment_bytes: 512 << 10,
-        wal_batch_bytes_max: 64 << 10,
-        wal_batch_records_max: 64,
-        append_queue_bytes_max: 256 << 10,
-        partition_segment_bytes_max: 256 << 10,
-        checkpoint_wal_bytes: 1 << 40,
-        checkpoint_interval_ms: 3_600_000,
-        ..LogConfig::new(data, ShardId(0), 1)
-    };
+    // No checkpoint while filling: the reopen has everything to replay.
+    let cfg = small_cfg(data, 1 << 40);
     let k = key(31, 0);
-    let rec = |i: u64| AppendRecord {
-        key: k,
-        msg_key: None,
-        payload: vec![i as u8; 3000],
-    };
+    let rec = |i: u64| record(k, i);
     let c = cfg.clone();
     let ballast = mount.0.join("ballast");
     let acked = rt::block_on(async move {
