@@ -31,8 +31,9 @@
 //!    the settled state), then, off the executor thread, fdatasyncs every segment file written
 //!    since the previous checkpoint, fsyncs the directories whose entries changed (new partitions,
 //!    new segments), and replaces the dirty `consumer.state` files atomically (temp + fsync +
-//!    rename + dir fsync). Only then does it append `Checkpoint { upto: P }` to the WAL and release
-//!    WAL segments wholly before `P`. An fsync error poisons the shard log (never retried).
+//!    rename + dir fsync). Only then does it append `Checkpoint { upto: P, marks }` to the WAL
+//!    (`marks`: every partition's next offset at `P`) and release WAL segments wholly before `P`.
+//!    An fsync error poisons the shard log (never retried).
 //! 3. Recovery loads the partition files (CRC-checked; a torn tail of the newest segment is cut),
 //!    then replays the WAL records from the last checkpoint's `P` on. Replay is idempotent: a
 //!    message whose offset is already present is skipped, a missing one is appended (offsets in
@@ -40,6 +41,9 @@
 //!    reads as `Corrupt`; settles are re-applied (settling twice is a no-op). A partition whose
 //!    files are damaged at or after its first offset in the replayed WAL (pages or a segment
 //!    lost at a power failure) is first cut back to that offset, and the replay rewrites it.
+//!    After the replay, a partition whose files end below its mark (damage at the very end of
+//!    its newest segment, cut as a torn tail) gets gap frames up to the mark: those offsets read
+//!    as corrupt and are never given to new records.
 //!    Everything before `P`
 //!    was fsynced in step 2, everything after is in the WAL, so every acknowledged record and
 //!    every durable settle survives, whatever moment the crash hits.
