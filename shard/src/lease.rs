@@ -13,7 +13,9 @@
 //! Invariants (checked by [`LeaseTable::check_invariants`] and the property test below):
 //! * leases, acked-ahead and skipped are disjoint and all lie at or above the frontier;
 //! * the frontier itself is never settled (it is the lowest unsettled offset);
-//! * one offset has at most one live lease, and every lease has exactly one expiry index entry;
+//! * one offset has at most one live lease, and every lease is listed in the expiry group of its
+//!   expiry time, whose live count counts it (a group may also list offsets since settled or
+//!   renewed: they no longer match, and a group goes when its count reaches 0);
 //! * every offset in `[frontier, scan_from)` is leased, acked-ahead or skipped, so `take` starts
 //!   its search at `scan_from` and its work is bounded by the blocked offsets it steps over plus
 //!   `n`, never by the high watermark.
@@ -52,14 +54,23 @@ struct Lease {
     expires_at_ms: u64,
 }
 
+/// The leases taken with one expiry time. `offsets` may still list leases since settled or
+/// renewed (an expiry checks each against `leases`); `live` counts those still in it, and the
+/// group is removed when it reaches 0, so a group lives only while one of its leases does.
+#[derive(Debug, Default)]
+struct ExpiryGroup {
+    live: usize,
+    offsets: Vec<u64>,
+}
+
 /// Queue state of one partition. See the module documentation for the invariants.
 #[derive(Debug)]
 pub struct LeaseTable {
     frontier: u64,
     leases: BTreeMap<u64, Lease>,
-    /// (expires_at_ms, offset) for every lease; extend replaces the entry, so an old expiry can
-    /// never evict a renewed lease.
-    expiry: BTreeSet<(u64, u64)>,
+    /// Leases by expiry time: one group per `take` (its leases share one expiry), so taking and
+    /// settling cost one map operation per call or per ack, not two tree updates per offset.
+    expiry: BTreeMap<u64, ExpiryGroup>,
     acked_ahead: BTreeSet<u64>,
     skipped: BTreeSet<u64>,
     /// Every offset in `[frontier, scan_from)` is blocked (leased, acked-ahead or skipped).
@@ -86,7 +97,7 @@ impl LeaseTable {
         let mut t = LeaseTable {
             frontier: frontier.0,
             leases: BTreeMap::new(),
-            expiry: BTreeSet::new(),
+            expiry: BTreeMap::new(),
             acked_ahead,
             skipped: BTreeSet::new(),
             scan_from: frontier.0,
@@ -129,6 +140,11 @@ impl LeaseTable {
         };
         let expires_at_ms = now_ms.saturating_add(visibility_ms.max(1));
         let mut out = Vec::with_capacity(offsets.len());
+        if !offsets.is_empty() {
+            let group = self.expiry.entry(expires_at_ms).or_default();
+            group.live += offsets.len();
+            group.offsets.extend_from_slice(&offsets);
+        }
         for offset in offsets {
             let nonce = self.draw_nonce();
             let old = self.leases.insert(
@@ -139,7 +155,6 @@ impl LeaseTable {
                 },
             );
             assert!(old.is_none(), "offset {offset} leased twice");
-            self.expiry.insert((expires_at_ms, offset));
             out.push((Offset(offset), nonce));
         }
         out
@@ -186,8 +201,10 @@ impl LeaseTable {
         self.expire(now_ms);
         let lease = self.live_lease(offset.0, nonce)?;
         let expires_at_ms = now_ms.saturating_add(visibility_ms.max(1));
-        self.expiry.remove(&(lease.expires_at_ms, offset.0));
-        self.expiry.insert((expires_at_ms, offset.0));
+        self.leave_group(lease.expires_at_ms);
+        let group = self.expiry.entry(expires_at_ms).or_default();
+        group.live += 1;
+        group.offsets.push(offset.0);
         self.leases.insert(
             offset.0,
             Lease {
@@ -224,26 +241,37 @@ impl LeaseTable {
     /// flag when it dropped any.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let mut dropped = 0;
-        // Bounded by the number of leases: each iteration removes one index entry.
-        while let Some(&(expires_at_ms, offset)) = self.expiry.first() {
-            if expires_at_ms > now_ms {
+        // Bounded by the offsets the due groups list: each iteration removes one group.
+        while let Some(entry) = self.expiry.first_entry() {
+            if *entry.key() > now_ms {
                 break;
             }
-            self.expiry.pop_first();
-            let lease = self.leases.remove(&offset);
-            assert!(
-                matches!(lease, Some(l) if l.expires_at_ms == expires_at_ms),
-                "expiry index out of step with leases at offset {offset}"
+            let (expires_at_ms, group) = entry.remove_entry();
+            let mut expired = 0;
+            for offset in group.offsets {
+                // Only a lease still holding this expiry: the others were settled or renewed.
+                if self
+                    .leases
+                    .get(&offset)
+                    .is_some_and(|l| l.expires_at_ms == expires_at_ms)
+                {
+                    self.leases.remove(&offset);
+                    self.unblock(offset);
+                    expired += 1;
+                }
+            }
+            assert_eq!(
+                expired, group.live,
+                "expiry group at {expires_at_ms} out of step with the leases"
             );
-            self.unblock(offset);
-            dropped += 1;
+            dropped += expired;
         }
         dropped
     }
 
     /// The earliest lease expiry, for the caller's sweep timer.
     pub fn next_expiry_ms(&self) -> Option<u64> {
-        self.expiry.first().map(|&(expires_at_ms, _)| expires_at_ms)
+        self.expiry.keys().next().copied()
     }
 
     /// Marks an offset whose record can never be read as settled-by-skipping (SEMANTICS.md §2.9):
@@ -280,10 +308,10 @@ impl LeaseTable {
         self.acked_ahead = kept_acked;
         self.skipped = kept_skipped;
         let kept_leases = self.leases.split_off(&oldest);
-        for (&o, lease) in &self.leases {
-            self.expiry.remove(&(lease.expires_at_ms, o));
+        let forgotten = std::mem::replace(&mut self.leases, kept_leases);
+        for lease in forgotten.values() {
+            self.leave_group(lease.expires_at_ms);
         }
-        self.leases = kept_leases;
         let dropped = oldest - self.frontier - settled_below;
         self.frontier = oldest;
         self.advance_frontier();
@@ -347,11 +375,21 @@ impl LeaseTable {
             .leases
             .keys()
             .all(|o| !self.acked_ahead.contains(o) && !self.skipped.contains(o)));
-        assert_eq!(self.expiry.len(), self.leases.len());
+        let mut live: BTreeMap<u64, usize> = BTreeMap::new();
         for (&o, lease) in &self.leases {
-            assert!(self.expiry.contains(&(lease.expires_at_ms, o)));
+            let group = &self.expiry[&lease.expires_at_ms];
+            assert!(
+                group.offsets.contains(&o),
+                "lease {o} not in its expiry group"
+            );
+            *live.entry(lease.expires_at_ms).or_default() += 1;
             assert!(lease.nonce.0 != 0 && lease.nonce.0 <= NONCE_MAX);
         }
+        let counted: BTreeMap<u64, usize> = self.expiry.iter().map(|(&t, g)| (t, g.live)).collect();
+        assert_eq!(
+            counted, live,
+            "expiry groups count their live leases, no empty group kept"
+        );
         for o in self.frontier..self.scan_from {
             assert!(
                 self.is_blocked(o),
@@ -378,8 +416,28 @@ impl LeaseTable {
 
     fn drop_lease(&mut self, offset: u64, lease: Lease) {
         self.leases.remove(&offset);
-        let had = self.expiry.remove(&(lease.expires_at_ms, offset));
-        assert!(had, "lease at offset {offset} had no expiry entry");
+        self.leave_group(lease.expires_at_ms);
+    }
+
+    /// One lease of the group at `expires_at_ms` is gone (settled, released, renewed, forgotten);
+    /// the group goes with its last one. Its offset stays listed: an expiry skips it.
+    fn leave_group(&mut self, expires_at_ms: u64) {
+        let Some(group) = self.expiry.get_mut(&expires_at_ms) else {
+            panic!("a lease expiring at {expires_at_ms} has no expiry group");
+        };
+        group.live -= 1;
+        if group.live == 0 {
+            self.expiry.remove(&expires_at_ms);
+        } else if group.offsets.len() > 64 && group.live * 4 < group.offsets.len() {
+            // Mostly settled: keep only the live ones, so that a group's memory follows its live
+            // leases (a take of 100 with one lease never settled holds 1, not 100).
+            let leases = &self.leases;
+            group.offsets.retain(|o| {
+                leases
+                    .get(o)
+                    .is_some_and(|l| l.expires_at_ms == expires_at_ms)
+            });
+        }
     }
 
     /// An offset stopped being blocked without being settled.
@@ -532,6 +590,50 @@ mod tests {
         assert!(!t.release(first.0, first.1));
         assert_eq!(t.ack(second.0, second.1, 1101), Ok(()));
         assert_eq!(t.frontier(), Offset(1));
+        t.check_invariants();
+    }
+
+    #[test]
+    fn a_large_group_mostly_settled_expires_exactly_its_live_leases() {
+        // Proves the expiry groups with batch-sized takes: a take of 100 shares one group; 90
+        // acks, 3 extends and 2 nacks (compaction of the group's list happens on the way) leave
+        // exactly the 5 untouched leases to expire at the group's time, the extended ones later;
+        // and a retention jump through a group forgets only the leases below it.
+        let mut t = LeaseTable::new(Offset(0), [], 6);
+        let got = t.take(Offset(300), 0, 100, CAP, CAP, 100);
+        assert_eq!(got.len(), 100);
+        for &(o, n) in &got[..90] {
+            t.ack(o, n, 1).unwrap();
+            t.check_invariants();
+        }
+        for &(o, n) in &got[90..93] {
+            t.extend(o, n, 50, 100).unwrap();
+        }
+        for &(o, n) in &got[93..95] {
+            t.nack(o, n, 2).unwrap();
+        }
+        t.check_invariants();
+        assert_eq!(t.next_expiry_ms(), Some(100));
+        assert_eq!(t.expire(100), 5, "the 5 leases neither settled nor renewed");
+        assert_eq!(t.next_expiry_ms(), Some(150));
+        assert_eq!(t.expire(150), 3);
+        assert_eq!(t.in_flight(), 0);
+        t.check_invariants();
+
+        let mut t = LeaseTable::new(Offset(0), [], 7);
+        let first = t.take(Offset(300), 0, 100, CAP, CAP, 100);
+        let second = t.take(Offset(300), 10, 100, CAP, CAP, 100);
+        assert_eq!(second[0].0, Offset(100));
+        assert_eq!(t.jump_to(Offset(150)), 150);
+        t.check_invariants();
+        assert_eq!(t.in_flight(), 50);
+        assert_eq!(t.ack(first[5].0, first[5].1, 11), Err(LeaseGone));
+        assert_eq!(
+            t.next_expiry_ms(),
+            Some(110),
+            "the first group went with its leases"
+        );
+        assert_eq!(t.expire(110), 50);
         t.check_invariants();
     }
 
