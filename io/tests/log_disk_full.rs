@@ -73,25 +73,13 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
             .expect("append after space freed");
         assert_eq!(o, vec![hwm]);
         acked.push((o[0], 7777));
-        for &(o, i) in &acked {
-            assert_eq!(
-                log.read(k, o, 1, 1).await.unwrap()[0].payload,
-                rec(i).payload
-            );
-        }
+        reads_back(&log, k, &acked).await;
         drop(log);
         acked
     });
     rt::block_on(async move {
         let (log, _, _) = ShardLog::open(cfg).await.expect("reopen");
-        for &(o, i) in &acked {
-            assert_eq!(
-                log.read(k, o, 1, 1).await.unwrap()[0].payload,
-                rec(i).payload,
-                "offset {}",
-                o.0
-            );
-        }
+        reads_back(&log, k, &acked).await;
     });
     drop(mount);
 }
@@ -117,6 +105,18 @@ fn record(k: narad_io::types::PartitionKey, i: u64) -> AppendRecord {
         key: k,
         msg_key: None,
         payload: vec![i as u8; 3000],
+    }
+}
+
+/// Asserts every acknowledged (offset, id) of partition `k` reads back as record `id`.
+async fn reads_back(log: &ShardLog, k: narad_io::types::PartitionKey, acked: &[(Offset, u64)]) {
+    for &(o, i) in acked {
+        assert_eq!(
+            log.read(k, o, 1, 1).await.unwrap()[0].payload,
+            record(k, i).payload,
+            "offset {}",
+            o.0
+        );
     }
 }
 
@@ -181,14 +181,7 @@ fn a_log_reopens_on_a_full_disk_and_serves_reads() {
     rt::block_on(async move {
         let (log, _, report) = ShardLog::open(cfg).await.expect("reopen on a full disk");
         assert!(report.wal.records_replayed > 0, "{report:?}");
-        for &(o, i) in &acked {
-            assert_eq!(
-                log.read(k, o, 1, 1).await.unwrap()[0].payload,
-                rec(i).payload,
-                "offset {}",
-                o.0
-            );
-        }
+        reads_back(&log, k, &acked).await;
         assert!(matches!(
             log.append(vec![rec(1)]).await,
             Err(LogError::DiskFull)
