@@ -376,7 +376,7 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
 
 /// Writes pending replay runs to their partitions.
 fn flush_runs(
-    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    partitions: &mut FastMap<PartitionKey, PartitionLog>,
     runs: &mut HashMap<PartitionKey, EncodedBatch>,
 ) -> Result<(), LogError> {
     for (key, run) in runs.drain() {
@@ -392,13 +392,12 @@ fn flush_runs(
 /// offsets become gap frames that read as corrupt, so that they are skipped and counted instead of
 /// silently handed out again to new records.
 fn fill_below_marks(
-    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    partitions: &mut FastMap<PartitionKey, PartitionLog>,
     marks: &[(PartitionKey, Offset)],
     report: &mut RecoveryReport,
 ) -> Result<(), LogError> {
     for &(key, mark) in marks {
-        // A partition without files was deleted after the checkpoint (or before, under a
-        // checkpoint written by an older version): nothing to keep.
+        // A partition without files was deleted after the checkpoint: nothing to keep.
         let Some(p) = partitions.get_mut(&key) else {
             continue;
         };
@@ -420,7 +419,7 @@ fn fill_below_marks(
 
 fn replay(
     cfg: &LogConfig,
-    partitions: &mut HashMap<PartitionKey, PartitionLog>,
+    partitions: &mut FastMap<PartitionKey, PartitionLog>,
     records: Vec<(WalPosition, WalRecord)>,
     report: &mut RecoveryReport,
     transit: &mut Vec<(WalPosition, TransitHold, AppendRecord)>,
@@ -548,7 +547,7 @@ impl ShardLog {
         }
         std::fs::create_dir_all(partition::topics_dir(&cfg.data_dir))?;
         let mut report = RecoveryReport::default();
-        let mut partitions = HashMap::new();
+        let mut partitions = FastMap::default();
         for (key, dir) in partition::scan_partition_dirs(&cfg.data_dir)? {
             if owner_shard(key, cfg.shard_count) != cfg.shard {
                 continue;
@@ -602,7 +601,7 @@ impl ShardLog {
         report.partitions = recovered.len() as u32;
         let last_pos = replayed.then(|| wal.write_position());
         let state = State {
-            partitions: partitions.into_iter().collect(),
+            partitions,
             queue: VecDeque::new(),
             queue_bytes: 0,
             inflight: 0,

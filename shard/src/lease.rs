@@ -429,8 +429,8 @@ impl LeaseTable {
         if group.live == 0 {
             self.expiry.remove(&expires_at_ms);
         } else if group.offsets.len() > 64 && group.live * 4 < group.offsets.len() {
-            // Mostly settled: keep only the live ones, so that a group's memory follows its live
-            // leases (a take of 100 with one lease never settled holds 1, not 100).
+            // Mostly settled: keep only the live ones, so that a group lists at most 64 offsets
+            // or four per live lease (a take of 100 with one lease never settled ends at 24).
             let leases = &self.leases;
             group.offsets.retain(|o| {
                 leases

@@ -79,7 +79,7 @@ pub fn encode(out: &mut Vec<u8>, resp: &Response, head_only: bool, conn: Connect
         500
     };
     out.extend_from_slice(b"HTTP/1.1 ");
-    push_u64(out, u64::from(status));
+    crate::wire::push_u64(out, u64::from(status));
     out.push(b' ');
     out.extend_from_slice(reason(status).as_bytes());
     out.extend_from_slice(b"\r\n");
@@ -109,7 +109,7 @@ pub fn encode(out: &mut Vec<u8>, resp: &Response, head_only: bool, conn: Connect
     let no_body = status_has_no_body(status);
     if !no_body {
         out.extend_from_slice(b"Content-Length: ");
-        push_u64(out, resp.body.len() as u64);
+        crate::wire::push_u64(out, resp.body.len() as u64);
         out.extend_from_slice(b"\r\n");
     }
     match conn {
@@ -121,20 +121,6 @@ pub fn encode(out: &mut Vec<u8>, resp: &Response, head_only: bool, conn: Connect
     if !no_body && !head_only {
         out.extend_from_slice(&resp.body);
     }
-}
-
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut tmp = [0u8; 20];
-    let mut i = tmp.len();
-    loop {
-        i -= 1;
-        tmp[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&tmp[i..]);
 }
 
 thread_local! {
