@@ -1474,7 +1474,7 @@ fn is_disk_full(e: &std::io::Error) -> bool {
 fn prepare_partitions(
     inner: &Inner,
     st: &mut State,
-    runs: &HashMap<PartitionKey, EncodedBatch>,
+    runs: &FastMap<PartitionKey, EncodedBatch>,
 ) -> Result<(), LogError> {
     for (key, run) in runs {
         let ahead = st.planned_next.get(key).map_or(0, |p| p.1);
@@ -1493,7 +1493,7 @@ fn prepare_partitions(
 
 /// A batch handed to the WAL: what to materialise and whom to answer once it is durable.
 struct Planned {
-    runs: HashMap<PartitionKey, EncodedBatch>,
+    runs: FastMap<PartitionKey, EncodedBatch>,
     /// The batch's transit records with their holds, for the sink: moved out of the WAL
     /// records once these are encoded ([`take_transit`]).
     transit: Vec<(TransitHold, AppendRecord)>,
@@ -1536,10 +1536,25 @@ impl std::future::Future for Durable {
 /// the batches still in flight (`planned_next`), else after the partition's end in its files.
 /// Returns `None` when nothing is left to write (every request answered already).
 fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<WalRecord>)> {
-    let mut runs: HashMap<PartitionKey, EncodedBatch> = HashMap::new();
+    // Each partition's frames are sized first, so that its run is allocated once.
+    let mut need: FastMap<PartitionKey, (usize, usize)> = FastMap::default();
+    for rec in batch.iter().flat_map(|r| &r.records) {
+        if let WalRecord::Message {
+            key,
+            msg_key,
+            payload,
+            ..
+        } = rec
+        {
+            let n = need.entry(*key).or_default();
+            n.0 += frame::message_frame_len(msg_key.as_deref(), payload);
+            n.1 += 1;
+        }
+    }
+    let mut runs: FastMap<PartitionKey, EncodedBatch> = FastMap::default();
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
-    let mut records = Vec::new();
+    let mut records = Vec::with_capacity(batch.iter().map(|r| r.records.len()).sum());
     let mut wal_bytes = 0u64;
     let mut st = inner.state.borrow_mut();
     let now = UnixMillis::now().max(st.last_stamp);
@@ -1570,14 +1585,16 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
                     payload,
                 } => {
                     let run = runs.entry(*key).or_insert_with(|| {
-                        EncodedBatch::new(st.planned_next.get(key).map_or_else(
+                        let first = st.planned_next.get(key).map_or_else(
                             || {
                                 st.partitions
                                     .get(key)
                                     .map_or(Offset(0), PartitionLog::next_offset)
                             },
                             |p| p.0,
-                        ))
+                        );
+                        let (bytes, records) = need.get(key).copied().unwrap_or_default();
+                        EncodedBatch::with_capacity(first, bytes, records)
                     });
                     *commit_ms = now;
                     *offset = run.push_message(now, msg_key.as_deref(), payload);

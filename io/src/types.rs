@@ -105,6 +105,74 @@ impl std::hash::Hasher for FastHasher {
 /// `HashMap` with [`FastHasher`]; make one with `FastMap::default()`.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
 
+/// A byte range of a buffer shared by the records of one read: the records a consume reads
+/// in one call take one allocation between them instead of one each (`Send`, so a record can
+/// travel to the shard that asked for it). Compares by content.
+#[derive(Clone)]
+pub struct SharedBytes {
+    buf: std::sync::Arc<Vec<u8>>,
+    start: usize,
+    end: usize,
+}
+
+impl SharedBytes {
+    /// The bytes `range` of `buf`. Panics when the range is outside the buffer.
+    pub fn new(buf: std::sync::Arc<Vec<u8>>, range: std::ops::Range<usize>) -> SharedBytes {
+        assert!(range.start <= range.end && range.end <= buf.len());
+        SharedBytes {
+            buf,
+            start: range.start,
+            end: range.end,
+        }
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(v: Vec<u8>) -> SharedBytes {
+        let end = v.len();
+        SharedBytes::new(std::sync::Arc::new(v), 0..end)
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+}
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &SharedBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SharedBytes {}
+
+impl PartialEq<[u8]> for SharedBytes {
+    fn eq(&self, other: &[u8]) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<Vec<u8>> for SharedBytes {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
 /// The shard that owns a partition on a node: a pure function of (topic id, partition, shard
 /// count), so every shard computes the same answer without asking anyone.
 ///
@@ -131,6 +199,18 @@ pub const PLACEMENT_VERSION: u32 = 2;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_bytes_are_their_range_and_compare_by_content() {
+        let buf = std::sync::Arc::new(b"keypayload".to_vec());
+        let key = SharedBytes::new(buf.clone(), 0..3);
+        let payload = SharedBytes::new(buf, 3..10);
+        assert_eq!(&*key, b"key");
+        assert_eq!(payload, b"payload".to_vec());
+        assert_eq!(payload, SharedBytes::from(b"payload".to_vec()));
+        assert_ne!(key, payload);
+        assert_eq!(format!("{key:?}"), format!("{:?}", b"key".as_slice()));
+    }
 
     #[test]
     fn fast_hasher_tells_small_keys_apart() {

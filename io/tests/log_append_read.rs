@@ -68,9 +68,10 @@ fn concurrent_appends_get_dense_offsets_and_read_back() {
             assert_eq!(r[0].offset, o);
             assert_eq!(r[0].payload, payload(k, id));
             assert_eq!(
-                r[0].msg_key,
+                r[0].msg_key.as_deref(),
                 id.is_multiple_of(2)
                     .then(|| format!("key{id}").into_bytes())
+                    .as_deref()
             );
             assert!(r[0].commit_ms > UnixMillis(1_600_000_000_000));
         }

@@ -723,8 +723,8 @@ impl Fanout {
                         topic: c.id.child,
                         partition: PartitionId(p % cp),
                     },
-                    msg_key: r.msg_key,
-                    payload: r.payload,
+                    msg_key: r.msg_key.as_deref().map(<[u8]>::to_vec),
+                    payload: r.payload.to_vec(),
                 }
             })
             .collect()
@@ -912,7 +912,8 @@ mod tests {
             wait_for(&log, key(2, 1), 10).await;
             let first = log.read(key(2, 0), Offset(0), 1, usize::MAX).await.unwrap();
             assert_eq!(
-                first[0].payload, b"m0",
+                first[0].payload[..],
+                b"m0"[..],
                 "record 5 of the parent is the first copied"
             );
             let k = log.read(key(2, 1), Offset(0), 1, usize::MAX).await.unwrap();

@@ -324,7 +324,8 @@ impl Host {
             };
             match got {
                 Ok(Some(record)) => {
-                    *bytes += record.payload.len() + record.msg_key.as_ref().map_or(0, Vec::len);
+                    *bytes +=
+                        record.payload.len() + record.msg_key.as_deref().map_or(0, <[u8]>::len);
                     out.push(Leased {
                         partition: p,
                         nonce,

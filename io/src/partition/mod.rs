@@ -37,10 +37,11 @@ use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::stats::Durations;
-use crate::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+use crate::types::{Offset, PartitionId, PartitionKey, SharedBytes, TopicId, UnixMillis};
 pub use state::{Settled, SettledSet};
 
 /// Positions are `u32`, so a segment must stay below 4 GiB; configs are clamped to this.
@@ -62,8 +63,8 @@ pub const SEGMENTS_PER_PARTITION_MAX: usize = 1 << 20;
 pub struct StoredRecord {
     pub offset: Offset,
     pub commit_ms: UnixMillis,
-    pub msg_key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
+    pub msg_key: Option<SharedBytes>,
+    pub payload: SharedBytes,
 }
 
 #[derive(Debug)]
@@ -236,10 +237,16 @@ pub struct EncodedBatch {
 
 impl EncodedBatch {
     pub fn new(first: Offset) -> EncodedBatch {
+        EncodedBatch::with_capacity(first, 0, 0)
+    }
+
+    /// An empty batch with room for `records` frames of `bytes` in all, so that pushing them
+    /// never grows (and copies) the buffer.
+    pub fn with_capacity(first: Offset, bytes: usize, records: usize) -> EncodedBatch {
         EncodedBatch {
             first,
-            bytes: Vec::new(),
-            starts: Vec::new(),
+            bytes: Vec::with_capacity(bytes),
+            starts: Vec::with_capacity(records),
             first_commit_ms: None,
             last_commit_ms: None,
         }
@@ -1062,6 +1069,12 @@ impl PartitionLog {
                     .and_then(|f| f.read_exact_at(&mut buf, start)),
             };
             r.map_err(ReadError::Io)?;
+            // The records point into the one buffer they were read into (no copy each).
+            let buf = Arc::new(buf);
+            let range_of = |part: &[u8]| {
+                let at = part.as_ptr() as usize - buf.as_ptr() as usize;
+                SharedBytes::new(Arc::clone(&buf), at..at + part.len())
+            };
             for i in first_i..last_i {
                 let offset = Offset(seg.base.0 + i as u64);
                 let a = (u64::from(seg.positions[i]) - start) as usize;
@@ -1078,8 +1091,8 @@ impl PartitionLog {
                     )) if got == offset && n == b - a => out.push(StoredRecord {
                         offset,
                         commit_ms,
-                        msg_key: msg_key.map(<[u8]>::to_vec),
-                        payload: payload.to_vec(),
+                        msg_key: msg_key.map(range_of),
+                        payload: range_of(payload),
                     }),
                     _ if out.is_empty() => return Err(ReadError::Corrupt { offset }),
                     _ => return Ok(out),

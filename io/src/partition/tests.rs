@@ -55,8 +55,10 @@ fn check_all(p: &PartitionLog, from: u64, to: u64) {
             assert_eq!(r.payload, payload(o));
             assert_eq!(r.commit_ms, UnixMillis(1000 + o));
             assert_eq!(
-                r.msg_key,
-                o.is_multiple_of(3).then(|| format!("k{o}").into_bytes())
+                r.msg_key.as_deref(),
+                o.is_multiple_of(3)
+                    .then(|| format!("k{o}").into_bytes())
+                    .as_deref()
             );
             o += 1;
         }
