@@ -676,10 +676,19 @@ impl Node {
         out
     }
 
+    /// Names this moment for [`Node::wait_for_work`]: take it before looking for work, so that
+    /// a wake-up that lands while the look is still running (it awaits other shards) is not lost.
+    pub fn work_ticket(&self, topic: TopicId) -> u64 {
+        self.host.notifier(topic).ticket()
+    }
+
     /// Parks until something may be available for `topic` on any shard (or shutdown began:
-    /// answers true), or until `deadline_ms` passes or [`WAIT_SLICE_MS`] went by (false), so that
-    /// the caller can look at its client between slices.
-    pub async fn wait_for_work(&self, topic: TopicId, deadline_ms: u64) -> bool {
+    /// answers true): at once when a wake-up came after `ticket` (from [`Node::work_ticket`],
+    /// taken before the caller last looked), or when this call first told the other shards of
+    /// the waiter (their commits since the look were not forwarded). Else until `deadline_ms`
+    /// passes or [`WAIT_SLICE_MS`] went by (false), so that the caller can look at its client
+    /// between slices.
+    pub async fn wait_for_work(&self, topic: TopicId, deadline_ms: u64, ticket: u64) -> bool {
         let now = now_ms();
         if now >= deadline_ms {
             return false;
@@ -707,10 +716,12 @@ impl Node {
                         .await;
                 }
             }
+            // Wake-ups of the other shards reach this one from now on: look again once.
+            return true;
         }
         let notify = self.host.notifier(topic);
         // A shutdown ends every long-poll at once (answered 204), so draining is not held up.
-        let woken = futures_lite::future::or(notify.notified(), self.shutdown.wait());
+        let woken = futures_lite::future::or(notify.notified_since(ticket), self.shutdown.wait());
         let slice = (deadline_ms - now).min(WAIT_SLICE_MS);
         rt::timeout(Duration::from_millis(slice), woken)
             .await

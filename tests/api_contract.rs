@@ -787,6 +787,45 @@ fn long_poll_is_woken_by_produce_and_clamped() {
 }
 
 #[test]
+fn every_parked_waiter_sees_back_to_back_commits() {
+    // Proves SEMANTICS.md §2.8 "waking is broadcast" under a race: two long-polls park, two
+    // messages commit one right after the other (same partition, then two partitions, so across
+    // shards). Both waiters must get one at once; before the fix a waiter that re-checked after
+    // the first wake-up missed the second and slept out its whole wait in ~1 trial in 10.
+    let (_d, s) = server("wakerace");
+    let mut c = s.client();
+    c.create_topic("wr", 3);
+    let addr = s.addr();
+    for trial in 0..30 {
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut c2 = common::Client::connect(addr).unwrap();
+                    let r = c2.get("/v1/topics/wr/consume?wait=10s");
+                    (r.status, Instant::now())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(150));
+        let second = if trial % 2 == 0 { 0 } else { 1 };
+        let t0 = Instant::now();
+        for p in [0, second] {
+            let path = format!("/v1/topics/wr/produce?partition={p}");
+            assert_eq!(c.post_client(&path, b"x").status, 202);
+        }
+        for w in waiters {
+            let (status, at) = w.join().unwrap();
+            assert_eq!(status, 200, "trial {trial}");
+            let took = at.saturating_duration_since(t0);
+            assert!(
+                took < Duration::from_secs(3),
+                "trial {trial}: a waiter got its message {took:?} after the produces"
+            );
+        }
+    }
+}
+
+#[test]
 fn pipelined_and_chunked_requests() {
     // Proves HTTP/1.1 pipelining (two requests in one write) and chunked request bodies.
     use std::io::Write;

@@ -42,6 +42,28 @@ fn notify_wakes_every_waiter_and_never_loses_a_wakeup() {
 }
 
 #[test]
+fn a_ticket_taken_before_a_check_catches_a_notification_during_it() {
+    // Proves notified_since(ticket) completes at once when notify_waiters came after the ticket
+    // (a check that awaited in between missed nothing), and parks when none came.
+    rt::block_on(async {
+        let n = Notify::new();
+        let ticket = n.ticket();
+        n.notify_waiters(); // lands while the caller's check is still running
+        rt::timeout(Duration::from_millis(100), n.notified_since(ticket))
+            .await
+            .expect("a notification after the ticket completes it at once");
+        let quiet = n.ticket();
+        let r = rt::timeout(Duration::from_millis(5), n.notified_since(quiet)).await;
+        assert_eq!(
+            r,
+            Err(Elapsed),
+            "no notification since the ticket: it parks"
+        );
+        assert_eq!(n.waiter_count(), 0);
+    });
+}
+
+#[test]
 fn oneshot_delivers_and_reports_cancellation() {
     // Proves a sent value arrives, a dropped sender yields Canceled, and sending to a dropped
     // receiver gives the value back.

@@ -431,6 +431,8 @@ async fn queue_consume(
             wait.as_millis() as u64
         };
     loop {
+        // Before the look: a wake-up during it (the take awaits other shards) is seen below.
+        let ticket = node.work_ticket(t.id);
         let leased = match node.take(conf, &partitions, n).await {
             Ok(l) => l,
             Err(e) => {
@@ -450,7 +452,7 @@ async fn queue_consume(
         // second: one that went away must not be leased records, which would stay hidden from
         // live consumers for a whole visibility timeout, nor hold its consume slot till the end.
         loop {
-            let woken = node.wait_for_work(t.id, deadline).await;
+            let woken = node.wait_for_work(t.id, deadline, ticket).await;
             if req.client_disconnected() {
                 waited.gone(&node.metrics, t.id);
                 return Response::empty(499);

@@ -56,10 +56,22 @@ impl Notify {
 
     /// A future that completes at the next [`Notify::notify_waiters`].
     pub fn notified(&self) -> Notified<'_> {
-        let generation = self.state.borrow().generation;
+        self.notified_since(self.ticket())
+    }
+
+    /// Names this moment: [`Notify::notified_since`] with it completes at once when a
+    /// [`Notify::notify_waiters`] came after it. For a check that awaits (a condition read from
+    /// several places): take the ticket before the check starts, park with it after.
+    pub fn ticket(&self) -> u64 {
+        self.state.borrow().generation
+    }
+
+    /// A future that completes at the first [`Notify::notify_waiters`] after `ticket` was taken
+    /// (at once if one already came).
+    pub fn notified_since(&self, ticket: u64) -> Notified<'_> {
         Notified {
             notify: self,
-            generation,
+            generation: ticket,
             slot: None,
         }
     }
