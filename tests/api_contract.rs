@@ -913,6 +913,43 @@ fn a_long_poll_whose_client_left_leases_nothing() {
 }
 
 #[test]
+fn per_partition_caps_take_any_positive_go_int() {
+    // Proves API.md §6.1/§6.4: the caps are Go ints with no upper bound ("> 0"), so a client
+    // that means "no cap" with a huge value is served (4294967296 and above were refused 400).
+    let (_d, s) = server("bigcaps");
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"big","max_in_flight_per_partition":9223372036854775807}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        r.json()["max_in_flight_per_partition"],
+        9_223_372_036_854_775_807u64
+    );
+    let r = c.request(
+        "PATCH",
+        "/v1/topics/big",
+        &[("Content-Type", "application/json")],
+        br#"{"max_acked_ahead_per_partition":4294967296}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = c.get("/v1/topics/big").json();
+    assert_eq!(t["max_acked_ahead_per_partition"], 4_294_967_296u64);
+    assert_eq!(
+        t["max_in_flight_per_partition"],
+        9_223_372_036_854_775_807u64
+    );
+    assert_eq!(
+        c.post_client("/v1/topics/big/produce?partition=1", b"{}")
+            .status,
+        202
+    );
+    let m = c.get("/v1/topics/big/consume?partition=1").json();
+    assert_eq!(m["offset"], 0);
+}
+
+#[test]
 fn patch_groups_apply_in_order_without_a_transaction() {
     // Proves API.md §6.4: retention → caps → partitions → schema, each its own write; the first
     // failing group answers its error and the groups before it stay applied.

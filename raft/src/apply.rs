@@ -571,8 +571,8 @@ fn make_standalone(child: &mut TopicMeta) {
 
 struct Alter {
     retention_ms: Option<u64>,
-    max_in_flight_per_partition: Option<u32>,
-    max_acked_ahead_per_partition: Option<u32>,
+    max_in_flight_per_partition: Option<u64>,
+    max_acked_ahead_per_partition: Option<u64>,
     partitions: Option<u32>,
     schema: Option<Value>,
     schema_base_version: Option<u32>,

@@ -108,8 +108,10 @@ pub struct TopicMeta {
     /// 0 = keep forever.
     pub retention_ms: u64,
     pub visibility_timeout_ms: u64,
-    pub max_in_flight_per_partition: u32,
-    pub max_acked_ahead_per_partition: u32,
+    /// Go `int`s in the original: any positive value (u32 in logs written before 2026-12-03,
+    /// which read the same).
+    pub max_in_flight_per_partition: u64,
+    pub max_acked_ahead_per_partition: u64,
     /// Unix seconds.
     pub created_at_s: u64,
     /// Creating user; `None` with security off or after the user was deleted.
@@ -212,9 +214,9 @@ pub enum MetaCommand {
         #[serde(default)]
         retention_ms: Option<u64>,
         #[serde(default)]
-        max_in_flight_per_partition: Option<u32>,
+        max_in_flight_per_partition: Option<u64>,
         #[serde(default)]
-        max_acked_ahead_per_partition: Option<u32>,
+        max_acked_ahead_per_partition: Option<u64>,
         #[serde(default)]
         partitions: Option<u32>,
         #[serde(default)]

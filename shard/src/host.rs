@@ -45,8 +45,8 @@ pub type WakeHook = Box<dyn Fn(TopicId)>;
 pub struct QueueConf {
     pub topic: TopicId,
     pub visibility_ms: u64,
-    pub max_in_flight: u32,
-    pub max_acked_ahead: u32,
+    pub max_in_flight: u64,
+    pub max_acked_ahead: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

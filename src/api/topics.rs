@@ -22,8 +22,8 @@ pub struct TopicView<'a> {
     partitions: u32,
     retention_ms: u64,
     visibility_timeout_ms: u64,
-    max_in_flight_per_partition: u32,
-    max_acked_ahead_per_partition: u32,
+    max_in_flight_per_partition: u64,
+    max_acked_ahead_per_partition: u64,
     created_at: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     owner: Option<&'a str>,
@@ -124,13 +124,10 @@ fn defaulted(field: &str, v: Option<i64>, default: u64) -> Result<u64, Response>
     }
 }
 
-fn u32_field(field: &str, v: u64) -> Result<u32, Response> {
-    u32::try_from(v).map_err(|_| invalid(format!("{field} ({v}) is too large")))
-}
-
-/// A per-partition cap (`max_*_per_partition`): 0 means the server default; stored as u32.
-fn cap_field(field: &str, v: Option<i64>, default: u32) -> Result<u32, Response> {
-    defaulted(field, v, u64::from(default)).and_then(|v| u32_field(field, v))
+/// A per-partition cap (`max_*_per_partition`): 0 means the server default; any positive value
+/// is kept (a Go `int` in the original, where a huge one means "no cap").
+fn cap_field(field: &str, v: Option<i64>, default: u32) -> Result<u64, Response> {
+    defaulted(field, v, u64::from(default))
 }
 
 /// Proposes one metadata change; a refusal becomes its answer.
