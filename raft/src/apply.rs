@@ -463,13 +463,10 @@ fn create_topic(state: &mut MetaState, mut t: TopicMeta) -> Result<MetaResponse,
     validate_retention(t.retention_ms)?;
     for (field, v) in [
         ("visibility_timeout_ms", t.visibility_timeout_ms),
-        (
-            "max_in_flight_per_partition",
-            u64::from(t.max_in_flight_per_partition),
-        ),
+        ("max_in_flight_per_partition", t.max_in_flight_per_partition),
         (
             "max_acked_ahead_per_partition",
-            u64::from(t.max_acked_ahead_per_partition),
+            t.max_acked_ahead_per_partition,
         ),
     ] {
         if v == 0 {
