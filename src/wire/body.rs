@@ -145,6 +145,7 @@ fn walk_single_array_object<'a>(
     body: &'a [u8],
     field: &str,
     go_type: &str,
+    array_type: &str,
     max: usize,
     too_many: &str,
     mut elem: impl FnMut(&mut Reader<'a>, usize) -> Result<(), Fail>,
@@ -188,7 +189,7 @@ fn walk_single_array_object<'a>(
                         return Err(type_error(
                             &mut r,
                             &format!("struct field {go_type}.{field}"),
-                            "[]",
+                            array_type,
                         ));
                     }
                     r.pos += 1;
@@ -329,6 +330,8 @@ pub fn parse_batch_produce(body: &[u8]) -> Result<Vec<BatchMessage<'_>>, BatchPr
         body,
         "messages",
         "batchRequest",
+        // The element type's Go name is not known from the spec.
+        "[]",
         BATCH_MESSAGES_MAX,
         &too_many,
         |r, i| {
@@ -424,6 +427,7 @@ pub fn parse_batch_ack(body: &[u8]) -> Result<Vec<Result<ReceiptHandle, Malforme
         body,
         "receipt_handles",
         "batchAckRequest",
+        "[]string",
         BATCH_ACK_HANDLES_MAX,
         &too_many,
         |r, i| {
@@ -747,6 +751,11 @@ mod tests {
         assert!(parse_batch_ack(br#"{"receipt_handles":[1]}"#)
             .unwrap_err()
             .contains("cannot unmarshal number 1"));
+        // Go names the field's type in full (audit s20 D4: "of type []" before).
+        assert_eq!(
+            parse_batch_ack(br#"{"receipt_handles":"0:0:1"}"#),
+            Err("invalid json: json: cannot unmarshal string into Go struct field batchAckRequest.receipt_handles of type []string".to_string())
+        );
     }
 
     #[derive(serde::Deserialize, Debug, PartialEq)]
