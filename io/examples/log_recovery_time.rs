@@ -33,7 +33,7 @@ fn main() {
                         partition: PartitionId(((i + j) % 8) as u32),
                     },
                     msg_key: None,
-                    payload: vec![(i + j) as u8; 256],
+                    payload: vec![(i + j) as u8; 256].into(),
                 })
                 .collect();
             log.append(batch).await.unwrap();

@@ -62,7 +62,7 @@ async fn run_log(dir: PathBuf, load: Load) -> (u64, u64, Vec<u64>) {
                     .map(|_| AppendRecord {
                         key: key(a),
                         msg_key: None,
-                        payload: vec![a as u8; 256],
+                        payload: vec![a as u8; 256].into(),
                     })
                     .collect();
                 log.append(recs).await.unwrap();
@@ -108,7 +108,7 @@ async fn run_wal(dir: PathBuf, load: Load) -> (u64, u64, Vec<u64>) {
                         offset: Offset(i + j),
                         commit_ms: UnixMillis(0),
                         msg_key: None,
-                        payload: vec![a as u8; 256],
+                        payload: vec![a as u8; 256].into(),
                     })
                     .collect();
                 wal.append(recs).await.unwrap();

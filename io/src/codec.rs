@@ -9,7 +9,7 @@
 //! Checksums are CRC-32 as computed by `crc32fast` (the IEEE polynomial; the crate offers no
 //! Castagnoli variant). All integers are little-endian.
 
-use crate::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+use crate::types::{Offset, PartitionId, PartitionKey, SharedBytes, TopicId, UnixMillis};
 
 /// Position in the WAL: segment sequence number and byte offset inside that segment.
 /// Ordered first by segment, then by byte, which is log order.
@@ -27,7 +27,7 @@ pub enum WalRecord {
         offset: Offset,
         commit_ms: UnixMillis,
         msg_key: Option<Vec<u8>>,
-        payload: Vec<u8>,
+        payload: SharedBytes,
     },
     /// Accepted here for a partition owned by another shard (or node), until handed over.
     /// `seq` counts the transit records of one destination shard in WAL order.
@@ -36,7 +36,7 @@ pub enum WalRecord {
         seq: u64,
         commit_ms: UnixMillis,
         msg_key: Option<Vec<u8>>,
-        payload: Vec<u8>,
+        payload: SharedBytes,
     },
     /// Acks made durable.
     Settle {
@@ -295,7 +295,7 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
             let offset = Offset(r.u64()?);
             let commit_ms = UnixMillis(r.u64()?);
             let msg_key = r.bytes_opt()?;
-            let payload = r.bytes()?.to_vec();
+            let payload = SharedBytes::from(r.bytes()?.to_vec());
             WalRecord::Message {
                 key,
                 offset,
@@ -309,7 +309,7 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
             let seq = r.u64()?;
             let commit_ms = UnixMillis(r.u64()?);
             let msg_key = r.bytes_opt()?;
-            let payload = r.bytes()?.to_vec();
+            let payload = SharedBytes::from(r.bytes()?.to_vec());
             WalRecord::Transit {
                 key,
                 seq,
@@ -650,14 +650,14 @@ pub(crate) mod tests {
                 offset: Offset(rng.next()),
                 commit_ms: UnixMillis(rng.next()),
                 msg_key: opt(rng),
-                payload: small(rng),
+                payload: small(rng).into(),
             },
             1 => WalRecord::Transit {
                 key,
                 seq: rng.next(),
                 commit_ms: UnixMillis(rng.next()),
                 msg_key: opt(rng),
-                payload: small(rng),
+                payload: small(rng).into(),
             },
             4 => WalRecord::Handed {
                 dest: rng.next() as u32,

@@ -66,7 +66,9 @@ use crate::partition::{
     SyncError, SyncTimes, SyncWork,
 };
 use crate::rt::{oneshot, Notify, Task};
-use crate::types::{owner_shard, FastMap, Offset, PartitionKey, ShardId, TopicId, UnixMillis};
+use crate::types::{
+    owner_shard, FastMap, Offset, PartitionKey, ShardId, SharedBytes, TopicId, UnixMillis,
+};
 use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
@@ -152,7 +154,9 @@ impl LogConfig {
 pub struct AppendRecord {
     pub key: PartitionKey,
     pub msg_key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
+    /// Shared with the request body it was parsed from (a batch's records take no allocation
+    /// each) or with the read it came from (a fan-out copy).
+    pub payload: SharedBytes,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

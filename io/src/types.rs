@@ -125,6 +125,20 @@ impl SharedBytes {
             end: range.end,
         }
     }
+
+    /// `part` as a range of `buf` when it is a subslice of it, else a copy of its own.
+    pub fn within(buf: &std::sync::Arc<Vec<u8>>, part: &[u8]) -> SharedBytes {
+        let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+        match at.checked_add(part.len()) {
+            Some(end) if end <= buf.len() => SharedBytes::new(std::sync::Arc::clone(buf), at..end),
+            _ => SharedBytes::from(part.to_vec()),
+        }
+    }
+
+    /// Whether these bytes are a range of `buf` (shared, not copied).
+    pub fn shares(&self, buf: &std::sync::Arc<Vec<u8>>) -> bool {
+        std::sync::Arc::ptr_eq(&self.buf, buf)
+    }
 }
 
 impl From<Vec<u8>> for SharedBytes {
@@ -210,6 +224,14 @@ mod tests {
         assert_eq!(payload, SharedBytes::from(b"payload".to_vec()));
         assert_ne!(key, payload);
         assert_eq!(format!("{key:?}"), format!("{:?}", b"key".as_slice()));
+        let buf = std::sync::Arc::new(b"abcdef".to_vec());
+        assert_eq!(&*SharedBytes::within(&buf, &buf[2..4]), b"cd");
+        assert!(SharedBytes::within(&buf, &buf[2..4]).shares(&buf));
+        let other = b"cd".to_vec();
+        let copied = SharedBytes::within(&buf, &other);
+        assert_eq!(copied, other, "a slice of another buffer is copied");
+        assert!(!copied.shares(&buf));
+        assert!(SharedBytes::within(&buf, &[]).is_empty());
     }
 
     #[test]

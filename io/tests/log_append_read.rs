@@ -170,7 +170,7 @@ fn one_call_spanning_partitions_keeps_input_order() {
         let huge = AppendRecord {
             key: a,
             msg_key: None,
-            payload: vec![0; 1 << 20],
+            payload: vec![0; 1 << 20].into(),
         };
         assert!(matches!(
             log.append(vec![huge]).await,
@@ -207,7 +207,7 @@ fn queue_bound_applies_backpressure_without_loss() {
                 let r = AppendRecord {
                     key: key(3, (a % 3) as u32),
                     msg_key: None,
-                    payload: vec![a as u8; 4096],
+                    payload: vec![a as u8; 4096].into(),
                 };
                 log.append(vec![r]).await.unwrap()[0]
             }));
@@ -238,7 +238,7 @@ fn offset_index_costs_about_four_bytes_per_record() {
                 .map(|_| AppendRecord {
                     key: k,
                     msg_key: None,
-                    payload: vec![7; 64],
+                    payload: vec![7; 64].into(),
                 })
                 .collect();
             log.append(batch).await.unwrap();
@@ -320,7 +320,7 @@ fn with_a_checkpoint_every_segment_rollovers_reuse_released_segments() {
                 .map(|_| AppendRecord {
                     key: k,
                     msg_key: None,
-                    payload: body.clone(),
+                    payload: body.clone().into(),
                 })
                 .collect();
             log.append(recs).await.unwrap();

@@ -104,7 +104,7 @@ fn record(k: narad_io::types::PartitionKey, i: u64) -> AppendRecord {
     AppendRecord {
         key: k,
         msg_key: None,
-        payload: vec![i as u8; 3000],
+        payload: vec![i as u8; 3000].into(),
     }
 }
 

@@ -24,7 +24,7 @@ fn msg(appender: u32, i: u64, size: usize) -> WalRecord {
         offset: Offset(i),
         commit_ms: UnixMillis(1_700_000_000_000 + i),
         msg_key: i.is_multiple_of(3).then(|| format!("k{i}").into_bytes()),
-        payload: vec![(appender as u8) ^ (i as u8); size],
+        payload: vec![(appender as u8) ^ (i as u8); size].into(),
     }
 }
 

@@ -19,7 +19,7 @@ fn msg(i: u64) -> WalRecord {
         offset: Offset(i),
         commit_ms: UnixMillis(i),
         msg_key: None,
-        payload: vec![i as u8; 3000],
+        payload: vec![i as u8; 3000].into(),
     }
 }
 

@@ -28,7 +28,8 @@ fn record(id: u64) -> WalRecord {
         msg_key: Some(id.to_le_bytes().to_vec()),
         payload: (0..100 + (id % 64) as usize)
             .map(|i| (id as usize * 31 + i) as u8)
-            .collect(),
+            .collect::<Vec<u8>>()
+            .into(),
     }
 }
 

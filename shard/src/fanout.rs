@@ -724,7 +724,7 @@ impl Fanout {
                         partition: PartitionId(p % cp),
                     },
                     msg_key: r.msg_key.as_deref().map(<[u8]>::to_vec),
-                    payload: r.payload.to_vec(),
+                    payload: r.payload,
                 }
             })
             .collect()
@@ -772,7 +772,7 @@ mod tests {
         AppendRecord {
             key: k,
             msg_key: msg_key.map(|s| s.as_bytes().to_vec()),
-            payload: format!("m{i}").into_bytes(),
+            payload: format!("m{i}").into_bytes().into(),
         }
     }
 
@@ -1021,7 +1021,7 @@ mod tests {
                 log.append(vec![AppendRecord {
                     key: key(1, 0),
                     msg_key: None,
-                    payload: format!("{i}{pad}").into_bytes(),
+                    payload: format!("{i}{pad}").into_bytes().into(),
                 }])
                 .await
                 .unwrap();

@@ -2,10 +2,11 @@
 //! ack/extend/nack. The answer `202` is sent only after `Node::append` returned, which happens only
 //! after the owner shard's group commit made every record durable and verified.
 
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use narad_io::log::AppendRecord;
-use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey};
+use narad_io::types::{Nonce, Offset, PartitionId, PartitionKey, SharedBytes};
 use narad_raft::TopicMeta;
 use narad_shard::host::{now_ms, Leased, QueueConf, SettleKind};
 
@@ -170,7 +171,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
             partition: PartitionId(p),
         },
         msg_key: key,
-        payload: req.body,
+        payload: req.body.into(),
     };
     let tally = crate::metrics::Tally::of(std::slice::from_ref(&rec));
     // Another shard's partition: one local fsync, then the hand-off (crate::transit).
@@ -183,7 +184,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     }
 }
 
-pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
+pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> Response {
     tri!(produce_query(&req.query, true));
     // A compressed body is decoded under the same cap as a plain one (API.md §10.2).
     let decoded = match wire::encoding::body_encoding(req.headers.get("content-encoding")) {
@@ -194,9 +195,10 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
         Ok(d) => d,
         Err(e) => return error(e.status(), &e.message()),
     };
-    let body: &[u8] = decoded.as_deref().unwrap_or(&req.body);
+    // The records' payloads stay ranges of this one buffer: no allocation or copy each.
+    let body = std::sync::Arc::new(decoded.unwrap_or_else(|| std::mem::take(&mut req.body)));
     // Pass one: format of every element (encodings, empty payloads, negative partitions).
-    let msgs = match wire::body::parse_batch_produce(body) {
+    let msgs = match wire::body::parse_batch_produce(&body) {
         Ok(m) => m,
         Err(e) => return error(e.status(), e.message()),
     };
@@ -246,7 +248,11 @@ pub async fn produce_batch(node: &Rc<Node>, req: &Request, topic: &str) -> Respo
                 partition: PartitionId(p),
             },
             msg_key: m.key.map(|k| k.into_owned()).filter(|k| !k.is_empty()),
-            payload: m.payload.into_owned(),
+            payload: match m.payload {
+                Cow::Borrowed(raw) => SharedBytes::within(&body, raw),
+                // Unescaped or decoded: bytes of its own.
+                Cow::Owned(v) => v.into(),
+            },
         });
     }
     let n = records.len();

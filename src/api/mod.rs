@@ -579,7 +579,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::TopicDelete => topics::delete(node, &req, t).await,
         Route::TopicSchema => topics::schema(node, t),
         Route::Produce => messages::produce(node, req, t).await,
-        Route::ProduceBatch => messages::produce_batch(node, &req, t).await,
+        Route::ProduceBatch => messages::produce_batch(node, &mut req, t).await,
         Route::Consume => messages::consume(node, &req, t).await,
         Route::Ack => messages::ack(node, &req, t).await,
         Route::ChildrenAttach => children::attach(node, &req, t).await,

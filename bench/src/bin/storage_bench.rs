@@ -129,7 +129,7 @@ fn record(shard: u32, i: u64) -> WalRecord {
         offset: Offset(i),
         commit_ms: UnixMillis(i),
         msg_key: None,
-        payload: vec![(i as u8) | 1; PAYLOAD_BYTES],
+        payload: vec![(i as u8) | 1; PAYLOAD_BYTES].into(),
     }
 }
 

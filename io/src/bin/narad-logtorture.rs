@@ -165,7 +165,7 @@ async fn appender(log: ShardLog, shard: ShardId, mut rng: Rng) {
             recs.push(AppendRecord {
                 key: key(p),
                 msg_key,
-                payload,
+                payload: payload.into(),
             });
         }
         match log.append(recs).await {

@@ -1071,10 +1071,7 @@ impl PartitionLog {
             r.map_err(ReadError::Io)?;
             // The records point into the one buffer they were read into (no copy each).
             let buf = Arc::new(buf);
-            let range_of = |part: &[u8]| {
-                let at = part.as_ptr() as usize - buf.as_ptr() as usize;
-                SharedBytes::new(Arc::clone(&buf), at..at + part.len())
-            };
+            let range_of = |part: &[u8]| SharedBytes::within(&buf, part);
             for i in first_i..last_i {
                 let offset = Offset(seg.base.0 + i as u64);
                 let a = (u64::from(seg.positions[i]) - start) as usize;

@@ -320,14 +320,14 @@ impl Sim {
                 seq: id,
                 commit_ms: UnixMillis(id),
                 msg_key: None,
-                payload: self.payload(id),
+                payload: self.payload(id).into(),
             },
             _ => WalRecord::Message {
                 key,
                 offset: Offset(id),
                 commit_ms: UnixMillis(id * 3),
                 msg_key: self.rng.one_in(2).then(|| id.to_be_bytes().to_vec()),
-                payload: self.payload(id),
+                payload: self.payload(id).into(),
             },
         };
         self.submitted.push(r.clone());

@@ -44,6 +44,6 @@ pub fn rec(k: PartitionKey, i: u64) -> AppendRecord {
     AppendRecord {
         key: k,
         msg_key: i.is_multiple_of(2).then(|| format!("key{i}").into_bytes()),
-        payload: payload(k, i),
+        payload: payload(k, i).into(),
     }
 }
