@@ -314,7 +314,8 @@ fn schema_versions_evolve_compatibly() {
 fn registration_and_payload_limits() {
     // Proves the §8.3/§8.4 limits over HTTP: documents that are not an object or `true`, larger
     // than 256 KiB, nesting deeper than 64, referencing outside the document, with lookaround
-    // patterns, or with exponential shapes are refused with 400 and create nothing; payloads
+    // patterns, patterns costing more than 32 steps per byte, or with exponential shapes are
+    // refused with 400 and create nothing; payloads
     // nesting 256 levels pass and 257 get the exact 400 text.
     let (_d, s) = server("schema-limits");
     let mut c = s.client();
@@ -337,6 +338,8 @@ fn registration_and_payload_limits() {
         json!({"$ref":"https://example.com/schema.json"}),
         json!({"$ref":"other.json#/x"}),
         json!({"pattern":"^(?!admin).*$"}),
+        // Seconds of CPU per KiB of "aaa…" before it was refused (audit s20).
+        json!({"properties":{"v":{"pattern":"^(?:(?:a{1,30}){1,30}){1,30}$"}}}),
         json!({"$defs": laughs, "$ref":"#/$defs/a10"}),
         json!({"type": 12}),
     ]
@@ -348,6 +351,16 @@ fn registration_and_payload_limits() {
         assert_eq!(r.status, 400, "case {i}: {}", r.text());
         assert_eq!(c.get(&format!("/v1/topics/{name}")).status, 404);
     }
+    let r = create(
+        &mut c,
+        &json!({"name":"slow","schema":{"pattern":"^(?:(?:a{1,30}){1,30}){1,30}$"}}),
+    );
+    assert!(
+        r.error()
+            .contains("at '/pattern' costs more than 32 steps per byte"),
+        "{}",
+        r.error()
+    );
     let r = create(&mut c, &json!({"name":"any","schema":true}));
     assert_eq!(r.status, 201, "{}", r.text());
     let ok = format!("{}{}", "[".repeat(256), "]".repeat(256));

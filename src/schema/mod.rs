@@ -19,6 +19,7 @@
 
 mod compat;
 mod cost;
+mod pattern_cost;
 mod payload;
 pub mod walk;
 
@@ -151,12 +152,15 @@ pub fn compile(doc: &Value) -> Result<jsonschema::Validator, String> {
 }
 
 fn build(doc: &Value) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
+    options().build(doc)
+}
+
+fn options() -> jsonschema::ValidationOptions<'static> {
     jsonschema::options()
         .offline()
         .should_validate_formats(true)
         .should_ignore_unknown_formats(true)
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_BYTES_MAX))
-        .build(doc)
 }
 
 /// Checks a schema document for registration (SEMANTICS.md §8.4). `Err` is the full `400` text.
@@ -193,6 +197,10 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
     }
     cost::check(doc).map_err(|e| {
         count(|c| c.rejected_definition_paths += 1);
+        format!("invalid argument: schema: {e}")
+    })?;
+    pattern_cost::check(doc, options).map_err(|e| {
+        count(|c| c.rejected_definition_pattern += 1);
         format!("invalid argument: schema: {e}")
     })?;
     build(doc).map_err(|e| {
