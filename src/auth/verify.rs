@@ -80,15 +80,21 @@ impl Pool {
     /// Starts the helper threads. A thread that cannot start leaves the pool smaller (at least
     /// one must start, or jobs are never run and every check times out as `Busy`).
     pub fn new() -> Pool {
+        Pool::with_threads(VERIFY_THREADS, "narad-bcrypt")
+    }
+
+    /// A pool of `threads` helper threads named `<name>-<i>` (the schema validation pool uses
+    /// it too).
+    pub fn with_threads(threads: usize, name: &str) -> Pool {
         let shared = Arc::new(Shared::default());
         let queued = Arc::new(AtomicUsize::new(0));
-        for i in 0..VERIFY_THREADS {
+        for i in 0..threads.max(1) {
             let (shared, queued) = (shared.clone(), queued.clone());
             let r = std::thread::Builder::new()
-                .name(format!("narad-bcrypt-{i}"))
+                .name(format!("{name}-{i}"))
                 .spawn(move || worker(&shared, &queued));
             if let Err(e) = r {
-                tracing::error!(error = %e, "starting a bcrypt helper thread failed");
+                tracing::error!(error = %e, "starting a {name} helper thread failed");
             }
         }
         Pool { shared, queued }

@@ -25,7 +25,7 @@ pub mod walk;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use narad_io::rt::{Semaphore, SemaphorePermit};
@@ -118,7 +118,7 @@ pub struct Counters {
 }
 
 struct Cached {
-    compiled: Result<Rc<Compiled>, String>,
+    compiled: Result<Arc<Compiled>, String>,
     used: u64,
 }
 
@@ -260,51 +260,70 @@ impl Compiled {
 
     /// Validates one produce payload, under the shard's slot when it is large or the schema is
     /// costly, and yields afterwards so a batch does not hold the shard.
-    pub async fn check(&self, payload: &[u8]) -> Result<(), Rejection> {
+    pub async fn check(self: &Arc<Self>, payload: &[u8]) -> Result<(), Rejection> {
         self.check_within(payload, SLOT_WAIT).await
     }
 
-    async fn check_within(&self, payload: &[u8], wait: Duration) -> Result<(), Rejection> {
-        let permit = if payload.len() > SLOT_PAYLOAD_BYTES_MIN || self.costly {
-            Some(acquire_slot(wait).await?)
-        } else {
-            None
-        };
-        let t0 = permit.is_some().then(std::time::Instant::now);
+    /// A slot validation runs on a validation helper thread (one per core per node), so that
+    /// the shard keeps serving meanwhile and a produce waiting for the slot gets its `503` on
+    /// time; the others (small payload, ordinary schema) run here.
+    async fn check_within(
+        self: &Arc<Self>,
+        payload: &[u8],
+        wait: Duration,
+    ) -> Result<(), Rejection> {
+        if payload.len() <= SLOT_PAYLOAD_BYTES_MIN && !self.costly {
+            count(|c| c.in_flight += 1);
+            let r = self.check_now(payload);
+            count(|c| c.in_flight -= 1);
+            narad_io::rt::yield_if_needed().await;
+            return r;
+        }
+        let permit = acquire_slot(wait).await?;
+        let t0 = std::time::Instant::now();
         count(|c| c.in_flight += 1);
-        let r = self.check_now(payload);
+        let job = {
+            let me = Arc::clone(self);
+            let payload = payload.to_vec();
+            move || me.verdict(&payload)
+        };
+        let verdict = match validation_pool().submit(job) {
+            Ok(slot) => slot.wait().await,
+            Err(crate::auth::verify::Busy) => None,
+        };
         count(|c| {
             c.in_flight -= 1;
-            if let Some(t0) = t0 {
-                c.slot_validation.record(t0.elapsed());
-            }
+            c.slot_validation.record(t0.elapsed());
         });
         drop(permit);
-        narad_io::rt::yield_if_needed().await;
-        r
+        match verdict {
+            Some(v) => settle(v),
+            None => {
+                count(|c| c.rejected_busy += 1);
+                Err(Rejection {
+                    status: 503,
+                    message: BUSY_MESSAGE.into(),
+                })
+            }
+        }
     }
 
-    /// Validates without the slot (the caller bounds the cost).
+    /// Validates here, on the calling thread (the caller bounds the cost).
     pub fn check_now(&self, payload: &[u8]) -> Result<(), Rejection> {
-        count(|c| c.validations += 1);
+        settle(self.verdict(payload))
+    }
+
+    /// The outcome of validating `payload`; touches no shard state, so any thread may run it.
+    fn verdict(&self, payload: &[u8]) -> Verdict {
         let v = match payload::parse(payload) {
             Ok(v) => v,
-            Err(Malformed::TooDeep) => {
-                count(|c| c.rejected_depth += 1);
-                return Err(Rejection::bad(TOO_DEEP_MESSAGE.into()));
-            }
-            Err(Malformed::NotJson(e)) => {
-                count(|c| c.rejected_malformed += 1);
-                return Err(Rejection::bad(format!(
-                    "invalid argument: schema: payload is not one valid JSON text: {e}"
-                )));
-            }
+            Err(Malformed::TooDeep) => return Verdict::TooDeep,
+            Err(Malformed::NotJson(e)) => return Verdict::NotJson(e),
         };
         if self.validator.is_valid(&v) {
-            return Ok(());
+            return Verdict::Valid;
         }
-        count(|c| c.rejected_invalid += 1);
-        Err(Rejection::bad(self.report(&v)))
+        Verdict::Invalid(self.report(&v))
     }
 
     /// The §8.2 report: `...failed with 'narad://schema/<topic>/<version>#'` then one
@@ -333,6 +352,48 @@ impl Compiled {
         truncate(&mut out, REJECTION_BYTES_MAX);
         out
     }
+}
+
+/// What validating one payload found, before the shard counts it.
+#[derive(Clone, Debug)]
+enum Verdict {
+    Valid,
+    TooDeep,
+    NotJson(String),
+    /// The §8.2 report.
+    Invalid(String),
+}
+
+/// Counts a verdict on this shard and turns it into the produce's answer.
+fn settle(v: Verdict) -> Result<(), Rejection> {
+    count(|c| c.validations += 1);
+    match v {
+        Verdict::Valid => Ok(()),
+        Verdict::TooDeep => {
+            count(|c| c.rejected_depth += 1);
+            Err(Rejection::bad(TOO_DEEP_MESSAGE.into()))
+        }
+        Verdict::NotJson(e) => {
+            count(|c| c.rejected_malformed += 1);
+            Err(Rejection::bad(format!(
+                "invalid argument: schema: payload is not one valid JSON text: {e}"
+            )))
+        }
+        Verdict::Invalid(report) => {
+            count(|c| c.rejected_invalid += 1);
+            Err(Rejection::bad(report))
+        }
+    }
+}
+
+/// The node's schema validation helper threads: one per core (SEMANTICS.md §8.3's per-node
+/// bound; each shard's slot admits one job at a time).
+fn validation_pool() -> &'static crate::auth::verify::Pool {
+    static POOL: std::sync::OnceLock<crate::auth::verify::Pool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        crate::auth::verify::Pool::with_threads(cores, "narad-schema")
+    })
 }
 
 fn truncate(s: &mut String, max: usize) {
@@ -430,7 +491,7 @@ fn reason(e: &jsonschema::ValidationError<'_>) -> String {
 
 /// The validator of `t`'s current schema version on this shard, compiled on first use. `None`
 /// when the topic has no schema.
-pub fn for_topic(t: &TopicMeta) -> Result<Option<Rc<Compiled>>, Rejection> {
+pub fn for_topic(t: &TopicMeta) -> Result<Option<Arc<Compiled>>, Rejection> {
     let version = t.schema_version();
     let Some(doc) = t.current_schema() else {
         return Ok(None);
@@ -449,7 +510,7 @@ pub fn for_topic(t: &TopicMeta) -> Result<Option<Rc<Compiled>>, Rejection> {
         Some(c) => c,
         None => {
             // Compiled outside the borrow: compiling never awaits, but keep borrows short.
-            let c = Compiled::new(&t.name, version, doc).map(Rc::new);
+            let c = Compiled::new(&t.name, version, doc).map(Arc::new);
             SHARD.with(|s| {
                 let mut s = s.borrow_mut();
                 // Older versions of this topic are never used again.
@@ -678,7 +739,7 @@ mod tests {
         };
         let a = for_topic(&t).unwrap().unwrap();
         let b = for_topic(&t).unwrap().unwrap();
-        assert!(Rc::ptr_eq(&a, &b));
+        assert!(Arc::ptr_eq(&a, &b));
         let before = cached_validators();
         t.schemas.push(json!({"type":["string","integer"]}));
         let c = for_topic(&t).unwrap().unwrap();
@@ -716,7 +777,7 @@ mod tests {
             for_topic(&hot).unwrap();
         }
         assert!(cached_validators() <= VALIDATORS_CACHED_MAX);
-        assert!(Rc::ptr_eq(&first, &for_topic(&hot).unwrap().unwrap()));
+        assert!(Arc::ptr_eq(&first, &for_topic(&hot).unwrap().unwrap()));
     }
 
     #[test]
@@ -725,7 +786,7 @@ mod tests {
         // whose text holds both API.md §10.1's wording and the `schema validation slot` the Go
         // SDK matches (CLIENTS.md), and gets through once the slot is free.
         narad_io::rt::block_on(async {
-            let c = compiled(json!({"type":"string"}));
+            let c = Arc::new(compiled(json!({"type":"string"})));
             let big = serde_json::to_vec(&"x".repeat(SLOT_PAYLOAD_BYTES_MIN + 1)).unwrap();
             let held = acquire_slot(SLOT_WAIT).await.unwrap();
             let r = c
