@@ -351,6 +351,17 @@ fn registration_and_payload_limits() {
         assert_eq!(r.status, 400, "case {i}: {}", r.text());
         assert_eq!(c.get(&format!("/v1/topics/{name}")).status, 404);
     }
+    // Deeper than the document parser goes (128): the nesting limit is named (audit s20 D5).
+    let body = format!(
+        r#"{{"name":"deep","schema":{}{{}}{}}}"#,
+        r#"{"not":"#.repeat(129),
+        "}".repeat(129)
+    );
+    let r = c.post_json("/v1/topics", &body);
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (400, "invalid argument: schema nests deeper than 64 levels")
+    );
     let r = create(
         &mut c,
         &json!({"name":"slow","schema":{"pattern":"^(?:(?:a{1,30}){1,30}){1,30}$"}}),

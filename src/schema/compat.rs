@@ -84,10 +84,19 @@ const HANDLED: &[&str] = &[
     "uniqueItems",
 ];
 
+/// The draft a document is validated under: its `$schema` without an empty fragment, the
+/// default 2020-12 when absent (so naming the default explicitly changes nothing).
+fn draft_of(doc: &Value) -> Option<String> {
+    match doc.get("$schema") {
+        None => Some("https://json-schema.org/draft/2020-12/schema".into()),
+        Some(Value::String(s)) => Some(s.strip_suffix('#').unwrap_or(s).to_string()),
+        Some(_) => None,
+    }
+}
+
 /// Checks that `new` accepts everything `old` accepted. Both must be registrable documents.
 pub fn check(old: &Value, new: &Value) -> Result<(), Incompatible> {
-    let schema_of = |v: &Value| v.get("$schema").cloned();
-    if schema_of(old) != schema_of(new) {
+    if draft_of(old) != draft_of(new) {
         return Err(Incompatible {
             location: String::new(),
             reason: "$schema changed".into(),
@@ -839,6 +848,10 @@ mod tests {
         let mut v = base.clone();
         v["$schema"] = json!("http://json-schema.org/draft-07/schema#");
         assert_eq!(bad(base.clone(), v), "at /: $schema changed");
+        // Naming the default draft is no change (audit s20 D2).
+        let mut named = base.clone();
+        named["$schema"] = json!("https://json-schema.org/draft/2020-12/schema");
+        assert!(check(&base, &named).is_ok() && check(&named, &base).is_ok());
         let mut v = base.clone();
         v["additionalProperties"] = json!(false);
         assert_eq!(

@@ -216,7 +216,14 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
 
 /// Parses the `schema` member of a create or alter body.
 pub fn parse_document(raw: &serde_json::value::RawValue) -> Result<Value, String> {
-    serde_json::from_str(raw.get()).map_err(|_| "invalid argument: schema is not valid JSON".into())
+    serde_json::from_str(raw.get()).map_err(|_| {
+        // The parser gives up at 128 levels: name the limit the document broke, not its syntax.
+        if crate::wire::reader::nesting_depth(raw.get().as_bytes()) > SCHEMA_NESTING_MAX {
+            format!("invalid argument: schema nests deeper than {SCHEMA_NESTING_MAX} levels")
+        } else {
+            "invalid argument: schema is not valid JSON".into()
+        }
+    })
 }
 
 /// True when `a` and `b` differ at most in annotations (re-registering `b` over `a` registers
