@@ -130,11 +130,9 @@ fn topic_lifecycle_and_errors() {
     assert_eq!(c.get("/v1/topics/orders?partition=3").status, 400);
     assert_eq!(c.get("/v1/topics/nope").error(), "topic not found");
 
-    let r = c.request(
-        "PATCH",
+    let r = c.patch_json(
         "/v1/topics/orders",
-        &[("Content-Type", "application/json")],
-        br#"{"retention_ms":7200000,"max_in_flight_per_partition":5,"partitions":4}"#,
+        r#"{"retention_ms":7200000,"max_in_flight_per_partition":5,"partitions":4}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let j = r.json();
@@ -146,19 +144,9 @@ fn topic_lifecycle_and_errors() {
         ),
         (Some(7_200_000), Some(5), Some(4))
     );
-    let r = c.request(
-        "PATCH",
-        "/v1/topics/orders",
-        &[("Content-Type", "application/json")],
-        br#"{"partitions":3}"#,
-    );
+    let r = c.patch_json("/v1/topics/orders", r#"{"partitions":3}"#);
     assert_eq!(r.error(), "invalid argument: new partition count (3) must be greater than current (4); decrease is not supported");
-    let r = c.request(
-        "PATCH",
-        "/v1/topics/orders",
-        &[("Content-Type", "application/json")],
-        br#"{"partitions":-2}"#,
-    );
+    let r = c.patch_json("/v1/topics/orders", r#"{"partitions":-2}"#);
     assert_eq!(
         (r.status, r.error().as_str()),
         (400, "partitions must be > 0")
@@ -181,12 +169,7 @@ fn topic_lifecycle_and_errors() {
             String::from_utf8_lossy(body)
         );
     }
-    let r = c.request(
-        "PATCH",
-        "/v1/topics/orders",
-        &[("Content-Type", "application/json")],
-        br#"{"visibility_timeout_ms":5}"#,
-    );
+    let r = c.patch_json("/v1/topics/orders", r#"{"visibility_timeout_ms":5}"#);
     assert_eq!(r.status, 400);
 
     let r = c.get("/v1/topics/orders/schema");
@@ -230,11 +213,9 @@ fn admin_body_keys_match_as_go_matches_them() {
         (Some("orders"), Some(4), Some(7_200_000))
     );
     assert_eq!(c.get("/v1/topics/first").status, 404);
-    let r = c.request(
-        "PATCH",
+    let r = c.patch_json(
         "/v1/topics/orders",
-        &[("Content-Type", "application/json")],
-        br#"{"Max_In_Flight_Per_Partition":5,"max_in_flight_per_partition":6}"#,
+        r#"{"Max_In_Flight_Per_Partition":5,"max_in_flight_per_partition":6}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["max_in_flight_per_partition"].as_u64(), Some(6));
@@ -927,11 +908,9 @@ fn per_partition_caps_take_any_positive_go_int() {
         r.json()["max_in_flight_per_partition"],
         9_223_372_036_854_775_807u64
     );
-    let r = c.request(
-        "PATCH",
+    let r = c.patch_json(
         "/v1/topics/big",
-        &[("Content-Type", "application/json")],
-        br#"{"max_acked_ahead_per_partition":4294967296}"#,
+        r#"{"max_acked_ahead_per_partition":4294967296}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let t = c.get("/v1/topics/big").json();
@@ -956,11 +935,9 @@ fn patch_groups_apply_in_order_without_a_transaction() {
     let (_d, s) = server("patch-order");
     let mut c = s.client();
     c.create_topic("pa", 4);
-    let r = c.request(
-        "PATCH",
+    let r = c.patch_json(
         "/v1/topics/pa",
-        &[("Content-Type", "application/json")],
-        br#"{"retention_ms":9000000,"max_in_flight_per_partition":7,"partitions":2}"#,
+        r#"{"retention_ms":9000000,"max_in_flight_per_partition":7,"partitions":2}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(
@@ -981,11 +958,9 @@ fn patch_groups_apply_in_order_without_a_transaction() {
         r#"{"name":"pb","partitions":5,"schema":{"type":"object","required":["a"]}}"#,
     );
     assert_eq!(r.status, 201, "{}", r.text());
-    let r = c.request(
-        "PATCH",
+    let r = c.patch_json(
         "/v1/topics/pb",
-        &[("Content-Type", "application/json")],
-        br#"{"partitions":6,"schema":{"type":"string"}}"#,
+        r#"{"partitions":6,"schema":{"type":"string"}}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
     let t = c.get("/v1/topics/pb").json();

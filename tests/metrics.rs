@@ -1069,12 +1069,7 @@ fn retention_sweeps_partition_logs_closed_for_idleness() {
     });
     assert!(m.sum("narad_segments", &p0) > 1.0, "several segments");
     assert_eq!(m.sum("narad_cold_retention_swept_total", &[]), 0.0);
-    let r = c.request(
-        "PATCH",
-        "/v1/topics/cold",
-        &[("Content-Type", "application/json")],
-        br#"{"retention_ms":3600000}"#,
-    );
+    let r = c.patch_json("/v1/topics/cold", r#"{"retention_ms":3600000}"#);
     assert_eq!(r.status, 200, "{}", r.text());
     let m = scrape_until(&mut c, "the closed log swept", |m| {
         m.sum("narad_segments", &p0) == 1.0

@@ -355,6 +355,15 @@ impl Client {
         )
     }
 
+    pub fn patch_json(&mut self, path: &str, body: &str) -> Resp {
+        self.request(
+            "PATCH",
+            path,
+            &[("Content-Type", "application/json")],
+            body.as_bytes(),
+        )
+    }
+
     pub fn post_client(&mut self, path: &str, body: &[u8]) -> Resp {
         self.request("POST", path, &[("X-Narad-Client", "narad-tests/0")], body)
     }
