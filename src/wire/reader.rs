@@ -23,8 +23,9 @@ pub(crate) fn plain_run(b: &[u8]) -> usize {
 
 /// Sixteen bytes per step with SSE2 (part of every x86-64 CPU): up to the first 16-byte block
 /// that holds a stop byte, exact within it; the rest is left to the 8-byte scan. Against the
-/// 8-byte scan alone, `skip_string` fell from 4.0 % to 1.9 % of the broker's CPU samples in the
-/// full-flow benchmark (W3, 256-byte string payloads, perf, 2026-12-03).
+/// 8-byte scan alone, `skip_string` fell from 3.0-4.0 % to 1.9-2.3 % of the broker's CPU
+/// samples in the full-flow benchmark (W3, 256-byte string payloads, perf, two runs each,
+/// 2026-12-03).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn plain_run_16(b: &[u8]) -> usize {
