@@ -720,6 +720,16 @@ fn leases_expire_nack_redelivers_extend_keeps() {
     assert_eq!(c.get("/v1/topics/l/consume").status, 204);
 }
 
+/// A consume of `path` on a connection of its own, in a thread: its status and when it was
+/// answered.
+fn park(addr: std::net::SocketAddr, path: &'static str) -> std::thread::JoinHandle<(u16, Instant)> {
+    std::thread::spawn(move || {
+        let mut c = common::Client::connect(addr).unwrap();
+        let r = c.get(path);
+        (r.status, Instant::now())
+    })
+}
+
 #[test]
 fn long_poll_is_woken_by_produce_and_clamped() {
     // Proves SEMANTICS.md §2.8: a parked consume is woken by a commit within milliseconds (on any
@@ -729,12 +739,8 @@ fn long_poll_is_woken_by_produce_and_clamped() {
     c.create_topic("w", 6);
     let addr = s.addr();
     for p in 0..6 {
-        let waiter = std::thread::spawn(move || {
-            let mut c2 = common::Client::connect(addr).unwrap();
-            let t0 = Instant::now();
-            let r = c2.get("/v1/topics/w/consume?wait=5s");
-            (r.status, t0.elapsed())
-        });
+        let t0 = Instant::now();
+        let waiter = park(addr, "/v1/topics/w/consume?wait=5s");
         std::thread::sleep(Duration::from_millis(150));
         let t1 = Instant::now();
         assert_eq!(
@@ -742,7 +748,8 @@ fn long_poll_is_woken_by_produce_and_clamped() {
                 .status,
             202
         );
-        let (status, took) = waiter.join().unwrap();
+        let (status, at) = waiter.join().unwrap();
+        let took = at - t0;
         assert_eq!(status, 200);
         assert!(
             took < Duration::from_secs(4),
@@ -779,13 +786,7 @@ fn every_parked_waiter_sees_back_to_back_commits() {
     let addr = s.addr();
     for trial in 0..30 {
         let waiters: Vec<_> = (0..2)
-            .map(|_| {
-                std::thread::spawn(move || {
-                    let mut c2 = common::Client::connect(addr).unwrap();
-                    let r = c2.get("/v1/topics/wr/consume?wait=10s");
-                    (r.status, Instant::now())
-                })
-            })
+            .map(|_| park(addr, "/v1/topics/wr/consume?wait=10s"))
             .collect();
         std::thread::sleep(Duration::from_millis(150));
         let second = if trial % 2 == 0 { 0 } else { 1 };

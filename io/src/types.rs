@@ -136,7 +136,8 @@ impl SharedBytes {
     }
 
     /// Whether these bytes are a range of `buf` (shared, not copied).
-    pub fn shares(&self, buf: &std::sync::Arc<Vec<u8>>) -> bool {
+    #[cfg(test)]
+    fn shares(&self, buf: &std::sync::Arc<Vec<u8>>) -> bool {
         std::sync::Arc::ptr_eq(&self.buf, buf)
     }
 }

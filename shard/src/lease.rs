@@ -161,8 +161,11 @@ impl LeaseTable {
                 },
             );
             assert!(old.is_none(), "offset {offset} leased twice");
-            self.leases_end = self.leases_end.max(offset + 1);
             out.push((Offset(offset), nonce));
+        }
+        // Offsets come out in increasing order: the last is the highest.
+        if let Some(&(last, _)) = out.last() {
+            self.leases_end = self.leases_end.max(last.0 + 1);
         }
         out
     }
