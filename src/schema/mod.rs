@@ -199,7 +199,7 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
         count(|c| c.rejected_definition_paths += 1);
         format!("invalid argument: schema: {e}")
     })?;
-    pattern_cost::check(doc, options).map_err(|e| {
+    pattern_cost::check(&all, options).map_err(|e| {
         count(|c| c.rejected_definition_pattern += 1);
         format!("invalid argument: schema: {e}")
     })?;
