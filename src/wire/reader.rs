@@ -155,11 +155,11 @@ impl Nest {
     fn top_is_object(&self) -> bool {
         let d = self.depth - 1;
         let w = d / 64;
-        let word = if w < NEAR_WORDS {
-            self.near[w]
-        } else {
-            self.far[w - NEAR_WORDS]
-        };
+        let word = self
+            .near
+            .get(w)
+            .copied()
+            .unwrap_or_else(|| self.far[w - NEAR_WORDS]);
         word & (1 << (d % 64)) != 0
     }
 }
