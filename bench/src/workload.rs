@@ -479,10 +479,16 @@ pub fn parse_consume(body: &[u8], run: u32) -> Result<Vec<Delivered>, String> {
 fn parse_consume_json(body: &[u8], run: u32) -> Result<Vec<Delivered>, String> {
     let v: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("consume body: {e}"))?;
-    let msgs = v
-        .get("messages")
-        .and_then(|m| m.as_array())
-        .ok_or("consume body without messages")?;
+    // A consume without `max` answers one Message object (API.md §10.3).
+    let one;
+    let msgs = match v.get("messages").and_then(|m| m.as_array()) {
+        Some(m) => m,
+        None if v.get("receipt_handle").is_some() => {
+            one = [v.clone()];
+            &one[..]
+        }
+        None => return Err("consume body without messages".into()),
+    };
     let mut out = Vec::with_capacity(msgs.len());
     for m in msgs {
         let handle = m
@@ -548,6 +554,7 @@ pub struct Consumer {
     backoff_until: Option<Instant>,
     body: Vec<u8>,
     out: Tracking,
+    single: bool,
 }
 
 pub struct ConsumerConfig {
@@ -559,6 +566,9 @@ pub struct ConsumerConfig {
     pub run: u32,
     pub after_producers: bool,
     pub stop_after: Duration,
+    /// Consume without `max` (one Message object per answer) and ack each message alone with
+    /// `?receipt_handle=`, as the Go SDK's `Receive` + `Ack` do (CLIENTS.md).
+    pub single: bool,
 }
 
 impl Consumer {
@@ -566,13 +576,18 @@ impl Consumer {
         Consumer {
             target: c.target,
             shared: c.shared,
-            consume_path: format!(
-                "/v1/topics/{}/consume?max={}&wait={}ms",
-                c.topic,
-                c.max.clamp(1, CONSUME_MAX),
-                c.wait_ms
-            ),
+            consume_path: if c.single {
+                format!("/v1/topics/{}/consume?wait={}ms", c.topic, c.wait_ms)
+            } else {
+                format!(
+                    "/v1/topics/{}/consume?max={}&wait={}ms",
+                    c.topic,
+                    c.max.clamp(1, CONSUME_MAX),
+                    c.wait_ms
+                )
+            },
             ack_path: format!("/v1/topics/{}/ack", c.topic),
+            single: c.single,
             run: c.run,
             after_producers: c.after_producers,
             stop_after: c.stop_after,
@@ -594,6 +609,18 @@ impl Driver for Consumer {
     }
 
     fn next(&mut self, now: Instant, req: &mut Vec<u8>) -> Step {
+        if self.single && !self.to_ack.is_empty() {
+            let d = self.to_ack.remove(0);
+            self.acking.clear();
+            self.acking.push(d.id);
+            let path = format!("{}?receipt_handle={}", self.ack_path, d.handle);
+            write_request(req, &self.target, "POST", &path, None, &[]);
+            self.last = Kind::Ack;
+            return Step::Send {
+                origin: now,
+                kind: Kind::Ack,
+            };
+        }
         if !self.to_ack.is_empty() {
             self.body.clear();
             self.body.extend_from_slice(b"{\"receipt_handles\":[");
@@ -679,6 +706,21 @@ impl Driver for Consumer {
             (Kind::Consume, 204) => {
                 self.last_empty = true;
                 Completed::default()
+            }
+            (Kind::Ack, 204) if self.single => {
+                let acked = match self.acking.pop().flatten() {
+                    Some(id) => {
+                        self.out.acked.push(id);
+                        1
+                    }
+                    None => 0,
+                };
+                self.acking.clear();
+                self.shared.acked.fetch_add(acked, Ordering::Relaxed);
+                Completed {
+                    acked,
+                    ..Completed::default()
+                }
             }
             (Kind::Ack, 200) => {
                 let results = parse_ack_results(body);
@@ -778,6 +820,81 @@ mod tests {
             }]
         );
         assert!(parse_consume(b"{\"messages\":[{\"payload\":1}]}", 7).is_err());
+    }
+
+    #[test]
+    fn single_consume_sends_what_the_go_sdk_sends() {
+        // Proves the single mode consumes without `max`, reads the one Message object an answer
+        // holds (fast scanner and JSON fallback), acks it alone by `?receipt_handle=` with an
+        // empty body, and counts a 204 as acked exactly once.
+        let mut p1 = Vec::new();
+        write_payload(&mut p1, 7, 3, 64);
+        let mut b64 = Vec::new();
+        base64_encode(&mut b64, &p1);
+        let fallback = format!(
+            "{{\"payload\":\"{}\",\"payload_encoding\":\"base64\",\"receipt_handle\":\"1:2:3\"}}",
+            String::from_utf8(b64).unwrap()
+        );
+        let want = vec![Delivered {
+            id: Some(3),
+            handle: "1:2:3".into(),
+        }];
+        assert_eq!(parse_consume(fallback.as_bytes(), 7).unwrap(), want);
+
+        let shared = Arc::new(Shared::new(0, 0));
+        let mut c = Consumer::new(ConsumerConfig {
+            target: Arc::new(Target::parse("http://127.0.0.1:1").unwrap()),
+            shared: shared.clone(),
+            topic: "t".into(),
+            max: 100,
+            wait_ms: 50,
+            run: 7,
+            after_producers: false,
+            stop_after: Duration::from_secs(60),
+            single: true,
+        });
+        let now = Instant::now();
+        c.begin(now);
+        let mut req = Vec::new();
+        assert!(matches!(
+            c.next(now, &mut req),
+            Step::Send {
+                kind: Kind::Consume,
+                ..
+            }
+        ));
+        assert!(req.starts_with(b"GET /v1/topics/t/consume?wait=50ms HTTP/1.1\r\n"));
+        let body = format!(
+            "{{\"topic\":\"t\",\"payload\":{},\"receipt_handle\":\"1:2:3\"}}",
+            String::from_utf8(p1).unwrap()
+        );
+        assert_eq!(c.on_response(200, body.as_bytes(), now).consumed, 1);
+        req.clear();
+        assert!(matches!(
+            c.next(now, &mut req),
+            Step::Send {
+                kind: Kind::Ack,
+                ..
+            }
+        ));
+        let text = String::from_utf8(req.clone()).unwrap();
+        assert!(
+            text.starts_with("POST /v1/topics/t/ack?receipt_handle=1:2:3 HTTP/1.1\r\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("Content-Length: 0\r\n\r\n"), "{text}");
+        assert_eq!(c.on_response(204, b"", now).acked, 1);
+        assert_eq!(shared.acked.load(Ordering::Relaxed), 1);
+        // Nothing left to ack: the next request is a consume again.
+        req.clear();
+        assert!(matches!(
+            c.next(now, &mut req),
+            Step::Send {
+                kind: Kind::Consume,
+                ..
+            }
+        ));
+        assert_eq!(Box::new(c).finish().acked, vec![3]);
     }
 
     #[test]
