@@ -17,7 +17,11 @@
 //!
 //! Read-your-writes: every request but produces, acks and probes first waits until every record
 //! this shard accepted before it has been handed over, so a client that got `202` on a
-//! connection reads its message on that connection. Then, for the other shards (a client that
+//! connection reads its message on that connection. A queue consume looks first and waits only
+//! when it found fewer records than it asked for (then looks again for the rest): any available
+//! record may answer it, and under steady single produces the wait is a hand-off and an owner
+//! commit, which a consumer asking for one message at a time paid on every request. A replay
+//! waits only before answering `204` (end of the log). Then, for the other shards (a client that
 //! reads on a new connection, which the kernel may give to another shard), it waits until the
 //! node has handed over as many records as it had accepted when the request began: two
 //! node-wide counters (atomics, like the keyless rotation), looked at every
@@ -53,6 +57,14 @@ const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
 /// Transit records accepted, and handed over (or dropped), by all shards of this process.
 static NODE_ACCEPTED: AtomicU64 = AtomicU64::new(0);
 static NODE_HANDED: AtomicU64 = AtomicU64::new(0);
+
+/// The transit records a read must see: those this shard queued before sequence `upto`, and
+/// as many as the node had accepted (see [`Transit::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CatchUpMark {
+    upto: u64,
+    node_accepted: u64,
+}
 
 struct Queued {
     seq: u64,
@@ -122,13 +134,33 @@ impl Transit {
     /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
     /// reached its owner.
     pub async fn caught_up(&self) {
-        let node_accepted = NODE_ACCEPTED.load(Ordering::Acquire);
-        let upto = self.next_seq.get();
+        if let Some(m) = self.mark() {
+            self.catch_up(m).await;
+        }
+    }
+
+    /// What [`Transit::caught_up`] would wait for if called now, or `None` when every record
+    /// this shard and the node accepted so far has already been handed over. A read that may
+    /// answer without them (a queue consume that fills its `max`) takes the mark first and
+    /// waits only when it comes up short.
+    pub fn mark(&self) -> Option<CatchUpMark> {
+        let m = CatchUpMark {
+            upto: self.next_seq.get(),
+            node_accepted: NODE_ACCEPTED.load(Ordering::Acquire),
+        };
+        let pending =
+            !self.handed_before(m.upto) || NODE_HANDED.load(Ordering::Acquire) < m.node_accepted;
+        pending.then_some(m)
+    }
+
+    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until the records accepted before `m` was taken
+    /// have reached their owners.
+    pub async fn catch_up(&self, m: CatchUpMark) {
         let deadline = Instant::now() + CATCH_UP_WAIT_MAX;
-        if !self.handed_before(upto) {
+        if !self.handed_before(m.upto) {
             loop {
                 let progressed = self.progress.notified();
-                if self.handed_before(upto) {
+                if self.handed_before(m.upto) {
                     break;
                 }
                 if rt::timeout_at(deadline, progressed).await.is_err() {
@@ -137,7 +169,7 @@ impl Transit {
             }
         }
         // The other shards' hand-offs (see the module doc).
-        while NODE_HANDED.load(Ordering::Acquire) < node_accepted && Instant::now() < deadline {
+        while NODE_HANDED.load(Ordering::Acquire) < m.node_accepted && Instant::now() < deadline {
             rt::sleep(NODE_CATCH_UP_POLL).await;
         }
     }

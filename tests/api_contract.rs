@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{Server, TempDir};
+use common::{Client, Server, TempDir};
 
 fn server(tag: &str) -> (TempDir, Server) {
     let dir = TempDir::new(tag);
@@ -1107,6 +1107,76 @@ fn a_new_host_name_keeps_the_data_directory_node_id() {
         err.contains(r#"belongs to node(s) ["container-1"]"#),
         "{err}"
     );
+}
+
+#[test]
+fn a_consume_that_finds_a_message_does_not_wait_for_hand_offs() {
+    // Proves a queue consume answers from what is available without waiting for unrelated
+    // single produces still on their way to their owner shard (crate::transit), and that one
+    // that comes up short still waits for them: each hand-off is held back 2 s here, longer
+    // than the 1 s a read waits for hand-offs at most. Before, every consume waited first (up
+    // to that 1 s), which cost a consumer taking one message at a time a hand-off per message.
+    let dir = TempDir::new("ryw-short");
+    let knob = vec![(
+        "NARAD_TEST_TRANSIT_DELAY_MS".to_string(),
+        "2000".to_string(),
+    )];
+    let s = Server::start_with(dir.0.join("data"), knob);
+    let mut c = s.client();
+    c.create_topic("t", 4);
+    let next_offsets = |c: &mut Client| -> u64 {
+        let v = c.get("/v1/topics/t").json();
+        v["partition_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["next_offset"].as_u64().unwrap())
+            .sum()
+    };
+    for i in 0..8 {
+        let r = c.post_json("/v1/topics/t/produce", &format!("{{\"i\":{i}}}"));
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let until = Instant::now() + Duration::from_secs(20);
+    while next_offsets(&mut c) < 8 {
+        assert!(Instant::now() < until, "first 8 never reached their owners");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Four more: keyless produces rotate over the 4 partitions, so two are for the other shard
+    // and stay in transit for 2 s.
+    for i in 8..12 {
+        let r = c.post_json("/v1/topics/t/produce", &format!("{{\"i\":{i}}}"));
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    let t0 = Instant::now();
+    let r = c.get("/v1/topics/t/consume");
+    let took = t0.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        took < Duration::from_millis(700),
+        "single consume took {took:?}"
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    seen.insert(r.json()["payload"]["i"].as_u64().unwrap());
+    // The rest, the two in transit included, with a batch consume that waits for them.
+    let until = Instant::now() + Duration::from_secs(20);
+    while seen.len() < 12 {
+        assert!(Instant::now() < until, "only {seen:?} consumed");
+        let r = c.request(
+            "GET",
+            "/v1/topics/t/consume?max=100&wait=5s",
+            &[("X-Narad-Client", "narad-tests/0")],
+            b"",
+        );
+        if r.status == 204 {
+            continue;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        for m in r.json()["messages"].as_array().unwrap() {
+            assert!(seen.insert(m["payload"]["i"].as_u64().unwrap()), "{m}");
+        }
+    }
+    assert_eq!(seen, (0..12).collect());
 }
 
 #[test]

@@ -14,6 +14,7 @@ use super::params::Params;
 use super::{error, BODY_BYTES_MAX};
 use crate::http::{Request, Response};
 use crate::node::{Node, ReadFailure, SettleFailure, StoreError};
+use crate::transit::CatchUpMark;
 use crate::wire;
 use crate::wire::duration::GoDuration;
 use crate::wire::receipt::{MalformedHandle, ReceiptHandle};
@@ -289,7 +290,14 @@ fn write_message(
     .write_to(out);
 }
 
-pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
+/// `catch_up`: the single produces accepted before this request that were not yet at their
+/// owners ([`crate::transit::Transit::mark`]); the read waits for them only if it comes up short.
+pub async fn consume(
+    node: &Rc<Node>,
+    req: &Request,
+    topic: &str,
+    catch_up: Option<CatchUpMark>,
+) -> Response {
     let q = Params::new(&req.query);
     let ceiling = node.config.consume_wait_ceiling();
     let (wait, clamped) = match tri!(q.str("wait")) {
@@ -362,18 +370,15 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
         let Some(p) = partition else {
             return error(400, "partition required for replay-mode consume");
         };
-        replay(node, t, p, off).await
+        replay(node, t, p, off, catch_up).await
     } else {
-        queue_consume(
-            node,
-            req,
-            t,
+        let ask = QueueAsk {
             partition,
             max,
             wait,
-            tri!(q.str("local_only")).as_deref() == Some("1"),
-        )
-        .await
+            local_only: tri!(q.str("local_only")).as_deref() == Some("1"),
+        };
+        queue_consume(node, req, t, ask, catch_up).await
     };
     if clamped {
         resp.headers.push((
@@ -384,12 +389,24 @@ pub async fn consume(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     resp
 }
 
-async fn replay(node: &Rc<Node>, t: &TopicMeta, p: u32, offset: u64) -> Response {
+async fn replay(
+    node: &Rc<Node>,
+    t: &TopicMeta,
+    p: u32,
+    offset: u64,
+    catch_up: Option<CatchUpMark>,
+) -> Response {
     let key = PartitionKey {
         topic: t.id,
         partition: PartitionId(p),
     };
-    match node.read_at(key, Offset(offset)).await {
+    let mut read = node.read_at(key, Offset(offset)).await;
+    if let (Ok(None), Some(m)) = (&read, catch_up) {
+        // The end of the log: the record may still be on its way to its owner.
+        node.transit.catch_up(m).await;
+        read = node.read_at(key, Offset(offset)).await;
+    }
+    match read {
         Ok(None) => Response::empty(204),
         Ok(Some(rec)) => {
             let mut body = Vec::with_capacity(rec.payload.len() + 128);
@@ -414,15 +431,27 @@ async fn replay(node: &Rc<Node>, t: &TopicMeta, p: u32, offset: u64) -> Response
     }
 }
 
-async fn queue_consume(
-    node: &Rc<Node>,
-    req: &Request,
-    t: &TopicMeta,
+/// What a queue consume asks for (API.md §10.3).
+struct QueueAsk {
     partition: Option<u32>,
     max: Option<usize>,
     wait: std::time::Duration,
     local_only: bool,
+}
+
+async fn queue_consume(
+    node: &Rc<Node>,
+    req: &Request,
+    t: &TopicMeta,
+    ask: QueueAsk,
+    mut catch_up: Option<CatchUpMark>,
 ) -> Response {
+    let QueueAsk {
+        partition,
+        max,
+        wait,
+        local_only,
+    } = ask;
     let conf = queue_conf(t);
     let partitions: Vec<PartitionId> = match partition {
         Some(p) => vec![PartitionId(p)],
@@ -439,13 +468,30 @@ async fn queue_consume(
     loop {
         // Before the look: a wake-up during it (the take awaits other shards) is seen below.
         let ticket = node.work_ticket(t.id);
-        let leased = match node.take(conf, &partitions, n).await {
+        let mut leased = match node.take(conf, &partitions, n).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = ?e, "consume failed");
                 return error(500, "partition unreadable");
             }
         };
+        if leased.len() < n {
+            if let Some(m) = catch_up.take() {
+                // Short: the single produces answered before this request may still be on
+                // their way to their owners; wait for them and look for the rest once more.
+                node.transit.catch_up(m).await;
+                match node.take(conf, &partitions, n - leased.len()).await {
+                    Ok(more) => leased.extend(more),
+                    Err(e) => {
+                        tracing::error!(error = ?e, "consume failed");
+                        if !leased.is_empty() {
+                            return deliver(node, t, leased, max.is_some()).await;
+                        }
+                        return error(500, "partition unreadable");
+                    }
+                }
+            }
+        }
         if !leased.is_empty() {
             waited.hit(&node.metrics, t.id);
             return deliver(node, t, leased, max.is_some()).await;

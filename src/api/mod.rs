@@ -549,8 +549,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     // Every later request on this shard sees the single produces it answered before, as if
     // they were committed at their owner (crate::transit): reads, and the admin changes that
     // take partition ends (an attach point) or stop copies (a detach). Not produces and acks
-    // (an acked message was consumed, so handed over), nor the probes.
-    if !matches!(
+    // (an acked message was consumed, so handed over), nor the probes. A consume takes a mark
+    // and waits only if it comes up short (crate::transit).
+    let mut catch_up = None;
+    if r == Route::Consume {
+        catch_up = node.transit.mark();
+    } else if !matches!(
         r,
         Route::Produce | Route::ProduceBatch | Route::Ack | Route::Healthz | Route::Readyz
     ) {
@@ -580,7 +584,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::TopicSchema => topics::schema(node, t),
         Route::Produce => messages::produce(node, req, t).await,
         Route::ProduceBatch => messages::produce_batch(node, &mut req, t).await,
-        Route::Consume => messages::consume(node, &req, t).await,
+        Route::Consume => messages::consume(node, &req, t, catch_up).await,
         Route::Ack => messages::ack(node, &req, t).await,
         Route::ChildrenAttach => children::attach(node, &req, t).await,
         Route::ChildrenList => children::list(node, &req, t).await,
