@@ -240,9 +240,16 @@ impl Node {
             return;
         }
         self.reconcile_fanout(&new);
-        let live: std::collections::HashSet<TopicId> = new.topics.values().map(|t| t.id).collect();
+        let live: std::collections::HashMap<TopicId, &TopicMeta> =
+            new.topics.values().map(|t| (t.id, t)).collect();
         for t in old.topics.values() {
-            if !live.contains(&t.id) {
+            // Long-polls parked here look again at a topic that was deleted or altered (caps,
+            // partitions, visibility): they answer 404, or take under the new values.
+            match live.get(&t.id) {
+                Some(&n) if n == t => {}
+                _ => self.host.wake_local(t.id),
+            }
+            if !live.contains_key(&t.id) {
                 let id = t.id;
                 let me = self.clone();
                 rt::spawn(async move {

@@ -731,6 +731,99 @@ fn park(addr: std::net::SocketAddr, path: &'static str) -> std::thread::JoinHand
 }
 
 #[test]
+fn a_parked_long_poll_follows_topic_changes() {
+    // Proves a long-poll parked before a topic change acts on the topic as it is now:
+    // raised caps let it take at once (SEMANTICS.md §2.6: new values apply immediately),
+    // lowered caps stop it taking past them, added partitions are looked at, and a deleted topic
+    // answers 404 (a consume of a topic that does not exist) at once, not 204 at the end of its
+    // wait. Each of the four failed on the code before (the caps and partitions were read once
+    // when the request began; a deleted topic's waiters were not woken).
+    let (_d, s) = server("poll-changes");
+    let mut c = s.client();
+    let addr = s.addr();
+    let took = |t0: Instant, at: Instant| at - t0;
+
+    // Raised cap: partition 0 holds two messages and a cap of 1 in flight; the first is leased.
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"raise","partitions":3,"max_in_flight_per_partition":1}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    for _ in 0..2 {
+        assert_eq!(
+            c.post_client("/v1/topics/raise/produce?partition=0", b"x")
+                .status,
+            202
+        );
+    }
+    assert_eq!(c.get("/v1/topics/raise/consume?partition=0").status, 200);
+    let t0 = Instant::now();
+    let waiter = park(addr, "/v1/topics/raise/consume?partition=0&wait=8s");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.patch_json("/v1/topics/raise", r#"{"max_in_flight_per_partition":5}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (status, at) = waiter.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+
+    // Lowered cap: one message in flight under a cap of 5; the cap drops to 1 while a
+    // long-poll waits; a new message must not be leased past the new cap.
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"lower","partitions":3,"max_in_flight_per_partition":5}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(
+        c.post_client("/v1/topics/lower/produce?partition=0", b"x")
+            .status,
+        202
+    );
+    assert_eq!(c.get("/v1/topics/lower/consume?partition=0").status, 200);
+    let waiter = park(addr, "/v1/topics/lower/consume?partition=0&wait=3s");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.patch_json("/v1/topics/lower", r#"{"max_in_flight_per_partition":1}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        c.post_client("/v1/topics/lower/produce?partition=0", b"y")
+            .status,
+        202
+    );
+    let (status, _) = waiter.join().unwrap();
+    assert_eq!(status, 204, "leased past the lowered cap");
+
+    // Added partitions: a message on partition 5 of a topic that had 3 when the wait began.
+    c.create_topic("grow", 3);
+    let t0 = Instant::now();
+    let waiter = park(addr, "/v1/topics/grow/consume?wait=8s");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = c.patch_json("/v1/topics/grow", r#"{"partitions":6}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        c.post_client("/v1/topics/grow/produce?partition=5", b"z")
+            .status,
+        202
+    );
+    let (status, at) = waiter.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+
+    // Deleted topic: the waiters (parked on both shards, whichever their connections reached)
+    // answer 404 at once.
+    c.create_topic("gone", 3);
+    let t0 = Instant::now();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| park(addr, "/v1/topics/gone/consume?wait=8s"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(c.request("DELETE", "/v1/topics/gone", &[], b"").status, 204);
+    for w in waiters {
+        let (status, at) = w.join().unwrap();
+        assert_eq!(status, 404);
+        assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+    }
+}
+
+#[test]
 fn long_poll_is_woken_by_produce_and_clamped() {
     // Proves SEMANTICS.md §2.8: a parked consume is woken by a commit within milliseconds (on any
     // partition, so across shards), and `wait` above the ceiling is clamped with the header.

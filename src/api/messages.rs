@@ -452,12 +452,13 @@ async fn queue_consume(
         wait,
         local_only,
     } = ask;
-    let conf = queue_conf(t);
-    let partitions: Vec<PartitionId> = match partition {
+    let mut conf = queue_conf(t);
+    let mut partitions: Vec<PartitionId> = match partition {
         Some(p) => vec![PartitionId(p)],
         None => (0..t.partitions).map(PartitionId).collect(),
     };
     let n = max.unwrap_or(1);
+    let mut first = true;
     let waited = crate::metrics::ConsumeWait::start(local_only || wait.is_zero());
     let deadline = now_ms()
         + if local_only {
@@ -466,6 +467,21 @@ async fn queue_consume(
             wait.as_millis() as u64
         };
     loop {
+        if !first {
+            // A long-poll looks again: the topic may have been deleted (a consume of a topic
+            // that does not exist is 404), or altered while it waited (new caps apply at once,
+            // SEMANTICS.md §2.6; added partitions are looked at too). Metadata changes wake it.
+            let meta = node.meta();
+            let Some(now) = meta.topic(&t.name).filter(|n| n.id == t.id) else {
+                waited.empty(&node.metrics, t.id, false);
+                return error(404, "topic not found");
+            };
+            conf = queue_conf(now);
+            if partition.is_none() && partitions.len() != now.partitions as usize {
+                partitions = (0..now.partitions).map(PartitionId).collect();
+            }
+        }
+        first = false;
         // Before the look: a wake-up during it (the take awaits other shards) is seen below.
         let ticket = node.work_ticket(t.id);
         let mut leased = match node.take(conf, &partitions, n).await {
