@@ -90,6 +90,8 @@ pub enum ShardResp {
 #[derive(Debug, Clone)]
 pub enum StoreError {
     DiskFull,
+    /// The topic was deleted while the produce was on its way (nothing stored).
+    TopicGone,
     Failed(String),
 }
 
@@ -109,6 +111,7 @@ pub enum ReadFailure {
 fn store_error(e: LogError) -> StoreError {
     match e {
         LogError::DiskFull => StoreError::DiskFull,
+        LogError::TopicDeleted => StoreError::TopicGone,
         other => StoreError::Failed(other.to_string()),
     }
 }

@@ -731,6 +731,60 @@ fn park(addr: std::net::SocketAddr, path: &'static str) -> std::thread::JoinHand
 }
 
 #[test]
+fn produces_racing_a_topic_delete_get_202_or_404() {
+    // Proves a produce (single or batch) that races a topic delete is answered as a produce to
+    // a topic that does not exist (404 "topic not found"), never 500 "produce failed" (audit
+    // s21: 11 of 40 producers saw that 500). Eight producers, five rounds of delete + re-create.
+    let (_d, s) = server("produce-delete");
+    let addr = s.addr();
+    let mut c = s.client();
+    for round in 0..5 {
+        c.create_topic("race", 6);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let producers: Vec<_> = (0..8)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut p = common::Client::connect(addr).unwrap();
+                    let mut seen = std::collections::BTreeMap::<u16, u32>::new();
+                    let until = Instant::now() + Duration::from_secs(10);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < until
+                    {
+                        let r = if i % 2 == 0 {
+                            p.post_json("/v1/topics/race/produce", "{\"a\":1}")
+                        } else {
+                            p.post_json(
+                                "/v1/topics/race/produce/batch",
+                                r#"{"messages":[{"payload":1},{"payload":2},{"payload":3}]}"#,
+                            )
+                        };
+                        assert!(
+                            matches!(r.status, 202 | 404),
+                            "round {round}: {} {}",
+                            r.status,
+                            r.text()
+                        );
+                        if r.status == 404 {
+                            assert_eq!(r.json()["error"], "topic not found");
+                        }
+                        *seen.entry(r.status).or_default() += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!(c.request("DELETE", "/v1/topics/race", &[], b"").status, 204);
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for p in producers {
+            let seen = p.join().unwrap();
+            assert!(seen.contains_key(&202), "round {round}: {seen:?}");
+        }
+    }
+}
+
+#[test]
 fn a_parked_long_poll_follows_topic_changes() {
     // Proves a long-poll parked before a topic change acts on the topic as it is now:
     // raised caps let it take at once (SEMANTICS.md §2.6: new values apply immediately),

@@ -216,6 +216,9 @@ pub enum LogError {
     TooLarge,
     /// The log was closed.
     Closed,
+    /// A record is for a topic deleted here (the produce raced the delete); nothing of the
+    /// call was written.
+    TopicDeleted,
 }
 
 impl std::fmt::Display for LogError {
@@ -226,6 +229,7 @@ impl std::fmt::Display for LogError {
             LogError::Io(e) => write!(f, "log I/O error: {e}"),
             LogError::TooLarge => write!(f, "append larger than the largest WAL batch"),
             LogError::Closed => write!(f, "log closed"),
+            LogError::TopicDeleted => write!(f, "topic deleted"),
         }
     }
 }
@@ -257,6 +261,7 @@ impl LogError {
             LogError::Io(e) => LogError::Io(std::io::Error::new(e.kind(), e.to_string())),
             LogError::TooLarge => LogError::TooLarge,
             LogError::Closed => LogError::Closed,
+            LogError::TopicDeleted => LogError::TopicDeleted,
         }
     }
 }
@@ -753,10 +758,7 @@ impl ShardLog {
                     return Err(LogError::TooLarge);
                 }
                 if st.deleted_topics.contains(&r.key.topic) {
-                    return Err(LogError::Io(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        "topic deleted",
-                    )));
+                    return Err(LogError::TopicDeleted);
                 }
                 wal_records.push(WalRecord::Message {
                     key: r.key,
@@ -1568,10 +1570,7 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
             matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
         });
         if deleted {
-            let _ = req.reply.send(Err(LogError::Io(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
-                "topic deleted",
-            ))));
+            let _ = req.reply.send(Err(LogError::TopicDeleted));
             continue;
         }
         wal_bytes += req.wal_bytes as u64;

@@ -47,6 +47,8 @@ fn queue_conf(t: &TopicMeta) -> QueueConf {
 fn store_failure(e: StoreError) -> Response {
     match e {
         StoreError::DiskFull => error(500, "produce failed: disk full; retry later"),
+        // Deleted between the topic lookup and the append: as if the lookup had missed it.
+        StoreError::TopicGone => error(404, "topic not found"),
         StoreError::Failed(detail) => {
             tracing::error!(error = %detail, "produce failed");
             error(500, "produce failed")
@@ -679,5 +681,9 @@ mod tests {
         }
         assert!(String::from_utf8_lossy(&full.body).contains("disk full"));
         assert_eq!(&other.body[..], &b"{\"error\":\"produce failed\"}\n"[..]);
+        // A produce that raced a topic delete is the 404 of an unknown topic.
+        let gone = store_failure(StoreError::TopicGone);
+        assert_eq!(gone.status, 404);
+        assert_eq!(&gone.body[..], &b"{\"error\":\"topic not found\"}\n"[..]);
     }
 }
