@@ -64,6 +64,9 @@ pub enum ShardReq {
     },
     /// Install this metadata snapshot (from shard 0).
     Meta(Arc<MetaState>),
+    /// Drop the data of topics this shard holds that the metadata no longer has (start-up,
+    /// from shard 0, see [`Node::purge_deleted_topics`]).
+    PurgeDeleted,
     /// Propose a metadata change (to shard 0).
     Propose(MetaCommand),
     /// Fan-out lag of the children of `parent` over the asked shard's cursors.
@@ -120,6 +123,9 @@ pub type NodeMesh = Mesh<ShardReq, ShardResp>;
 
 /// One lease: partition, offset and the nonce of its receipt handle.
 pub type Lease = (PartitionId, Offset, Nonce);
+
+/// Longest start-up waits for the metastore log to be applied before purging deleted topics.
+const PURGE_APPLY_WAIT: Duration = Duration::from_secs(10);
 
 /// Longest a parked long-poll waits before it looks at its client again.
 pub const WAIT_SLICE_MS: u64 = 1000;
@@ -406,6 +412,72 @@ impl Node {
                     .mesh
                     .call(ShardId(s), ShardReq::Meta(state.clone()))
                     .await;
+            }
+        }
+    }
+
+    /// Start-up (shard 0, once every shard has the metadata): drops the data of topics deleted
+    /// while the node was down or whose deletion a crash cut short (SEMANTICS.md §14.3: "a node
+    /// that was down purges on start, only after the leader confirms the topic (incarnation) is
+    /// gone"). This node's Raft group is that leader; it confirms once the whole metastore log is
+    /// applied. Skipped, with a warning, when the metastore was empty at this start: its state
+    /// says nothing about what the data directory held. Each shard removes its own partitions;
+    /// the emptied topic directories go last, here.
+    pub async fn purge_deleted_topics(self: &Rc<Self>) {
+        let Some(meta_node) = self.meta_node.clone() else {
+            return;
+        };
+        let live: std::collections::HashSet<TopicId> =
+            self.meta().topics.values().map(|t| t.id).collect();
+        let dirs = narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX);
+        if dirs.iter().all(|id| live.contains(id)) {
+            return;
+        }
+        if meta_node.started_fresh() {
+            tracing::warn!(
+                "the metastore was empty at this start, but the data directory holds topic data:                  kept (nothing confirms those topics were deleted)"
+            );
+            return;
+        }
+        if !meta_node.applied_through_log(PURGE_APPLY_WAIT).await {
+            tracing::warn!("metadata not fully applied in time: deleted topics' data not purged");
+            return;
+        }
+        self.purge_deleted_here().await;
+        for s in 0..self.shards {
+            if s != self.shard.0 {
+                let _ = self.mesh.call(ShardId(s), ShardReq::PurgeDeleted).await;
+            }
+        }
+        // Topic directories every shard emptied, or left empty by a crash mid-delete.
+        let live: std::collections::HashSet<TopicId> =
+            self.meta().topics.values().map(|t| t.id).collect();
+        for id in narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX) {
+            if !live.contains(&id) {
+                let dir = narad_io::partition::topic_dir(&self.config.data_dir, id);
+                if let Err(e) = std::fs::remove_dir(&dir) {
+                    tracing::warn!(topic = %id, error = %e, "deleted topic's directory not removed");
+                }
+            }
+        }
+    }
+
+    /// Drops this shard's partitions of topics its metadata copy does not have.
+    async fn purge_deleted_here(self: &Rc<Self>) {
+        let live: std::collections::HashSet<TopicId> =
+            self.meta().topics.values().map(|t| t.id).collect();
+        let gone: std::collections::BTreeSet<TopicId> = self
+            .host
+            .log()
+            .partitions()
+            .into_iter()
+            .map(|k| k.topic)
+            .filter(|t| !live.contains(t))
+            .collect();
+        for id in gone {
+            tracing::warn!(topic = %id, "purging the data of a topic deleted before this start");
+            if let Err(e) = self.host.drop_topic(id).await {
+                tracing::error!(topic = %id, error = %e, "deleting topic data failed");
             }
         }
     }
@@ -805,6 +877,10 @@ impl Node {
             }
             ShardReq::Meta(state) => {
                 self.install_meta(state);
+                ShardResp::Done
+            }
+            ShardReq::PurgeDeleted => {
+                self.purge_deleted_here().await;
                 ShardResp::Done
             }
             ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),

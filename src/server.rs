@@ -405,6 +405,8 @@ async fn shard_main(
         if !sent {
             return Err("shard 0: stopped before every shard had the metadata".into());
         }
+        // Every shard has the metadata: drop what a crash kept of deleted topics.
+        node.purge_deleted_topics().await;
     } else {
         let start = std::time::Instant::now();
         while !node.meta_installed() {

@@ -309,3 +309,91 @@ fn single_produces_accepted_for_another_shard_survive_a_kill_before_their_hand_o
     let mut c = s.client();
     assert_eq!(consume_batch(&mut c, "500ms").unwrap().len(), 0);
 }
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+fn orphan_topic_dirs(c: &mut Client) -> u64 {
+    let m = c.get("/metrics").text();
+    m.lines()
+        .find_map(|l| l.strip_prefix("narad_orphan_topic_dirs "))
+        .expect("narad_orphan_topic_dirs in /metrics")
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn data_of_a_topic_deleted_before_a_crash_is_purged_at_start() {
+    // Proves SEMANTICS.md §14.3 "a node that was down purges on start, only after the leader
+    // confirms the topic is gone": a topic directory that outlived its delete (a kill -9 between
+    // the 204 and the removal leaves exactly this: metadata without the topic, its partitions
+    // on disk; the audit saw it in 3 of 3 rounds) is removed at the next start, and the other
+    // topics' data is untouched. With an empty metastore nothing confirms a delete: the data is
+    // kept. Before, such a directory stayed for good (narad_orphan_topic_dirs 1).
+    let dir = TempDir::new("purge-deleted");
+    let mut s = Server::start_with(dir.0.join("data"), vec![]);
+    let mut c = s.client();
+    let gone_id = c.create_topic("gone", 4)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.create_topic("kept", 4);
+    for t in ["gone", "kept"] {
+        let r = c.post_json(
+            &format!("/v1/topics/{t}/produce/batch"),
+            r#"{"messages":[{"payload":1},{"payload":2},{"payload":3},{"payload":4}]}"#,
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    drop(c);
+    assert_eq!(s.terminate().code(), Some(0));
+    let topics = s.data_dir().join("topics");
+    let saved = dir.0.join("saved-topic");
+    let gone_dir = topics.join(&gone_id);
+    assert!(gone_dir.is_dir(), "{gone_id} under {}", topics.display());
+    copy_tree(&gone_dir, &saved);
+
+    s.restart();
+    let mut c = s.client();
+    assert_eq!(c.request("DELETE", "/v1/topics/gone", &[], b"").status, 204);
+    drop(c);
+    assert_eq!(s.terminate().code(), Some(0));
+    assert!(!gone_dir.exists());
+    // What a crash right after the delete's answer leaves behind.
+    copy_tree(&saved, &gone_dir);
+
+    s.restart();
+    let mut c = s.client();
+    assert!(
+        !gone_dir.exists(),
+        "deleted topic's data still on disk after the start"
+    );
+    assert_eq!(orphan_topic_dirs(&mut c), 0);
+    let v = c.get("/v1/topics/kept").json();
+    let held: u64 = v["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(held, 4, "{v}");
+    drop(c);
+
+    // An empty metastore (removed by hand) confirms nothing: the topic data stays.
+    assert_eq!(s.terminate().code(), Some(0));
+    std::fs::remove_dir_all(s.data_dir().join("metastore")).unwrap();
+    s.restart();
+    let mut c = s.client();
+    assert_eq!(orphan_topic_dirs(&mut c), 1, "kept's data must be kept");
+}

@@ -175,6 +175,8 @@ pub struct MetaNode {
     published: Rc<Published>,
     metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>,
     propose_timeout: Duration,
+    /// The group was initialised at this start (an empty metastore).
+    fresh: bool,
 }
 
 impl MetaNode {
@@ -272,6 +274,7 @@ impl MetaNode {
             id: cfg.node_id.clone(),
             published,
             propose_timeout: Duration::from_millis(cfg.propose_timeout_ms),
+            fresh: !initialized,
         };
         let id = cfg.node_id.clone();
         let waited = node
@@ -322,6 +325,28 @@ impl MetaNode {
             Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Fatal(e.to_string())),
             Ok(Err(RaftError::Fatal(e))) => Err(ProposeError::Fatal(e.to_string())),
         }
+    }
+
+    /// Whether the group was initialised at this start, from an empty metastore: its state then
+    /// knows nothing of what the data directory held before.
+    pub fn started_fresh(&self) -> bool {
+        self.fresh
+    }
+
+    /// Waits up to `within` until every entry of the log is applied (the published state is
+    /// then at least what the metastore held when the node stopped). False on timeout.
+    pub async fn applied_through_log(&self, within: Duration) -> bool {
+        self.raft
+            .wait(Some(within))
+            .metrics(
+                |m| {
+                    let applied = m.last_applied.as_ref().map_or(0, |l| l.index());
+                    applied >= m.last_log_index.unwrap_or(0)
+                },
+                "everything in the log applied",
+            )
+            .await
+            .is_ok()
     }
 
     /// The last applied state: an immutable snapshot, cheap to clone and to send to other shards.

@@ -757,20 +757,9 @@ fn available_bytes(dir: &Path) -> Option<u64> {
 /// Topic directories under `<data_dir>/topics` whose topic is not in `live`, visiting at most
 /// [`DATA_DIR_WALK_ENTRIES_MAX`] entries. Entries that are not topic directories are not counted.
 fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>) -> u64 {
-    let Ok(rd) = std::fs::read_dir(narad_io::partition::topics_dir(data_dir)) else {
-        return 0;
-    };
-    rd.flatten()
-        .take(DATA_DIR_WALK_ENTRIES_MAX)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let name = e.file_name();
-            let name = name.to_str()?;
-            (name.len() == 16)
-                .then(|| u64::from_str_radix(name, 16).ok())
-                .flatten()
-        })
-        .filter(|id| !live.contains(&TopicId(*id)))
+    narad_io::partition::topic_dir_ids(data_dir, DATA_DIR_WALK_ENTRIES_MAX)
+        .into_iter()
+        .filter(|id| !live.contains(id))
         .count() as u64
 }
 

@@ -178,6 +178,26 @@ fn segment_path(dir: &Path, base: Offset) -> PathBuf {
     dir.join(format!("{:020}.seg", base.0))
 }
 
+/// The topic ids of the directories under `<data_dir>/topics`, visiting at most `max_entries`
+/// entries (other entries are skipped).
+pub fn topic_dir_ids(data_dir: &Path, max_entries: usize) -> Vec<TopicId> {
+    let Ok(rd) = std::fs::read_dir(topics_dir(data_dir)) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .take(max_entries)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name();
+            let name = name.to_str()?;
+            (name.len() == 16)
+                .then(|| u64::from_str_radix(name, 16).ok())
+                .flatten()
+                .map(TopicId)
+        })
+        .collect()
+}
+
 /// Every partition directory under `<data_dir>/topics`, with its key. Unknown names are skipped
 /// with a warning.
 pub fn scan_partition_dirs(data_dir: &Path) -> std::io::Result<Vec<(PartitionKey, PathBuf)>> {
