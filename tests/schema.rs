@@ -188,14 +188,14 @@ fn schema_versions_evolve_compatibly() {
     // every version oldest first; a schema-less topic can get a first schema by PATCH.
     let (_d, s) = server("schema-evolve");
     let mut c = s.client();
-    assert_eq!(
-        create(
-            &mut c,
-            &json!({"name":"payments","schema":payments_schema()})
-        )
-        .status,
-        201
+    let r = create(
+        &mut c,
+        &json!({"name":"payments","schema":payments_schema()}),
     );
+    assert_eq!(r.status, 201);
+    // The create and PATCH answers carry the schema and its version (what SetSchema returns).
+    assert_eq!(r.json()["schema_version"], 1);
+    assert_eq!(r.json()["schema"], payments_schema());
     let mut v2 = payments_schema();
     v2["properties"]["note"] = json!({"type":"string"});
     v2["properties"]["amount"]["type"] = json!(["integer", "string"]);
@@ -209,6 +209,9 @@ fn schema_versions_evolve_compatibly() {
         &json!({"schema": v2, "schema_base_version": 1}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["schema_version"], 2);
+    assert_eq!(r.json()["schema"], v2);
+    assert!(r.json().get("partition_stats").is_none());
     assert_eq!(c.get("/v1/topics/payments").json()["schema_version"], 2);
     assert_eq!(
         produce(&mut c, "payments", br#"{"id":"a","amount":"5"}"#).status,

@@ -84,6 +84,16 @@ pub fn view(t: &TopicMeta) -> TopicView<'_> {
     }
 }
 
+/// The Topic object with the current schema and its version, as describe shows them: the
+/// answer of a create and of a PATCH, so a client that set a schema reads the version it got
+/// (the Go SDK's `SetSchema` returns that Topic; a chained conditional update needs the version).
+fn view_with_schema(t: &TopicMeta) -> TopicView<'_> {
+    let mut v = view(t);
+    v.schema_version = Some(t.schema_version());
+    v.schema = t.current_schema();
+    v
+}
+
 /// Topic names of SEMANTICS.md §14.1 (new topics: 1–200 characters).
 pub fn valid_new_name(name: &str) -> bool {
     !name.is_empty()
@@ -318,7 +328,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         return propose_error(e);
     }
     match node.topic(&name) {
-        Some(t) => json(201, &view(&t)),
+        Some(t) => json(201, &view_with_schema(&t)),
         None => error(
             503,
             "topic create was applied but is not visible yet; retry",
@@ -389,9 +399,7 @@ pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         .collect();
     let stats = node.stats(&keys).await;
     let node_id = node.config.node_id.clone();
-    let mut v = view(t);
-    v.schema_version = Some(t.schema_version());
-    v.schema = t.current_schema();
+    let mut v = view_with_schema(t);
     v.partition_stats = Some(
         parts
             .iter()
@@ -519,7 +527,7 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         }
     }
     match node.topic(name) {
-        Some(t) => json(200, &view(&t)),
+        Some(t) => json(200, &view_with_schema(&t)),
         None => error(404, "topic not found"),
     }
 }
