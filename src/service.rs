@@ -78,7 +78,7 @@ impl ApiService {
 /// cap (taken over by the handler, see [`BodyHold::take_produce_slot`]) and batch-body bytes.
 pub struct BodyHold {
     produce_slot: Option<CapGuard>,
-    _budget: Option<BodyPermit>,
+    budget: Option<BodyPermit>,
 }
 
 impl BodyHold {
@@ -128,8 +128,18 @@ impl ApiService {
         let want = match head.content_length() {
             Some(n) if n as usize <= crate::api::BODY_BYTES_MAX => return Ok(None),
             Some(n) => (n as usize).min(limit),
-            None => limit,
+            // Chunked: reserved once it grows past 1 MiB (ApiService::reserve_grown).
+            None => return Ok(None),
         };
+        self.take_budget(budget, head, want)
+    }
+
+    fn take_budget(
+        &self,
+        budget: &Arc<BodyBudget>,
+        head: &RequestHead,
+        want: usize,
+    ) -> Result<Option<BodyPermit>, Response> {
         match budget.try_take(want) {
             Some(p) => Ok(Some(p)),
             None => {
@@ -151,8 +161,8 @@ impl Service for ApiService {
     /// when that is on and the identity is known from the head (API.md §4: "a batch counts as 1
     /// while its body is read"); a full cap answers `429` without reading the body. Bodies over
     /// 1 MiB (only batch produce allows them) also take their declared size from the batch-body
-    /// budget; a chunked body of such a route takes the route's cap, since its size is unknown
-    /// until read.
+    /// budget; a chunked body of such a route takes the route's cap once it grows past 1 MiB
+    /// (see `reserve_grown`).
     fn reserve_body(
         &self,
         head: &RequestHead,
@@ -165,8 +175,39 @@ impl Service for ApiService {
         }
         Ok(Some(Box::new(BodyHold {
             produce_slot,
-            _budget: budget,
+            budget,
         })))
+    }
+
+    /// A chunked body of a route allowing more than 1 MiB takes the route's cap from the batch-
+    /// body budget once it grows past 1 MiB (its final size is unknown until then); smaller ones
+    /// take nothing, as with a declared length (API.md §10.2).
+    fn reserve_grown(
+        &self,
+        head: &RequestHead,
+        limit: usize,
+        len: usize,
+        reservation: &mut Option<Reservation>,
+    ) -> Result<(), Response> {
+        let Some(budget) = &self.batch_budget else {
+            return Ok(());
+        };
+        if len <= crate::api::BODY_BYTES_MAX || limit <= crate::api::BODY_BYTES_MAX {
+            return Ok(());
+        }
+        let hold = reservation.get_or_insert_with(|| {
+            Box::new(BodyHold {
+                produce_slot: None,
+                budget: None,
+            })
+        });
+        let Some(hold) = hold.downcast_mut::<BodyHold>() else {
+            return Ok(());
+        };
+        if hold.budget.is_none() {
+            hold.budget = self.take_budget(budget, head, limit)?;
+        }
+        Ok(())
     }
 
     fn on_refused(&self, status: u16) {

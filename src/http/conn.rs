@@ -171,6 +171,8 @@ enum BodyError {
     Bad(ParseError),
     /// The client went away, failed or was too slow: close without an answer.
     Gone(CloseReason),
+    /// The service refused the body as it grew (a chunked body past its free share).
+    Refused(Response),
 }
 
 struct Conn<'a> {
@@ -262,10 +264,13 @@ impl Conn<'_> {
         Ok(body)
     }
 
+    /// Reads a chunked body of at most `limit` bytes. `grown` is told the body's length after
+    /// each decoded piece (a size known only as it arrives), and may refuse it.
     async fn read_body_chunked(
         &mut self,
         limit: usize,
         deadline: Instant,
+        grown: &mut dyn FnMut(usize) -> Result<(), Response>,
     ) -> Result<Vec<u8>, BodyError> {
         let mut dec = ChunkedDecoder::new(self.limits.header_bytes_max);
         let mut body = Vec::new();
@@ -277,6 +282,7 @@ impl Conn<'_> {
                     Err(e) => return Err(BodyError::Bad(e)),
                 };
                 self.rb.consume(used);
+                grown(body.len()).map_err(BodyError::Refused)?;
                 if dec.is_done() {
                     return Ok(body);
                 }
@@ -452,7 +458,7 @@ async fn run<S: Service>(
             },
             Err(resp) => Err(resp),
         };
-        let (limit, reservation) = match decision {
+        let (limit, mut reservation) = match decision {
             Ok(d) => d,
             Err(resp) => {
                 // Answered early: a small declared body is read and dropped to keep the
@@ -496,7 +502,12 @@ async fn run<S: Service>(
         let body = match head.framing {
             BodyFraming::None => Ok(Vec::new()),
             BodyFraming::Length(n) => c.read_body_length(n as usize, deadline).await,
-            BodyFraming::Chunked => c.read_body_chunked(limit, deadline).await,
+            BodyFraming::Chunked => {
+                // Its size shows only as it arrives: the service may reserve for it then.
+                let mut grown =
+                    |len: usize| service.reserve_grown(&head, limit, len, &mut reservation);
+                c.read_body_chunked(limit, deadline, &mut grown).await
+            }
         };
         let body = match body {
             Ok(b) => b,
@@ -506,6 +517,9 @@ async fn run<S: Service>(
             }
             Err(BodyError::Bad(e)) => {
                 let resp = Response::for_parse_error(e);
+                return refuse_after_head(c, service, &head, resp).await;
+            }
+            Err(BodyError::Refused(resp)) => {
                 return refuse_after_head(c, service, &head, resp).await;
             }
             Err(BodyError::Gone(r)) => return r,

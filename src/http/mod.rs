@@ -324,6 +324,20 @@ pub trait Service: 'static {
         Ok(None)
     }
 
+    /// Called while a chunked body is read, with its length so far (after each decoded piece,
+    /// so at most one read buffer past any threshold): may reserve for it now that its size
+    /// shows (into `reservation`, the one [`Service::reserve_body`] made, if any), or refuse it
+    /// (the answer is sent and the connection closes). The default reserves nothing.
+    fn reserve_grown(
+        &self,
+        _head: &RequestHead,
+        _limit: usize,
+        _len: usize,
+        _reservation: &mut Option<Reservation>,
+    ) -> Result<(), Response> {
+        Ok(())
+    }
+
     /// The answer when the body exceeds the limit returned by [`Service::body_limit`] (the
     /// connection closes after it). The default is API.md's `413 {"error":"request body too
     /// large"}`; a service may first run checks that come before the body (authentication).
