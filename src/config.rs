@@ -904,6 +904,16 @@ impl Config {
                 show(h.shutdown_grace)
             ));
         }
+        // 0 is "no timeout" in the original (Go); here every connection has bounded reads, so
+        // a zero that would close every connection at once is refused instead.
+        for (name, d) in [
+            ("http.read_timeout", h.read_timeout),
+            ("http.idle_timeout", h.idle_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be > 0"));
+            }
+        }
         if h.write_timeout <= h.max_consume_wait {
             return Err(format!(
                 "http.write_timeout ({}) must exceed http.max_consume_wait ({})",
@@ -1227,6 +1237,13 @@ mod tests {
         let mut c = Config::default();
         c.http.pprof_addr = "notanaddr".into();
         assert!(c.validate().unwrap_err().starts_with("http.pprof_addr"));
+        // A zero read or idle timeout would close every connection at once (audit s21 L4).
+        let mut c = Config::default();
+        c.http.read_timeout = Duration::ZERO;
+        assert_eq!(c.validate().unwrap_err(), "http.read_timeout must be > 0");
+        let mut c = Config::default();
+        c.http.idle_timeout = Duration::ZERO;
+        assert_eq!(c.validate().unwrap_err(), "http.idle_timeout must be > 0");
     }
 
     #[test]
