@@ -369,6 +369,12 @@ async fn run<S: Service>(
     let mut responses_waiting = 0usize;
     loop {
         // ---- head --------------------------------------------------------------------------
+        // Empty lines left after the last request (a stray CRLF in its packet) do not start the
+        // next one either: the connection is idle until a request byte arrives.
+        if c.requests > 0 {
+            let blank = blank_prefix(c.rb.data());
+            c.rb.consume(blank);
+        }
         let mut started = (!c.rb.is_empty()).then(Instant::now);
         let head: RequestHead = loop {
             if !c.rb.is_empty() {
@@ -1257,8 +1263,9 @@ mod tests {
 
     #[test]
     fn empty_lines_between_requests_keep_the_connection_idle() {
-        // Proves a CRLF sent after an answer does not start the request read timeout (300 ms
-        // here): the connection is still served 700 ms later, under the idle timeout (5 s).
+        // Proves a CRLF sent after an answer, or in the same packet as the request, does not
+        // start the request read timeout (300 ms here): the connection is still served 700 ms
+        // later, under the idle timeout (5 s).
         // Before, the stray bytes started a request and the read timeout closed the connection.
         with_server(test_limits(), |addr| {
             let mut c = connect(addr);
@@ -1272,6 +1279,16 @@ mod tests {
                 .write_all(b"GET /b HTTP/1.1\r\n\r\n")
                 .expect("write");
             assert_eq!(read_response(&mut c, false).2, b"GET /b  ");
+            // The same with the CRLF in the request's own packet (audit s21 limits L3).
+            c.get_mut()
+                .write_all(b"GET /c HTTP/1.1\r\n\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /c  ");
+            std::thread::sleep(Duration::from_millis(700));
+            c.get_mut()
+                .write_all(b"GET /d HTTP/1.1\r\n\r\n")
+                .expect("write");
+            assert_eq!(read_response(&mut c, false).2, b"GET /d  ");
         });
     }
 
