@@ -157,6 +157,37 @@ impl Service for ApiService {
         crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
     }
 
+    /// A body that may take batch-body budget (declared over 1 MiB, or chunked on a route
+    /// allowing more) from a caller whose credential is not verified yet: the credential is
+    /// checked first (API.md §1.4: authentication before anything else), so a wrong password
+    /// gets its 401 (and counts toward the failed-login throttle) without holding budget or
+    /// getting `100 Continue`. Verified and open callers, and small bodies, wait for nothing.
+    fn admit_body(
+        &self,
+        head: &RequestHead,
+        limit: usize,
+    ) -> Option<std::pin::Pin<Box<dyn Future<Output = Option<Response>>>>> {
+        if self.batch_budget.is_none() || limit <= crate::api::BODY_BYTES_MAX {
+            return None;
+        }
+        if matches!(head.content_length(), Some(n) if n as usize <= crate::api::BODY_BYTES_MAX) {
+            return None;
+        }
+        if !matches!(
+            crate::auth::precheck(&head.headers, &head.path),
+            crate::auth::Pre::Pending
+        ) {
+            return None;
+        }
+        let node = self.node.clone();
+        let (headers, peer, path) = (head.headers.clone(), head.peer, head.path.clone());
+        Some(Box::pin(async move {
+            crate::auth::authenticate(&node, &headers, peer, &path)
+                .await
+                .err()
+        }))
+    }
+
     /// Before a produce body is read, its caller takes one unit of the per-identity produce cap
     /// when that is on and the identity is known from the head (API.md §4: "a batch counts as 1
     /// while its body is read"); a full cap answers `429` without reading the body. Bodies over

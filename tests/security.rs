@@ -1026,3 +1026,70 @@ fn produce_authorization_comes_before_query_and_body_size() {
     let r = call(&mut c, "GET", "/v1/topics/t.x/consume", ROOT, "");
     assert_eq!(r.status, 204, "{}", r.text());
 }
+
+/// Sends a batch-produce head for topic `t` declaring `len` body bytes with `Expect:
+/// 100-continue` as `user`; returns the first answer's status code and the open stream.
+fn large_head(port: u16, t: &str, user: (&str, &str), len: usize) -> (u16, std::net::TcpStream) {
+    use std::io::{BufRead, Write};
+    let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    write!(
+        w,
+        "POST /v1/topics/{t}/produce/batch HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\nExpect: 100-continue\r\n\r\n",
+        basic_auth(user.0, user.1)
+    )
+    .unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    (
+        status.split_whitespace().nth(1).unwrap().parse().unwrap(),
+        s,
+    )
+}
+
+#[test]
+fn a_wrong_password_holds_no_batch_body_budget() {
+    // Proves authentication comes before a large body takes batch-body budget (API.md §1.4, §4):
+    // heads of 10 MiB batches with a real user's wrong password are answered 401 without
+    // `100 Continue`, so four of them held open (the failed-login throttle answers 429 from
+    // the sixth) leave the 24 MiB budget whole and the right
+    // password still gets its `100 Continue` twice. Before (audit s21 limits L1) they got
+    // `100 Continue` and a share of the budget while the check waited for the body: two of them
+    // were enough to refuse the real user 503.
+    let dir = TempDir::new("budget-auth");
+    let s = secure(
+        &dir,
+        &[("NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT", "25165824")],
+    );
+    let mut c = s.client();
+    let r = create_user(
+        &mut c,
+        ROOT,
+        "writer",
+        "writer-password-1",
+        r#"[{"action":"produce","patterns":["*"]},{"action":"create","patterns":["*"]}]"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/topics",
+        ("writer", "writer-password-1"),
+        r#"{"name":"big","partitions":3}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut bad = Vec::new();
+    for i in 0..4 {
+        let (code, stream) = large_head(s.port, "big", ("writer", &format!("wrong-{i}")), 10 << 20);
+        assert_eq!(code, 401, "wrong password {i}");
+        bad.push(stream);
+    }
+    let mut good = Vec::new();
+    for _ in 0..2 {
+        let (code, stream) = large_head(s.port, "big", ("writer", "writer-password-1"), 10 << 20);
+        assert_eq!(code, 100);
+        good.push(stream);
+    }
+}

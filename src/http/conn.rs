@@ -460,7 +460,16 @@ async fn run<S: Service>(
                     let resp = service.body_too_large(&head).await;
                     return refuse_after_head(c, service, &head, resp).await;
                 }
-                _ => service.reserve_body(&head, limit).map(|r| (limit, r)),
+                _ => match service.admit_body(&head, limit) {
+                    None => service.reserve_body(&head, limit).map(|r| (limit, r)),
+                    Some(check) => match check.await {
+                        Some(resp) => {
+                            service.on_refused_after_head(&head, resp.status);
+                            Err(resp)
+                        }
+                        None => service.reserve_body(&head, limit).map(|r| (limit, r)),
+                    },
+                },
             },
             Err(resp) => Err(resp),
         };

@@ -311,6 +311,20 @@ pub trait Service: 'static {
     /// hard cap ([`Limits::body_bytes_max`]).
     fn body_limit(&self, head: &RequestHead) -> Result<usize, Response>;
 
+    /// Called once the declared size fits `limit`, before [`Service::reserve_body`]: checks
+    /// that must pass before a body may take a shared budget (a credential not yet verified),
+    /// as a future the server awaits, or `None` when there is nothing to wait for (every small
+    /// body: no allocation). `Some(answer)` from the future is sent at once, the body unread
+    /// (and [`Service::on_refused_after_head`] called).
+    #[allow(clippy::type_complexity)]
+    fn admit_body(
+        &self,
+        _head: &RequestHead,
+        _limit: usize,
+    ) -> Option<std::pin::Pin<Box<dyn Future<Output = Option<Response>>>>> {
+        None
+    }
+
     /// Called once the declared size fits `limit` and before any body byte is read (and before
     /// `100 Continue`): may reserve a shared budget for the body about to be read (bytes in
     /// flight, API.md §4) or refuse with an early answer (`503` + `Retry-After`). The reservation
