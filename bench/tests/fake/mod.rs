@@ -1,6 +1,6 @@
 //! An in-memory stand-in for the broker's message routes (API.md §10: topic create, produce,
-//! batch produce, batch consume, batch ack), with injectable faults, so the generator's
-//! bookkeeping can be tested without the real binary. Blocking, one thread per connection,
+//! batch produce, single and batch consume, single and batch ack), with injectable faults, so
+//! the generator's bookkeeping can be tested without the real binary. Blocking, one thread per connection,
 //! loopback only; every connection thread ends when its client closes.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -221,11 +221,12 @@ fn handle(
             (202, format!("{{\"accepted\":{n}}}"))
         }
         ("GET", ["v1", "topics", t, "consume"]) => {
-            let max: usize = query
+            // Without `max` the answer is one Message object, not a batch (API.md §10.3).
+            let batch: Option<usize> = query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("max="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1);
+                .and_then(|v| v.parse().ok());
+            let max = batch.unwrap_or(1);
             let State {
                 topics,
                 nonce,
@@ -268,12 +269,31 @@ fn handle(
                 std::thread::sleep(Duration::from_millis(10));
                 return (204, String::new());
             }
+            if batch.is_none() {
+                return (200, format!("{}\n", msgs[0]));
+            }
             (200, format!("{{\"messages\":[{}]}}\n", msgs.join(",")))
         }
         ("POST", ["v1", "topics", t, "ack"]) => {
             let Some(topic) = g.topics.get_mut(*t) else {
                 return (404, "{\"error\":\"topic not found\"}".into());
             };
+            // A single ack names its handle in the query and answers 204 or 410.
+            if let Some(h) = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("receipt_handle="))
+            {
+                let p: Vec<u64> = h.split(':').filter_map(|x| x.parse().ok()).collect();
+                return if p.len() == 3 && topic.leases.remove(&(p[1] as usize, p[2])) {
+                    (204, String::new())
+                } else {
+                    (
+                        410,
+                        "{\"error\":\"receipt handle no longer matches an active reservation\"}"
+                            .into(),
+                    )
+                };
+            }
             let Ok(a) = serde_json::from_slice::<Acks>(body) else {
                 return (400, "{\"error\":\"invalid json\"}".into());
             };
