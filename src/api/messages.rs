@@ -2,7 +2,6 @@
 //! ack/extend/nack. The answer `202` is sent only after `Node::append` returned, which happens only
 //! after the owner shard's group commit made every record durable and verified.
 
-use std::borrow::Cow;
 use std::rc::Rc;
 
 use narad_io::log::AppendRecord;
@@ -201,10 +200,13 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     // The records' payloads stay ranges of this one buffer: no allocation or copy each.
     let body = std::sync::Arc::new(decoded.unwrap_or_else(|| std::mem::take(&mut req.body)));
     // Pass one: format of every element (encodings, empty payloads, negative partitions).
-    let msgs = match wire::body::parse_batch_produce(&body) {
+    // Base64 payloads are decoded into one buffer, shared by their records like the body.
+    let mut decoded = Vec::new();
+    let msgs = match wire::body::parse_batch_produce(&body, &mut decoded) {
         Ok(m) => m,
         Err(e) => return error(e.status(), e.message()),
     };
+    let decoded = std::sync::Arc::new(decoded);
     let meta = node.meta();
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
@@ -228,7 +230,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     };
     for (i, m) in msgs.into_iter().enumerate() {
         if let Some(s) = &schema {
-            tri!(s.check(&m.payload).await.map_err(|r| {
+            tri!(s.check(m.payload.bytes(&decoded)).await.map_err(|r| {
                 schema_rejected(node, t, r.status);
                 r.at(i).response()
             }));
@@ -252,9 +254,8 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
             },
             msg_key: m.key.map(|k| k.into_owned()).filter(|k| !k.is_empty()),
             payload: match m.payload {
-                Cow::Borrowed(raw) => SharedBytes::within(&body, raw),
-                // Unescaped or decoded: bytes of its own.
-                Cow::Owned(v) => v.into(),
+                wire::Payload::Raw(raw) => SharedBytes::within(&body, raw),
+                wire::Payload::Decoded(r) => SharedBytes::new(decoded.clone(), r),
             },
         });
     }

@@ -84,14 +84,25 @@ pub fn encode(data: &[u8]) -> String {
 /// anywhere sends the input to [`decode_checked`], which names its position); the last one
 /// carries the padding rules.
 pub fn decode(input: &[u8]) -> Result<Vec<u8>, Base64Error> {
+    let mut out = Vec::new();
+    decode_into(input, &mut out)?;
+    Ok(out)
+}
+
+/// [`decode`] appending to `out` (unchanged on error): many payloads decode into one buffer.
+pub fn decode_into(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
     if input.is_empty() || input.len() & 3 != 0 {
-        return decode_checked(input);
+        out.extend_from_slice(&decode_checked(input)?);
+        return Ok(());
     }
     let split = input.len() - 4;
-    let mut out = vec![0u8; split / 4 * 3];
+    let start = out.len();
+    out.reserve(split / 4 * 3 + 3);
+    out.resize(start + split / 4 * 3, 0);
     // Eight symbols (six bytes) a step, then the odd quantum.
     let (eights, four) = input[..split].split_at(split / 8 * 8);
-    let (out6, out3) = out.split_at_mut(eights.len() / 8 * 6);
+    let (out6, out3) = out[start..].split_at_mut(eights.len() / 8 * 6);
+    let mut valid = true;
     for (o, c) in out6.chunks_exact_mut(6).zip(eights.chunks_exact(8)) {
         let mut v = 0u64;
         let mut seen = 0u8;
@@ -101,9 +112,7 @@ pub fn decode(input: &[u8]) -> Result<Vec<u8>, Base64Error> {
             v = (v << 6) | u64::from(d);
         }
         // Valid symbols are below 64; INVALID has the top bit set.
-        if seen & 0x80 != 0 {
-            return decode_checked(input);
-        }
+        valid &= seen & 0x80 == 0;
         o.copy_from_slice(&v.to_be_bytes()[2..]);
     }
     for (o, c) in out3.chunks_exact_mut(3).zip(four.chunks_exact(4)) {
@@ -113,17 +122,23 @@ pub fn decode(input: &[u8]) -> Result<Vec<u8>, Base64Error> {
             DECODE[c[2] as usize],
             DECODE[c[3] as usize],
         );
-        if (a | b | x | y) & 0x80 != 0 {
-            return decode_checked(input);
-        }
+        valid &= (a | b | x | y) & 0x80 == 0;
         let v = (u32::from(a) << 18) | (u32::from(b) << 12) | (u32::from(x) << 6) | u32::from(y);
         o[0] = (v >> 16) as u8;
         o[1] = (v >> 8) as u8;
         o[2] = v as u8;
     }
-    out.reserve_exact(3);
-    decode_quad(&input[split..], true, &mut out).map_err(|i| Base64Error(split + i))?;
-    Ok(out)
+    let last = if valid {
+        decode_quad(&input[split..], true, out).map_err(|i| Base64Error(split + i))
+    } else {
+        Err(Base64Error(0))
+    };
+    if let Err(e) = last {
+        out.truncate(start);
+        // The checked decoder names the first offending symbol.
+        return Err(decode_checked(input).err().unwrap_or(e));
+    }
+    Ok(())
 }
 
 /// Decodes one 4-symbol quantum onto `out`; padding is allowed only in the `last` one. `Err`
@@ -240,6 +255,18 @@ mod tests {
         for n in 0..120 {
             let enc = encode(&data[..n]).into_bytes();
             assert_eq!(decode(&enc), decode_checked(&enc), "len {n}");
+            // Appending keeps what was there; an error leaves it as it was.
+            let mut out = b"prefix".to_vec();
+            decode_into(&enc, &mut out).unwrap();
+            assert_eq!(&out[..6], b"prefix");
+            assert_eq!(&out[6..], &data[..n]);
+            if !enc.is_empty() {
+                let mut bad = enc.clone();
+                bad[0] = b'-';
+                let mut out = b"prefix".to_vec();
+                assert_eq!(decode_into(&bad, &mut out), Err(Base64Error(0)));
+                assert_eq!(out, b"prefix");
+            }
             for at in 0..enc.len() {
                 for bad in [b'=', b'-', b'\n', 0xC3] {
                     let mut e = enc.clone();

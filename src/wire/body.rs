@@ -31,10 +31,41 @@ pub struct BatchMessage<'a> {
     /// `None` = no key (absent or empty).
     pub key: Option<Cow<'a, [u8]>>,
     /// Never empty, at most `MESSAGE_BYTES_MAX`.
-    pub payload: Cow<'a, [u8]>,
+    pub payload: Payload<'a>,
     /// A pinned partition; values beyond `u32` are kept as `u32::MAX` (out of range for every
     /// topic, so the caller answers as for any out-of-range partition).
     pub partition: Option<PartitionId>,
+}
+
+/// Where a batch message's payload bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// The JSON value's own text in the body (no `payload_encoding`).
+    Raw(&'a [u8]),
+    /// A base64 payload, decoded: this range of the batch's decode buffer (one buffer for the
+    /// whole batch, no allocation per message).
+    Decoded(std::ops::Range<usize>),
+}
+
+impl Payload<'_> {
+    /// The bytes, given the decode buffer [`parse_batch_produce`] filled.
+    pub fn bytes<'s>(&'s self, decoded: &'s [u8]) -> &'s [u8] {
+        match self {
+            Payload::Raw(b) => b,
+            Payload::Decoded(r) => &decoded[r.clone()],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Raw(b) => b.len(),
+            Payload::Decoded(r) => r.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Why a batch produce body is refused. The message is the complete error text.
@@ -322,8 +353,12 @@ fn int_field(r: &mut Reader<'_>, target: &str) -> Result<Option<i64>, Fail> {
 /// Parses a batch produce body (API.md §10.2) into messages in body order, or the first error:
 /// JSON errors (document order, `invalid json: ...`), `too many messages: more than 1000` at the
 /// 1001st element, `messages required` for none, then each message's format checks in order
-/// (`message <i>: ...`; an oversized payload is [`BatchProduceError::TooLarge`]).
-pub fn parse_batch_produce(body: &[u8]) -> Result<Vec<BatchMessage<'_>>, BatchProduceError> {
+/// (`message <i>: ...`; an oversized payload is [`BatchProduceError::TooLarge`]). Base64
+/// payloads are decoded onto `decoded` ([`Payload::Decoded`] ranges of it).
+pub fn parse_batch_produce<'a>(
+    body: &'a [u8],
+    decoded: &mut Vec<u8>,
+) -> Result<Vec<BatchMessage<'a>>, BatchProduceError> {
     let mut raws: Vec<RawMessage<'_>> = Vec::new();
     let too_many = format!("too many messages: more than {BATCH_MESSAGES_MAX}");
     let walked = walk_single_array_object(
@@ -351,9 +386,13 @@ pub fn parse_batch_produce(body: &[u8]) -> Result<Vec<BatchMessage<'_>>, BatchPr
             "messages required".to_string(),
         ));
     }
+    if raws.iter().any(|m| m.payload_encoding.as_ref() == "base64") {
+        // Decoded payloads are smaller than their text: one allocation for all of them.
+        decoded.reserve(body.len() / 4 * 3);
+    }
     raws.into_iter()
         .enumerate()
-        .map(|(i, m)| check_message(body, i, m))
+        .map(|(i, m)| check_message(body, i, m, decoded))
         .collect()
 }
 
@@ -361,6 +400,7 @@ fn check_message<'a>(
     body: &'a [u8],
     i: usize,
     m: RawMessage<'a>,
+    decoded: &mut Vec<u8>,
 ) -> Result<BatchMessage<'a>, BatchProduceError> {
     let bad = |msg: &str| BatchProduceError::BadRequest(format!("message {i}: {msg}"));
     let payload_base64 = match m.payload_encoding.as_ref() {
@@ -374,7 +414,7 @@ fn check_message<'a>(
         _ => return Err(bad("invalid key_encoding: want \"base64\" or none")),
     };
     let raw = m.payload.map(|(s, e)| &body[s..e]).unwrap_or_default();
-    let payload: Cow<'a, [u8]> = if payload_base64 && !raw.is_empty() {
+    let payload = if payload_base64 && !raw.is_empty() {
         if raw[0] != b'"' {
             return Err(bad(
                 "invalid payload: a base64 payload must be a JSON string",
@@ -383,9 +423,11 @@ fn check_message<'a>(
         let text = Reader::new(raw)
             .read_string()
             .map_err(|e| bad(&format!("invalid payload: {e}")))?;
-        Cow::Owned(base64::decode(&text).map_err(|e| bad(&format!("invalid payload: {e}")))?)
+        let start = decoded.len();
+        base64::decode_into(&text, decoded).map_err(|e| bad(&format!("invalid payload: {e}")))?;
+        Payload::Decoded(start..decoded.len())
     } else {
-        Cow::Borrowed(raw)
+        Payload::Raw(raw)
     };
     if payload.is_empty() {
         return Err(bad("message required"));
@@ -511,12 +553,34 @@ mod tests {
 
     use super::*;
 
-    fn ok(body: &str) -> Vec<BatchMessage<'_>> {
-        parse_batch_produce(body.as_bytes()).unwrap_or_else(|e| panic!("{body}: {e:?}"))
+    /// A parsed message with its payload's bytes (`raw`: a range of the body, not decoded).
+    struct Got<'a> {
+        key: Option<Cow<'a, [u8]>>,
+        payload: Vec<u8>,
+        raw: bool,
+        partition: Option<PartitionId>,
+    }
+
+    fn parse(body: &str) -> Result<Vec<BatchMessage<'_>>, BatchProduceError> {
+        parse_batch_produce(body.as_bytes(), &mut Vec::new())
+    }
+
+    fn ok(body: &str) -> Vec<Got<'_>> {
+        let mut decoded = Vec::new();
+        let msgs = parse_batch_produce(body.as_bytes(), &mut decoded)
+            .unwrap_or_else(|e| panic!("{body}: {e:?}"));
+        msgs.into_iter()
+            .map(|m| Got {
+                payload: m.payload.bytes(&decoded).to_vec(),
+                raw: matches!(m.payload, Payload::Raw(_)),
+                key: m.key,
+                partition: m.partition,
+            })
+            .collect()
     }
 
     fn bad(body: &str) -> String {
-        match parse_batch_produce(body.as_bytes()) {
+        match parse(body) {
             Err(BatchProduceError::BadRequest(m)) => m,
             other => panic!("{body}: expected 400, got {other:?}"),
         }
@@ -534,12 +598,13 @@ mod tests {
         let m = ok(body);
         assert_eq!(m.len(), 3);
         assert_eq!(m[0].key.as_deref(), Some(&b"customer-42"[..]));
-        assert_eq!(m[0].payload.as_ref(), br#"{"order_id":"ord_124"}"#);
-        assert!(matches!(m[0].payload, Cow::Borrowed(_)));
+        assert_eq!(m[0].payload.as_slice(), br#"{"order_id":"ord_124"}"#);
+        assert!(m[0].raw);
+        assert!(!m[1].raw);
         assert_eq!(m[0].partition, None);
-        assert_eq!(m[1].payload.as_ref(), b"hello");
+        assert_eq!(m[1].payload.as_slice(), b"hello");
         assert_eq!(m[2].key.as_deref(), Some(&[0xFF][..]));
-        assert_eq!(m[2].payload.as_ref(), b"[1,2]");
+        assert_eq!(m[2].payload.as_slice(), b"[1,2]");
         assert_eq!(m[2].partition, Some(PartitionId(2)));
     }
 
@@ -549,16 +614,16 @@ mod tests {
         // whitespace is not, `null` is the 4-byte message, and keys unescape; field names match
         // case-insensitively and the last occurrence wins, as in Go.
         let m = ok("{\"messages\":[{\"payload\": \"a\\u00e9\" ,\"key\":\"k\\/1\"},{\"payload\":{ \"a\" : [ 1 ] }\n},{\"payload\":null},{\"PAYLOAD\":1,\"payload\":2,\"Key\":\"\"}]}");
-        assert_eq!(m[0].payload.as_ref(), b"\"a\\u00e9\"");
+        assert_eq!(m[0].payload.as_slice(), b"\"a\\u00e9\"");
         assert_eq!(m[0].key.as_deref(), Some(&b"k/1"[..]));
-        assert_eq!(m[1].payload.as_ref(), b"{ \"a\" : [ 1 ] }");
-        assert_eq!(m[2].payload.as_ref(), b"null");
-        assert_eq!(m[3].payload.as_ref(), b"2");
+        assert_eq!(m[1].payload.as_slice(), b"{ \"a\" : [ 1 ] }");
+        assert_eq!(m[2].payload.as_slice(), b"null");
+        assert_eq!(m[3].payload.as_slice(), b"2");
         assert_eq!(m[3].key, None);
         assert_eq!(ok(" {\"messages\":[{\"payload\":1}]} \n").len(), 1);
         let last = ok(r#"{"messages":[{"payload":1},{"payload":2}],"Messages":[{"payload":3}]}"#);
         assert_eq!(last.len(), 1);
-        assert_eq!(last[0].payload.as_ref(), b"3");
+        assert_eq!(last[0].payload.as_slice(), b"3");
         // A partition beyond u32 is out of range for every topic.
         assert_eq!(
             ok(r#"{"messages":[{"payload":1,"partition":4294967296}]}"#)[0].partition,
@@ -693,7 +758,7 @@ mod tests {
             r#"{{"messages":[{{"payload":1}},{{"payload":"{}"}}]}}"#,
             "a".repeat(MESSAGE_BYTES_MAX - 1)
         );
-        let err = parse_batch_produce(over.as_bytes()).unwrap_err();
+        let err = parse(&over).unwrap_err();
         assert_eq!(
             err,
             BatchProduceError::TooLarge("message 1: message too large".to_string())
@@ -702,7 +767,7 @@ mod tests {
         let big = base64::encode(&vec![7u8; MESSAGE_BYTES_MAX + 1]);
         let over = format!(r#"{{"messages":[{{"payload":"{big}","payload_encoding":"base64"}}]}}"#);
         assert_eq!(
-            parse_batch_produce(over.as_bytes()).unwrap_err().message(),
+            parse(&over).unwrap_err().message(),
             "message 0: message too large"
         );
     }

@@ -22,7 +22,7 @@ pub mod reader;
 pub mod receipt;
 
 pub use body::{
-    decode_strict, parse_batch_ack, parse_batch_produce, BatchMessage, BatchProduceError,
+    decode_strict, parse_batch_ack, parse_batch_produce, BatchMessage, BatchProduceError, Payload,
 };
 pub use duration::GoDuration;
 pub use json::{

@@ -754,7 +754,7 @@ mod tests {
             );
             assert_eq!(ours, json_syntax_error(&doc).is_none());
             // The batch parser must never panic on garbage either.
-            let _ = crate::wire::parse_batch_produce(&doc);
+            let _ = crate::wire::parse_batch_produce(&doc, &mut Vec::new());
         }
     }
 
