@@ -123,7 +123,7 @@ fn delete_topic_removes_files_and_stays_deleted() {
         assert_eq!(log.high_watermark(a0), Offset(0));
         assert!(matches!(
             log.append(vec![rec(a0, 0)]).await,
-            Err(LogError::Io(_))
+            Err(LogError::TopicDeleted)
         ));
         log.append(vec![rec(b, 50)]).await.unwrap();
         drop(log);
