@@ -562,7 +562,13 @@ fn create_segment(dir: &Path, key: PartitionKey, base: Offset) -> std::io::Resul
             .truncate(true),
         &path,
     )?;
-    f.write_all_at(&frame::encode_segment_header(key, base), 0)?;
+    if let Err(e) = f.write_all_at(&frame::encode_segment_header(key, base), 0) {
+        // A roll that failed (a full disk) leaves no empty file behind: the records go on in
+        // the segment before, and recovery must not take an empty newer file for their end.
+        drop(f);
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
     let seg = Segment {
         base,
         positions: Vec::new(),
@@ -777,9 +783,25 @@ impl PartitionLog {
         let mut report = ScanReport::default();
         let mut segments: VecDeque<Segment> = VecDeque::new();
         let mut damaged = Vec::new();
+        let mut removed_empty = false;
         for (i, &base) in bases.iter().enumerate() {
             let is_last = i + 1 == bases.len();
             let path = segment_path(dir, base);
+            if let Some(prev) = segments.back() {
+                let len = std::fs::metadata(&path)?.len();
+                if base < prev.end()
+                    && len < (frame::SEGMENT_HEADER_BYTES + frame::FRAME_HEADER_BYTES) as u64
+                {
+                    // A roll that failed (or a crash right after it) left this file without a
+                    // record, and the records from its base on went to the segment before:
+                    // that one holds them, this one goes.
+                    tracing::warn!(path = %path.display(), records_kept = prev.end().0 - base.0,
+                        "removed an empty segment file left by a failed segment roll");
+                    std::fs::remove_file(&path)?;
+                    removed_empty = true;
+                    continue;
+                }
+            }
             let seg = match (!is_last).then(|| load_index(&path, base)).flatten() {
                 Some(seg) => {
                     report.segments += 1;
@@ -818,7 +840,7 @@ impl PartitionLog {
                 (f, vec![dir.to_path_buf()])
             }
         };
-        if report.torn_tail_bytes > 0 {
+        if report.torn_tail_bytes > 0 || removed_empty {
             dirs_to_sync.push(dir.to_path_buf());
         }
         let mut settled = SettledSet::from_settled(&state::read_state_file(dir));

@@ -172,6 +172,38 @@ fn damage_in_the_middle_keeps_offsets_dense() {
 }
 
 #[test]
+fn an_empty_segment_from_a_failed_roll_does_not_cut_the_one_before() {
+    // Proves the audit s21 crash C1 repair: a roll that failed on a full disk left an empty
+    // newer segment file whose base lies inside the previous segment (the records from there
+    // on were written to the previous one). Opening must keep every record and remove the
+    // empty file; it used to take the file as the newer segment and cut the previous one at
+    // its base, losing records answered 202. A file of only a header counts as empty too.
+    for header_only in [false, true] {
+        let t = TempDir::new(if header_only {
+            "failed-roll-h"
+        } else {
+            "failed-roll"
+        });
+        let mut p = PartitionLog::create(&t.0, KEY, 1 << 20).unwrap();
+        fill(&mut p, 30, 4);
+        drop(p);
+        let dir = partition_dir(&t.0, KEY);
+        let stray = segment_path(&dir, Offset(20));
+        let bytes = if header_only {
+            frame::encode_segment_header(KEY, Offset(20)).to_vec()
+        } else {
+            Vec::new()
+        };
+        std::fs::write(&stray, bytes).unwrap();
+        let (p, rep) = PartitionLog::open(&dir, KEY, 1 << 20).unwrap();
+        assert_eq!(rep.corrupt_records, 0);
+        assert_eq!(p.next_offset(), Offset(30));
+        check_all(&p, 0, 30);
+        assert!(!stray.exists());
+    }
+}
+
+#[test]
 fn missing_segment_reads_as_corrupt_not_shifted() {
     // Proves that a lost middle segment file leaves a hole of Corrupt offsets; the following
     // records keep their offsets.
