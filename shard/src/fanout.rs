@@ -492,6 +492,21 @@ impl Fanout {
     /// Writes every running cursor's position to the cursor file, durably.
     pub async fn persist_now(&self) -> std::io::Result<()> {
         let _permit = self.persist_lock.acquire().await;
+        self.write_cursors().await
+    }
+
+    /// The persister's write: none once [`Fanout::close`] began (it writes the final positions
+    /// itself), so no file write starts while the shard is stopping (its blocking I/O would
+    /// outlive the executor).
+    async fn persist_unless_closed(&self) -> std::io::Result<()> {
+        let _permit = self.persist_lock.acquire().await;
+        if self.closed.get() {
+            return Ok(());
+        }
+        self.write_cursors().await
+    }
+
+    async fn write_cursors(&self) -> std::io::Result<()> {
         self.dirty.set(false);
         let entries: Vec<CursorEntry> = self
             .cursors
@@ -524,7 +539,7 @@ impl Fanout {
             }
             drop(wake);
             rt::sleep(CURSOR_PERSIST_DELAY).await;
-            if let Err(e) = self.persist_now().await {
+            if let Err(e) = self.persist_unless_closed().await {
                 tracing::error!(error = %e, path = %self.path.display(),
                     "writing fan-out cursors failed; retrying (a crash now copies more duplicates)");
                 rt::sleep(FANOUT_RETRY_BACKOFF).await;

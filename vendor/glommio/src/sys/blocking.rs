@@ -171,7 +171,9 @@ impl BlockingThread {
                 let resp = BlockingThreadResp { id, res };
 
                 if tx.send(resp).is_err() {
-                    panic!("failed to send response");
+                    // NARAD PATCH (vendor/glommio/NARAD.md, patch 3): the executor that asked
+                    // has ended (its receiver is gone); nobody waits for this answer.
+                    break;
                 }
                 reactor_sleep_notifier.notify(el.latency_sensitive);
             }
