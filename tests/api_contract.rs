@@ -795,7 +795,21 @@ fn a_parked_long_poll_follows_topic_changes() {
     let (_d, s) = server("poll-changes");
     let mut c = s.client();
     let addr = s.addr();
-    let took = |t0: Instant, at: Instant| at - t0;
+    // Parks a consume on `wait_path`, changes the topic by `patch` while it waits, then
+    // produces to `produce` if given: the consume's status and how long it took.
+    let change_while_parked =
+        |c: &mut Client, wait_path: &'static str, patch: (&str, &str), produce: Option<&str>| {
+            let t0 = Instant::now();
+            let waiter = park(addr, wait_path);
+            std::thread::sleep(Duration::from_millis(300));
+            let r = c.patch_json(patch.0, patch.1);
+            assert_eq!(r.status, 200, "{}", r.text());
+            if let Some(path) = produce {
+                assert_eq!(c.post_client(path, b"y").status, 202);
+            }
+            let (status, at) = waiter.join().unwrap();
+            (status, at - t0)
+        };
 
     // Raised cap: partition 0 holds two messages and a cap of 1 in flight; the first is leased.
     let r = c.post_json(
@@ -811,14 +825,14 @@ fn a_parked_long_poll_follows_topic_changes() {
         );
     }
     assert_eq!(c.get("/v1/topics/raise/consume?partition=0").status, 200);
-    let t0 = Instant::now();
-    let waiter = park(addr, "/v1/topics/raise/consume?partition=0&wait=8s");
-    std::thread::sleep(Duration::from_millis(300));
-    let r = c.patch_json("/v1/topics/raise", r#"{"max_in_flight_per_partition":5}"#);
-    assert_eq!(r.status, 200, "{}", r.text());
-    let (status, at) = waiter.join().unwrap();
+    let (status, took) = change_while_parked(
+        &mut c,
+        "/v1/topics/raise/consume?partition=0&wait=8s",
+        ("/v1/topics/raise", r#"{"max_in_flight_per_partition":5}"#),
+        None,
+    );
     assert_eq!(status, 200);
-    assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+    assert!(took < Duration::from_secs(5), "{took:?}");
 
     // Lowered cap: one message in flight under a cap of 5; the cap drops to 1 while a
     // long-poll waits; a new message must not be leased past the new cap.
@@ -833,33 +847,24 @@ fn a_parked_long_poll_follows_topic_changes() {
         202
     );
     assert_eq!(c.get("/v1/topics/lower/consume?partition=0").status, 200);
-    let waiter = park(addr, "/v1/topics/lower/consume?partition=0&wait=3s");
-    std::thread::sleep(Duration::from_millis(300));
-    let r = c.patch_json("/v1/topics/lower", r#"{"max_in_flight_per_partition":1}"#);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(
-        c.post_client("/v1/topics/lower/produce?partition=0", b"y")
-            .status,
-        202
+    let (status, _) = change_while_parked(
+        &mut c,
+        "/v1/topics/lower/consume?partition=0&wait=3s",
+        ("/v1/topics/lower", r#"{"max_in_flight_per_partition":1}"#),
+        Some("/v1/topics/lower/produce?partition=0"),
     );
-    let (status, _) = waiter.join().unwrap();
     assert_eq!(status, 204, "leased past the lowered cap");
 
     // Added partitions: a message on partition 5 of a topic that had 3 when the wait began.
     c.create_topic("grow", 3);
-    let t0 = Instant::now();
-    let waiter = park(addr, "/v1/topics/grow/consume?wait=8s");
-    std::thread::sleep(Duration::from_millis(300));
-    let r = c.patch_json("/v1/topics/grow", r#"{"partitions":6}"#);
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(
-        c.post_client("/v1/topics/grow/produce?partition=5", b"z")
-            .status,
-        202
+    let (status, took) = change_while_parked(
+        &mut c,
+        "/v1/topics/grow/consume?wait=8s",
+        ("/v1/topics/grow", r#"{"partitions":6}"#),
+        Some("/v1/topics/grow/produce?partition=5"),
     );
-    let (status, at) = waiter.join().unwrap();
     assert_eq!(status, 200);
-    assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+    assert!(took < Duration::from_secs(5), "{took:?}");
 
     // Deleted topic: the waiters (parked on both shards, whichever their connections reached)
     // answer 404 at once.
@@ -873,7 +878,7 @@ fn a_parked_long_poll_follows_topic_changes() {
     for w in waiters {
         let (status, at) = w.join().unwrap();
         assert_eq!(status, 404);
-        assert!(took(t0, at) < Duration::from_secs(5), "{:?}", took(t0, at));
+        assert!(at - t0 < Duration::from_secs(5), "{:?}", at - t0);
     }
 }
 
