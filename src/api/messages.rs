@@ -201,12 +201,12 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     let body = std::sync::Arc::new(decoded.unwrap_or_else(|| std::mem::take(&mut req.body)));
     // Pass one: format of every element (encodings, empty payloads, negative partitions).
     // Base64 payloads are decoded into one buffer, shared by their records like the body.
-    let mut decoded = Vec::new();
-    let msgs = match wire::body::parse_batch_produce(&body, &mut decoded) {
+    let mut from_base64 = Vec::new();
+    let msgs = match wire::body::parse_batch_produce(&body, &mut from_base64) {
         Ok(m) => m,
         Err(e) => return error(e.status(), e.message()),
     };
-    let decoded = std::sync::Arc::new(decoded);
+    let from_base64 = std::sync::Arc::new(from_base64);
     let meta = node.meta();
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
@@ -230,7 +230,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     };
     for (i, m) in msgs.into_iter().enumerate() {
         if let Some(s) = &schema {
-            tri!(s.check(m.payload.bytes(&decoded)).await.map_err(|r| {
+            tri!(s.check(m.payload.bytes(&from_base64)).await.map_err(|r| {
                 schema_rejected(node, t, r.status);
                 r.at(i).response()
             }));
@@ -255,7 +255,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
             msg_key: m.key.map(|k| k.into_owned()).filter(|k| !k.is_empty()),
             payload: match m.payload {
                 wire::Payload::Raw(raw) => SharedBytes::within(&body, raw),
-                wire::Payload::Decoded(r) => SharedBytes::new(decoded.clone(), r),
+                wire::Payload::Decoded(r) => SharedBytes::new(from_base64.clone(), r),
             },
         });
     }
