@@ -435,7 +435,7 @@ impl Node {
         }
         if meta_node.started_fresh() {
             tracing::warn!(
-                "the metastore was empty at this start, but the data directory holds topic data:                  kept (nothing confirms those topics were deleted)"
+                "the metastore was empty at this start but the data directory holds topic data; kept, since nothing confirms those topics were deleted"
             );
             return;
         }
