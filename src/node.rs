@@ -427,8 +427,7 @@ impl Node {
         let Some(meta_node) = self.meta_node.clone() else {
             return;
         };
-        let live: std::collections::HashSet<TopicId> =
-            self.meta().topics.values().map(|t| t.id).collect();
+        let live = self.meta().topic_ids();
         let dirs = narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX);
         if dirs.iter().all(|id| live.contains(id)) {
             return;
@@ -450,8 +449,7 @@ impl Node {
             }
         }
         // Topic directories every shard emptied, or left empty by a crash mid-delete.
-        let live: std::collections::HashSet<TopicId> =
-            self.meta().topics.values().map(|t| t.id).collect();
+        let live = self.meta().topic_ids();
         for id in narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX) {
             if !live.contains(&id) {
                 let dir = narad_io::partition::topic_dir(&self.config.data_dir, id);
@@ -464,8 +462,7 @@ impl Node {
 
     /// Drops this shard's partitions of topics its metadata copy does not have.
     async fn purge_deleted_here(self: &Rc<Self>) {
-        let live: std::collections::HashSet<TopicId> =
-            self.meta().topics.values().map(|t| t.id).collect();
+        let live = self.meta().topic_ids();
         let gone: std::collections::BTreeSet<TopicId> = self
             .host
             .log()

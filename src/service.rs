@@ -113,25 +113,27 @@ impl ApiService {
             })
     }
 
-    /// Batch-body budget bytes for a body over 1 MiB.
+    /// The node's batch-body budget when this body may take a share of it (API.md §10.2): the
+    /// route allows more than 1 MiB and the body is declared over 1 MiB, or chunked.
+    fn budget_for(&self, head: &RequestHead, limit: usize) -> Option<&Arc<BodyBudget>> {
+        let large = limit > crate::api::BODY_BYTES_MAX
+            && head
+                .content_length()
+                .is_none_or(|n| n as usize > crate::api::BODY_BYTES_MAX);
+        self.batch_budget.as_ref().filter(|_| large)
+    }
+
+    /// Batch-body budget bytes for a body declared over 1 MiB (a chunked one reserves once it
+    /// grows past 1 MiB, in `reserve_grown`).
     fn budget_bytes(
         &self,
         head: &RequestHead,
         limit: usize,
     ) -> Result<Option<BodyPermit>, Response> {
-        let Some(budget) = &self.batch_budget else {
-            return Ok(None);
-        };
-        if limit <= crate::api::BODY_BYTES_MAX {
-            return Ok(None);
+        match (self.budget_for(head, limit), head.content_length()) {
+            (Some(budget), Some(n)) => self.take_budget(budget, head, (n as usize).min(limit)),
+            _ => Ok(None),
         }
-        let want = match head.content_length() {
-            Some(n) if n as usize <= crate::api::BODY_BYTES_MAX => return Ok(None),
-            Some(n) => (n as usize).min(limit),
-            // Chunked: reserved once it grows past 1 MiB (ApiService::reserve_grown).
-            None => return Ok(None),
-        };
-        self.take_budget(budget, head, want)
     }
 
     fn take_budget(
@@ -167,12 +169,7 @@ impl Service for ApiService {
         head: &RequestHead,
         limit: usize,
     ) -> Option<std::pin::Pin<Box<dyn Future<Output = Option<Response>>>>> {
-        if self.batch_budget.is_none() || limit <= crate::api::BODY_BYTES_MAX {
-            return None;
-        }
-        if matches!(head.content_length(), Some(n) if n as usize <= crate::api::BODY_BYTES_MAX) {
-            return None;
-        }
+        self.budget_for(head, limit)?;
         if !matches!(
             crate::auth::precheck(&head.headers, &head.path),
             crate::auth::Pre::Pending
@@ -220,10 +217,10 @@ impl Service for ApiService {
         len: usize,
         reservation: &mut Option<Reservation>,
     ) -> Result<(), Response> {
-        let Some(budget) = &self.batch_budget else {
+        let Some(budget) = self.budget_for(head, limit) else {
             return Ok(());
         };
-        if len <= crate::api::BODY_BYTES_MAX || limit <= crate::api::BODY_BYTES_MAX {
+        if len <= crate::api::BODY_BYTES_MAX {
             return Ok(());
         }
         let hold = reservation.get_or_insert_with(|| {

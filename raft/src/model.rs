@@ -67,6 +67,11 @@ impl MetaState {
         self.topics.get(name)
     }
 
+    /// The incarnation ids of the topics that exist.
+    pub fn topic_ids(&self) -> std::collections::HashSet<TopicId> {
+        self.topics.values().map(|t| t.id).collect()
+    }
+
     /// The existing topic whose name equals `name` ignoring ASCII letter case, if any.
     pub fn topic_case_insensitive(&self, name: &str) -> Option<&TopicMeta> {
         self.topics

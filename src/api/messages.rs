@@ -461,7 +461,6 @@ async fn queue_consume(
         None => (0..t.partitions).map(PartitionId).collect(),
     };
     let n = max.unwrap_or(1);
-    let mut first = true;
     let waited = crate::metrics::ConsumeWait::start(local_only || wait.is_zero());
     let deadline = now_ms()
         + if local_only {
@@ -470,44 +469,20 @@ async fn queue_consume(
             wait.as_millis() as u64
         };
     loop {
-        if !first {
-            // A long-poll looks again: the topic may have been deleted (a consume of a topic
-            // that does not exist is 404), or altered while it waited (new caps apply at once,
-            // SEMANTICS.md §2.6; added partitions are looked at too). Metadata changes wake it.
-            let meta = node.meta();
-            let Some(now) = meta.topic(&t.name).filter(|n| n.id == t.id) else {
-                waited.empty(&node.metrics, t.id, false);
-                return error(404, "topic not found");
-            };
-            conf = queue_conf(now);
-            if partition.is_none() && partitions.len() != now.partitions as usize {
-                partitions = (0..now.partitions).map(PartitionId).collect();
-            }
-        }
-        first = false;
         // Before the look: a wake-up during it (the take awaits other shards) is seen below.
         let ticket = node.work_ticket(t.id);
-        let mut leased = match node.take(conf, &partitions, n).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = ?e, "consume failed");
-                return error(500, "partition unreadable");
-            }
+        let Some(mut leased) = take_logged(node, conf, &partitions, n).await else {
+            return error(500, "partition unreadable");
         };
         if leased.len() < n {
             if let Some(m) = catch_up.take() {
                 // Short: the single produces answered before this request may still be on
                 // their way to their owners; wait for them and look for the rest once more.
                 node.transit.catch_up(m).await;
-                match node.take(conf, &partitions, n - leased.len()).await {
-                    Ok(more) => leased.extend(more),
-                    Err(e) => {
-                        tracing::error!(error = ?e, "consume failed");
-                        if !leased.is_empty() {
-                            return deliver(node, t, leased, max.is_some()).await;
-                        }
-                        return error(500, "partition unreadable");
-                    }
+                match take_logged(node, conf, &partitions, n - leased.len()).await {
+                    Some(more) => leased.extend(more),
+                    None if leased.is_empty() => return error(500, "partition unreadable"),
+                    None => {}
                 }
             }
         }
@@ -532,7 +507,32 @@ async fn queue_consume(
                 break;
             }
         }
+        // Look again at the topic as it is now: it may have been deleted (a consume of a topic
+        // that does not exist is 404), or altered while this waited (new caps apply at once,
+        // SEMANTICS.md §2.6; added partitions are looked at too). Metadata changes wake it.
+        let meta = node.meta();
+        let Some(now) = meta.topic(&t.name).filter(|n| n.id == t.id) else {
+            waited.empty(&node.metrics, t.id, false);
+            return error(404, "topic not found");
+        };
+        conf = queue_conf(now);
+        if partition.is_none() && partitions.len() != now.partitions as usize {
+            partitions = (0..now.partitions).map(PartitionId).collect();
+        }
     }
+}
+
+/// [`Node::take`], logging a failure (`None`).
+async fn take_logged(
+    node: &Rc<Node>,
+    conf: QueueConf,
+    partitions: &[PartitionId],
+    n: usize,
+) -> Option<Vec<Leased>> {
+    node.take(conf, partitions, n)
+        .await
+        .inspect_err(|e| tracing::error!(error = ?e, "consume failed"))
+        .ok()
 }
 
 async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: bool) -> Response {

@@ -586,7 +586,7 @@ pub struct ShardMetrics {
 pub fn shard_snapshot(node: &Node, mesh_calls_pending: usize) -> ShardMetrics {
     let m = &node.metrics;
     let meta = node.meta();
-    let live: std::collections::HashSet<TopicId> = meta.topics.values().map(|t| t.id).collect();
+    let live = meta.topic_ids();
     // Deleted topics' counters go: their series disappear, their memory is freed.
     m.traffic
         .borrow_mut()
@@ -1868,7 +1868,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "Topic directories under the data directory whose topic the metadata no longer knows \
          (a delete that did not finish removing them).",
     );
-    let live: std::collections::HashSet<TopicId> = meta.topics.values().map(|t| t.id).collect();
+    let live = meta.topic_ids();
     e.int(
         "narad_orphan_topic_dirs",
         &[],

@@ -386,10 +386,13 @@ pub fn parse_batch_produce<'a>(
             "messages required".to_string(),
         ));
     }
-    if raws.iter().any(|m| m.payload_encoding.as_ref() == "base64") {
-        // Decoded payloads are smaller than their text: one allocation for all of them.
-        decoded.reserve(body.len() / 4 * 3);
-    }
+    // One allocation for every decoded payload: each is at most 3/4 of its text.
+    let base64_text: usize = raws
+        .iter()
+        .filter(|m| m.payload_encoding.as_ref() == "base64")
+        .filter_map(|m| m.payload.map(|(s, e)| e - s))
+        .sum();
+    decoded.reserve(base64_text / 4 * 3);
     raws.into_iter()
         .enumerate()
         .map(|(i, m)| check_message(body, i, m, decoded))

@@ -787,11 +787,9 @@ impl PartitionLog {
         for (i, &base) in bases.iter().enumerate() {
             let is_last = i + 1 == bases.len();
             let path = segment_path(dir, base);
-            if let Some(prev) = segments.back() {
+            if let Some(prev) = segments.back().filter(|p| base < p.end()) {
                 let len = std::fs::metadata(&path)?.len();
-                if base < prev.end()
-                    && len < (frame::SEGMENT_HEADER_BYTES + frame::FRAME_HEADER_BYTES) as u64
-                {
+                if len < (frame::SEGMENT_HEADER_BYTES + frame::FRAME_HEADER_BYTES) as u64 {
                     // A roll that failed (or a crash right after it) left this file without a
                     // record, and the records from its base on went to the segment before:
                     // that one holds them, this one goes.
