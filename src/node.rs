@@ -67,6 +67,9 @@ pub enum ShardReq {
     /// Drop the data of topics this shard holds that the metadata no longer has (start-up,
     /// from shard 0, see [`Node::purge_deleted_topics`]).
     PurgeDeleted,
+    /// Shard 0 finished its start-up work (metadata everywhere, deleted topics purged): the
+    /// asked shard may start serving.
+    StartServing,
     /// Propose a metadata change (to shard 0).
     Propose(MetaCommand),
     /// Fan-out lag of the children of `parent` over the asked shard's cursors.
@@ -149,6 +152,7 @@ pub struct Node {
     shutdown: ShutdownSignal,
     started: Cell<bool>,
     meta_installed: Cell<bool>,
+    released: Cell<bool>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
@@ -182,6 +186,7 @@ impl Node {
             shutdown,
             started: Cell::new(false),
             meta_installed: Cell::new(false),
+            released: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
             transit: crate::transit::Transit::new(shard, shards),
@@ -213,6 +218,21 @@ impl Node {
     /// True once this shard has a metadata snapshot from shard 0.
     pub fn meta_installed(&self) -> bool {
         self.meta_installed.get()
+    }
+
+    /// True once shard 0 has released this shard to serve (see [`ShardReq::StartServing`]).
+    pub fn released(&self) -> bool {
+        self.released.get()
+    }
+
+    /// Shard 0, at the end of its start-up work: lets every other shard start serving, so no
+    /// shard answers `/readyz` (or anything) before the node's start-up is done.
+    pub async fn release_shards(&self) {
+        for s in 0..self.shards {
+            if s != self.shard.0 {
+                let _ = self.mesh.call(ShardId(s), ShardReq::StartServing).await;
+            }
+        }
     }
 
     /// The Raft gauges, on the shard that hosts the metadata group.
@@ -878,6 +898,10 @@ impl Node {
             }
             ShardReq::PurgeDeleted => {
                 self.purge_deleted_here().await;
+                ShardResp::Done
+            }
+            ShardReq::StartServing => {
+                self.released.set(true);
                 ShardResp::Done
             }
             ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),

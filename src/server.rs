@@ -407,18 +407,21 @@ async fn shard_main(
         }
         // Every shard has the metadata: drop what a crash kept of deleted topics.
         node.purge_deleted_topics().await;
+        node.release_shards().await;
     } else {
         let start = std::time::Instant::now();
-        while !node.meta_installed() {
+        // Shard 0 releases this shard once the metadata is everywhere and the data of deleted
+        // topics is gone: serving earlier would show a node that is still starting as ready.
+        while !node.released() {
             if shutdown.is_triggered() {
                 return Err(format!(
-                    "shard {}: stopped before the metadata arrived",
+                    "shard {}: stopped before shard 0 finished its start-up",
                     id.0
                 ));
             }
             if start.elapsed() > META_WAIT_MAX {
                 return Err(format!(
-                    "shard {}: no metadata from shard 0 after {META_WAIT_MAX:?}",
+                    "shard {}: shard 0 did not finish its start-up in {META_WAIT_MAX:?}",
                     id.0
                 ));
             }
