@@ -1350,6 +1350,9 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
     // A batch failed: hand nothing more to the WAL until every batch in flight has resolved
     // (they fail too), then plan again from the partitions' materialised ends.
     let mut halted = false;
+    // The WAL's refusal count when the batches in flight began to be planned: their offsets
+    // continue one another, so none may be written once one of them was refused.
+    let mut window_refusals = 0;
     loop {
         let work = signals.work.notified();
         let Some(inner) = weak.upgrade() else { return };
@@ -1361,6 +1364,7 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
         if flying.is_empty() {
             halted = false;
             inner.state.borrow_mut().planned_next.clear();
+            window_refusals = wal.refusals();
         }
         let depth = inner.cfg.wal_batches_in_flight_max.max(1);
         let may_start = !halted
@@ -1380,7 +1384,10 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
                         Ok(frames) => {
                             let n = records.len();
                             planned.transit = take_transit(records, inner.cfg.shard_count);
-                            crate::rt::spawn(async move { wal.append_frames(frames, n).await })
+                            crate::rt::spawn(async move {
+                                wal.append_frames_after(frames, n, Some(window_refusals))
+                                    .await
+                            })
                         }
                         Err(e) => crate::rt::spawn(async move { Err(e) }),
                     };

@@ -11,7 +11,9 @@ mod common_log;
 use common_log::*;
 use narad_io::log::{AppendRecord, LogConfig, LogError, ShardLog};
 use narad_io::rt;
-use narad_io::types::{Offset, ShardId};
+use narad_io::types::{Offset, PartitionKey, ShardId};
+use std::rc::Rc;
+use std::time::Duration;
 use tmpfs::Mount;
 
 #[test]
@@ -188,4 +190,174 @@ fn a_log_reopens_on_a_full_disk_and_serves_reads() {
         ));
     });
     drop(mount);
+}
+
+#[test]
+fn batches_planned_behind_a_refused_one_never_become_durable_with_a_gap() {
+    // Proves the pipelined committer never makes a batch durable whose offsets were planned
+    // behind a batch the WAL refused (segment allocation failed on a full disk): 16 appenders on
+    // one partition, large transit records filling the WAL (so that its 1 MiB segment
+    // allocation, not a partition's, finds the disk full), and the space freed the moment the
+    // WAL reports the disk full. The log is never poisoned ("does not continue the log"), every
+    // acknowledged offset is distinct and reads back, before and after a restart. Before, a
+    // batch planned while the refused one was in flight could be written to a segment allocated
+    // once space had freed: the shard poisoned itself and its offsets became permanent holes.
+    let two = |k: PartitionKey| narad_io::types::owner_shard(k, 2);
+    let k = (0..2)
+        .map(|p| key(32, p))
+        .find(|k| two(*k) == ShardId(0))
+        .unwrap();
+    let away = (0..2)
+        .map(|p| key(32, p))
+        .find(|k| two(*k) == ShardId(1))
+        .unwrap();
+    for round in 0..6u64 {
+        let mnt = std::env::temp_dir().join(format!(
+            "narad-log-full-race-{}-{round}",
+            std::process::id()
+        ));
+        let Some(mount) = Mount::tmpfs(&mnt, 6 << 20) else {
+            return;
+        };
+        let data = mount.0.join("data");
+        let ballast = mount.0.join("ballast");
+        std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
+        let cfg = LogConfig {
+            wal_pipeline_min_bytes: 0,
+            // No checkpoint: WAL segments are never released, so each new one is allocated.
+            wal_segment_bytes: 1 << 20,
+            ..LogConfig {
+                shard_count: 2,
+                ..small_cfg(data, 1 << 40)
+            }
+        };
+        let c = cfg.clone();
+        let acked = rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(c).await.expect("open");
+            let log = Rc::new(log);
+            // Set once the ballast is gone; the appenders stop a little after.
+            let freed = Rc::new(std::cell::Cell::new(false));
+            let freer = {
+                let log = log.clone();
+                let freed = freed.clone();
+                rt::spawn(async move {
+                    let start = std::time::Instant::now();
+                    while start.elapsed() < Duration::from_secs(30) {
+                        if log.wal_stats().disk_full > 0 {
+                            std::fs::remove_file(&ballast).expect("free space");
+                            freed.set(true);
+                            return true;
+                        }
+                        rt::sleep(Duration::from_micros(50)).await;
+                    }
+                    freed.set(true);
+                    false
+                })
+            };
+            let filler = {
+                let log = log.clone();
+                let freed = freed.clone();
+                rt::spawn(async move {
+                    for i in 0..3000u64 {
+                        if freed.get() {
+                            break;
+                        }
+                        match log.append_transit(record(away, i)).await {
+                            Ok(_) | Err(LogError::DiskFull) => {}
+                            Err(e) => panic!("transit {i}: {e}"),
+                        }
+                    }
+                })
+            };
+            let appenders: Vec<_> = (0..16u64)
+                .map(|a| {
+                    let log = log.clone();
+                    let freed = freed.clone();
+                    rt::spawn(async move {
+                        let mut acked = Vec::new();
+                        let mut after = 0;
+                        for i in 0..100_000u64 {
+                            after += u32::from(freed.get());
+                            if after > 200 {
+                                break;
+                            }
+                            let id = a * 1_000_000 + i;
+                            match log.append(vec![small(k, id)]).await {
+                                Ok(o) => acked.push((o[0], id)),
+                                Err(LogError::DiskFull) => {}
+                                Err(e) => panic!("append {id}: {e}"),
+                            }
+                        }
+                        acked
+                    })
+                })
+                .collect();
+            // Appends started on a clock, not after an answer: the log's committer hears of new
+            // work at any moment, also while a refused batch's answer is on its way to it.
+            let ticker = {
+                let log = log.clone();
+                let freed = freed.clone();
+                rt::spawn(async move {
+                    let mut started = Vec::new();
+                    let mut after = 0;
+                    for i in 0..200_000u64 {
+                        after += u32::from(freed.get());
+                        if after > 2_000 {
+                            break;
+                        }
+                        rt::sleep(Duration::from_micros(20)).await;
+                        let log = log.clone();
+                        let id = 100_000_000 + i;
+                        started.push(rt::spawn(async move {
+                            (id, log.append(vec![small(k, id)]).await)
+                        }));
+                    }
+                    let mut acked = Vec::new();
+                    for t in started {
+                        match t.await {
+                            (id, Ok(o)) => acked.push((o[0], id)),
+                            (_, Err(LogError::DiskFull)) => {}
+                            (id, Err(e)) => panic!("append {id}: {e}"),
+                        }
+                    }
+                    acked
+                })
+            };
+            let mut acked = ticker.await;
+            for t in appenders {
+                acked.extend(t.await);
+            }
+            filler.await;
+            assert!(freer.await, "the WAL never found the disk full");
+            assert!(log.poisoned().is_none(), "{:?}", log.poisoned());
+            acked.sort();
+            let before = acked.len();
+            acked.dedup_by_key(|a| a.0);
+            assert_eq!(acked.len(), before, "an offset acknowledged twice");
+            small_reads_back(&log, k, &acked).await;
+            acked
+        });
+        rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(cfg).await.expect("reopen");
+            small_reads_back(&log, k, &acked).await;
+        });
+        drop(mount);
+    }
+}
+
+/// Record `i` of partition `k`, 8 bytes: `i` little-endian.
+fn small(k: PartitionKey, i: u64) -> AppendRecord {
+    AppendRecord {
+        key: k,
+        msg_key: None,
+        payload: i.to_le_bytes().to_vec().into(),
+    }
+}
+
+/// Asserts every acknowledged (offset, id) of partition `k` reads back as [`small`] record `id`.
+async fn small_reads_back(log: &ShardLog, k: PartitionKey, acked: &[(Offset, u64)]) {
+    for &(o, i) in acked {
+        let r = log.read(k, o, 1, 1).await.unwrap();
+        assert_eq!(r[0].payload, small(k, i).payload, "offset {}", o.0);
+    }
 }

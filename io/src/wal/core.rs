@@ -21,7 +21,9 @@
 //! 4. `finish` resolves the oldest batch in flight (the driver calls it in batch order, each after
 //!    that batch's own fdatasync and read-back). On `Durable` they succeed with the position after the
 //!    batch. On `DiskFull` (segment allocation refused) the batch and every append queued behind it
-//!    fail with `DiskFull`, nothing was written and later appends may succeed. On `Failed` (write,
+//!    fail with `DiskFull`, nothing was written and later appends may succeed, except those
+//!    submitted with [`Core::submit_after`] a refusal count read before it (their content
+//!    continued the refused batch's: the shard log's offsets). On `Failed` (write,
 //!    fsync or verification error) the core is poisoned: the batch, the batches in flight behind
 //!    it, everything queued and every later append fail with `Poisoned(reason)`.
 //!
@@ -113,6 +115,9 @@ pub struct Core {
     /// Oldest first.
     inflight: VecDeque<InFlight>,
     poisoned: Option<String>,
+    /// Batches refused so far, and why the last one was (see [`Core::submit_after`]).
+    refusals: u64,
+    last_refusal: Option<WalError>,
     pub stats: WalStats,
 }
 
@@ -146,6 +151,8 @@ impl Core {
             plan_at: write_at,
             inflight: VecDeque::new(),
             poisoned: None,
+            refusals: 0,
+            last_refusal: None,
             stats: WalStats::default(),
         }
     }
@@ -210,9 +217,35 @@ impl Core {
         Ok(())
     }
 
+    /// Batches refused so far (segment allocation failed, nothing written).
+    pub fn refusals(&self) -> u64 {
+        self.refusals
+    }
+
     /// Queues the frames of one append call. The caller checked [`Core::has_room`].
     pub fn submit(&mut self, frames: Vec<u8>, records: u32) -> Result<Ticket, WalError> {
+        self.submit_after(frames, records, None)
+    }
+
+    /// [`Core::submit`] of an append whose content assumes that every append submitted since
+    /// [`Core::refusals`] read `seen` succeeds (a caller that numbers records ahead of the
+    /// WAL's answer, as the shard log's pipelined committer does with offsets). Refused with
+    /// the last refusal's error when a batch was refused since: written after a refused batch,
+    /// it would leave a gap in that numbering. Appends queued at the refusal fail with it
+    /// already; this catches those submitted after it.
+    pub fn submit_after(
+        &mut self,
+        frames: Vec<u8>,
+        records: u32,
+        seen: Option<u64>,
+    ) -> Result<Ticket, WalError> {
         self.check(frames.len(), records as usize)?;
+        if seen.is_some_and(|seen| seen != self.refusals) {
+            return Err(self
+                .last_refusal
+                .as_ref()
+                .map_or(WalError::DiskFull, WalError::clone_kind));
+        }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.pending_bytes += frames.len();
@@ -377,6 +410,8 @@ impl Core {
         );
         self.plan_at = self.write_at;
         self.next_seq = plan.seq;
+        self.refusals += 1;
+        self.last_refusal = Some(e.clone_kind());
         self.fail_all(tickets, e)
     }
 
@@ -531,6 +566,46 @@ mod tests {
                 }
             )
         );
+    }
+
+    #[test]
+    fn an_append_planned_before_a_refusal_is_refused_after_it() {
+        // Proves submit_after: an append whose caller read the refusal count before a batch was
+        // refused (its content numbered behind that batch) fails with the refusal's error and
+        // queues nothing, while one that read the count after the refusal goes ahead; a plain
+        // submit is unaffected. The shard log's committer relies on it (C2 of the s21 audit).
+        let mut c = Core::new(
+            cfg(),
+            5,
+            WalPosition {
+                segment: 0,
+                byte: 60 << 10,
+            },
+        );
+        let seen = c.refusals();
+        c.submit_after(frames(1, 600), 1, Some(seen))
+            .expect("submit");
+        let (p, _) = c.start_batch(|n| vec![0u8; n]).expect("batch");
+        assert!(p.new_segment);
+        assert_eq!(c.finish(Outcome::DiskFull).len(), 1);
+        assert_eq!(c.refusals(), seen + 1);
+        assert!(matches!(
+            c.submit_after(frames(1, 1), 1, Some(seen)),
+            Err(WalError::DiskFull)
+        ));
+        assert_eq!(c.pending_appends(), 0);
+        c.submit_after(frames(1, 1), 1, Some(c.refusals()))
+            .expect("planned after the refusal");
+        c.submit(frames(1, 1), 1).expect("plain submit");
+        assert_eq!(c.pending_appends(), 2);
+        // A refusal for another reason is what the stale append learns.
+        let (_, _) = c.start_batch(|n| vec![0u8; n]).expect("batch");
+        let seen = c.refusals();
+        let _ = c.finish(Outcome::Refused("EROFS".into()));
+        assert!(matches!(
+            c.submit_after(frames(1, 1), 1, Some(seen)),
+            Err(WalError::Io(e)) if e.to_string().contains("EROFS")
+        ));
     }
 
     #[test]

@@ -229,6 +229,24 @@ impl Wal {
 
     /// [`Wal::append`] of `n` records already encoded by [`Wal::encode`].
     pub async fn append_frames(&self, frames: Vec<u8>, n: usize) -> Result<WalPosition, WalError> {
+        self.append_frames_after(frames, n, None).await
+    }
+
+    /// Batches refused so far because their segment could not be allocated (see
+    /// [`Wal::append_frames_after`]).
+    pub fn refusals(&self) -> u64 {
+        self.0.core.borrow().refusals()
+    }
+
+    /// [`Wal::append_frames`] of frames whose content assumes that every append made since
+    /// [`Wal::refusals`] read `seen` succeeds: fails, writing nothing, when a batch was refused
+    /// since (`wal::core::Core::submit_after`).
+    pub async fn append_frames_after(
+        &self,
+        frames: Vec<u8>,
+        n: usize,
+        seen: Option<u64>,
+    ) -> Result<WalPosition, WalError> {
         self.0.core.borrow().check(frames.len(), n)?;
         poll_fn(|cx| {
             let core = self.0.core.borrow();
@@ -240,7 +258,11 @@ impl Wal {
             }
         })
         .await;
-        let ticket = self.0.core.borrow_mut().submit(frames, n as u32)?;
+        let ticket = self
+            .0
+            .core
+            .borrow_mut()
+            .submit_after(frames, n as u32, seen)?;
         let slot = Rc::new(Slot::default());
         self.0
             .waiters
