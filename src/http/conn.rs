@@ -25,7 +25,7 @@ use futures_lite::future::{self, FutureExt};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use narad_io::rt::{self, Notify, ShutdownSignal, TcpListener, TcpStream};
 
-use super::parse::{blank_prefix, parse_head, BodyFraming, ChunkedDecoder, ParseError};
+use super::parse::{blank_prefix, parse_head, BodyFraming, ChunkedDecoder, HeadWatch, ParseError};
 use super::response::{encode, ConnectionHeader};
 use super::{ConnectionBudget, ConnectionSlot, Limits, Request, RequestHead, Response, Service};
 
@@ -376,14 +376,15 @@ async fn run<S: Service>(
             c.rb.consume(blank);
         }
         let mut started = (!c.rb.is_empty()).then(Instant::now);
+        let mut watch = HeadWatch::default();
         let head: RequestHead = loop {
-            if !c.rb.is_empty() {
+            if !c.rb.is_empty() && watch.worth_parsing(c.rb.data(), limits.header_bytes_max) {
                 match parse_head(c.rb.data(), limits.header_bytes_max, peer) {
                     Ok(Some((h, n))) => {
                         c.rb.consume(n);
                         break h;
                     }
-                    Ok(None) => {}
+                    Ok(None) => watch.incomplete(c.rb.data().len()),
                     Err(e) => {
                         let resp = Response::for_parse_error(e);
                         service.on_refused(resp.status);

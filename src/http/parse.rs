@@ -65,6 +65,37 @@ pub fn blank_prefix(buf: &[u8]) -> usize {
         .count()
 }
 
+/// When to parse a head that is still arriving. Parsing again on every read would cost O(n²)
+/// for a head sent in small pieces (a 62 KB head sent 5 bytes at a time cost 1.4 s of CPU):
+/// it is parsed again only when the new bytes may end it (an empty line), the buffer reached
+/// `header_bytes_max`, or it doubled since the last parse (so a malformed start is still refused
+/// before the head ends). Each byte is scanned once.
+#[derive(Debug, Default)]
+pub struct HeadWatch {
+    /// Bytes seen by the last parse, which found the head incomplete.
+    parsed: usize,
+    /// Bytes searched for an empty line.
+    scanned: usize,
+}
+
+impl HeadWatch {
+    /// Whether `buf` (the head so far, from its first byte) is worth a [`parse_head`] now.
+    pub fn worth_parsing(&mut self, buf: &[u8], header_bytes_max: usize) -> bool {
+        let due = self.parsed == 0
+            || buf.len() >= header_bytes_max
+            || buf.len() >= self.parsed.saturating_mul(2);
+        // An empty line is "\n\n" or "\n\r\n": look from the last two bytes already searched.
+        let tail = &buf[self.scanned.saturating_sub(2).min(buf.len())..];
+        self.scanned = buf.len();
+        due || tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n")
+    }
+
+    /// [`parse_head`] found the first `len` bytes incomplete.
+    pub fn incomplete(&mut self, len: usize) {
+        self.parsed = len;
+    }
+}
+
 /// Parses the request line and header fields at the start of `buf`.
 ///
 /// `Ok(None)`: incomplete, read more (unless `buf` already holds `header_bytes_max` bytes, which
@@ -550,6 +581,78 @@ HEAD /d HTTP/1.1\r\nConnection: close\r\n\r\n";
         assert!(r[3].head.head && r[3].head.method == Method::Get);
         assert!(!r[3].head.keep_alive);
         assert!(r[0].head.keep_alive);
+    }
+
+    /// Feeds `head` in `piece`-byte reads as the connection does: parses only when
+    /// [`HeadWatch`] says so. Returns the outcome at the first parse that decided, and
+    /// how many parses it took.
+    fn feed_in_pieces(
+        head: &[u8],
+        piece: usize,
+        max: usize,
+    ) -> (Option<Result<usize, ParseError>>, usize) {
+        let (mut watch, mut parses) = (HeadWatch::default(), 0);
+        for end in (piece..head.len() + piece).step_by(piece) {
+            let buf = &head[..end.min(head.len())];
+            if !watch.worth_parsing(buf, max) {
+                continue;
+            }
+            parses += 1;
+            match parse_head(buf, max, peer()) {
+                Ok(Some((_, n))) => return (Some(Ok(n)), parses),
+                Ok(None) => watch.incomplete(buf.len()),
+                Err(e) => return (Some(Err(e)), parses),
+            }
+        }
+        (None, parses)
+    }
+
+    #[test]
+    fn a_head_in_small_pieces_is_parsed_a_few_times_not_once_per_piece() {
+        // Proves the connection's re-parse rule: a head arriving in small reads is found
+        // complete at its last byte for every piece size and line ending, with a number of
+        // parses logarithmic in its size (a 62 KB head in 5-byte reads: 12,400 reads; before,
+        // each was a full parse), and a malformed or oversized head is still refused before
+        // the limit is waited out.
+        let mut big = b"GET /v1/topics HTTP/1.1\r\nHost: h\r\n".to_vec();
+        for i in 0..1000 {
+            big.extend_from_slice(format!("X-Field-{i:04}: {}\r\n", "v".repeat(45)).as_bytes());
+        }
+        big.extend_from_slice(b"\r\n");
+        assert!(big.len() > 60_000 && big.len() < 64_000, "{}", big.len());
+        let (got, parses) = feed_in_pieces(&big, 5, HMAX);
+        assert!(matches!(got, Some(Ok(n)) if n == big.len()), "{got:?}");
+        assert!(parses <= 20, "{parses} parses");
+        for piece in 1..8 {
+            for head in [
+                &b"GET /a HTTP/1.1\r\nHost: h\r\nX: y\r\n\r\n"[..],
+                b"GET /a HTTP/1.1\nHost: h\n\n",
+                b"\r\n\r\nGET /a HTTP/1.1\r\n\r\n",
+            ] {
+                let (got, _) = feed_in_pieces(head, piece, HMAX);
+                assert!(
+                    matches!(got, Some(Ok(n)) if n == head.len()),
+                    "{piece} {got:?}"
+                );
+            }
+        }
+        // Garbage at the start: refused at the first read, whatever follows.
+        let mut bad = b"G\x01T / HTTP/1.1\r\nHost: h\r\n".to_vec();
+        bad.extend_from_slice(&big[40..]);
+        let (got, parses) = feed_in_pieces(&bad, 5, HMAX);
+        assert!(
+            matches!(got, Some(Err(ParseError::BadRequest(_)))),
+            "{got:?}"
+        );
+        assert_eq!(parses, 1);
+        // No end in sight: refused once the buffer holds the limit.
+        let mut endless = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        endless.resize(8192, b'v');
+        let (got, _) = feed_in_pieces(&endless, 7, 4096);
+        assert!(
+            matches!(got, Some(Err(ParseError::HeaderTooLarge))),
+            "{got:?}"
+        );
     }
 
     #[test]
