@@ -280,6 +280,15 @@ fn schema_versions_evolve_compatibly() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(c.get("/v1/topics/payments").json()["schema_version"], 2);
+    // A conditional update retried after its first attempt was applied (v2 was registered on
+    // base 1): nothing to register, 200, not a version conflict.
+    let r = patch(
+        &mut c,
+        "payments",
+        &json!({"schema": v2, "schema_base_version": 1}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["schema_version"], 2);
 
     let r = patch(&mut c, "payments", &json!({ "schema": null }));
     assert_eq!(r.status, 400);
