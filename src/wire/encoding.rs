@@ -1,6 +1,7 @@
 //! `Content-Encoding` of batch produce bodies (API.md §10.2): `zstd` and `gzip` are decoded under
-//! the same cap as a plain body; `identity` (or no header) passes the body through; anything else
-//! is refused. Decoding is streamed in bounded steps that yield to the shard's other tasks, so a
+//! the same cap as a plain body; no header (or an empty value) passes the body through; anything
+//! else is refused, `identity` included (API.md: "any other content encoding → 415"; RFC 9110
+//! §8.4.1 reserves `identity` for Accept-Encoding). Decoding is streamed in bounded steps that yield to the shard's other tasks, so a
 //! 16 MiB body never stalls a shard for the whole decode, and a decompression bomb stops at the
 //! cap (it is never inflated past `cap + STEP_BYTES`). This module never stores anything.
 
@@ -12,7 +13,7 @@ const STEP_BYTES: usize = 64 << 10;
 /// Why a body could not be decoded.
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
-    /// An encoding other than `zstd`, `gzip` or `identity` (`415`).
+    /// An encoding other than `zstd` or `gzip` (`415`).
     Unsupported(String),
     /// The compressed stream is damaged or truncated (`400`).
     Invalid(String),
@@ -48,7 +49,7 @@ pub enum BodyEncoding {
     Zstd,
 }
 
-/// Reads the `Content-Encoding` header value (absent = identity). Names compare
+/// Reads the `Content-Encoding` header value (absent or empty = identity). Names compare
 /// case-insensitively; `x-gzip` is gzip (RFC 9110 §8.4.1.3). A list of encodings is refused.
 pub fn body_encoding(header: Option<&[u8]>) -> Result<BodyEncoding, DecodeError> {
     let Some(raw) = header else {
@@ -56,7 +57,7 @@ pub fn body_encoding(header: Option<&[u8]>) -> Result<BodyEncoding, DecodeError>
     };
     let v = String::from_utf8_lossy(raw).trim().to_ascii_lowercase();
     match v.as_str() {
-        "" | "identity" => Ok(BodyEncoding::Identity),
+        "" => Ok(BodyEncoding::Identity),
         "gzip" | "x-gzip" => Ok(BodyEncoding::Gzip),
         "zstd" => Ok(BodyEncoding::Zstd),
         _ => Err(DecodeError::Unsupported(v)),
@@ -133,9 +134,10 @@ mod tests {
         assert_eq!(body_encoding(None), Ok(BodyEncoding::Identity));
         assert_eq!(body_encoding(Some(b"GZIP")), Ok(BodyEncoding::Gzip));
         assert_eq!(body_encoding(Some(b" zstd ")), Ok(BodyEncoding::Zstd));
-        assert_eq!(body_encoding(Some(b"identity")), Ok(BodyEncoding::Identity));
-        let e = body_encoding(Some(b"br")).unwrap_err();
-        assert_eq!(e.status(), 415);
+        assert_eq!(body_encoding(Some(b"")), Ok(BodyEncoding::Identity));
+        for other in [&b"br"[..], b"identity", b"deflate"] {
+            assert_eq!(body_encoding(Some(other)).unwrap_err().status(), 415);
+        }
         assert_eq!(
             body_encoding(Some(b"gzip, zstd")).unwrap_err().status(),
             415
