@@ -1,6 +1,8 @@
-//! Standard base64 with padding (RFC 4648 §4), strict decoding: the alphabet `A–Z a–z 0–9 + /`,
-//! length a multiple of 4, `=` only as the final one or two characters, and the unused low bits
-//! of the last symbol zero (as Go's `base64.StdEncoding.Strict()`). No whitespace is skipped.
+//! Standard base64 with padding (RFC 4648 §4), decoded as Go's `base64.StdEncoding` decodes (the
+//! original broker's decoder): the alphabet `A–Z a–z 0–9 + /`, length a multiple of 4 once CR
+//! and LF are left out (they are skipped anywhere, so base64 wrapped in lines, as the `base64`
+//! tool writes it, decodes), `=` only as the final one or two characters; the unused low bits of
+//! the last symbol are ignored (`StdEncoding` is not `Strict()`).
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -16,7 +18,7 @@ const DECODE: [u8; 256] = {
     t
 };
 
-/// The input is not strict standard padded base64. Carries the byte index of the first offending
+/// The input is not standard padded base64. Carries the byte index of the first offending
 /// character (as Go's `CorruptInputError`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Base64Error(pub usize);
@@ -78,7 +80,7 @@ pub fn encode(data: &[u8]) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-/// Decodes strict standard padded base64.
+/// Decodes standard padded base64 (see the module doc).
 ///
 /// Every quantum but the last goes through loops without per-symbol branches (an invalid symbol
 /// anywhere sends the input to [`decode_checked`], which names its position); the last one
@@ -91,6 +93,9 @@ pub fn decode(input: &[u8]) -> Result<Vec<u8>, Base64Error> {
 
 /// [`decode`] appending to `out` (unchanged on error): many payloads decode into one buffer.
 pub fn decode_into(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
+    if input.iter().any(|&b| b == b'\n' || b == b'\r') {
+        return decode_lines(input, out);
+    }
     if input.is_empty() || input.len() & 3 != 0 {
         out.extend_from_slice(&decode_checked(input)?);
         return Ok(());
@@ -141,6 +146,19 @@ pub fn decode_into(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
     Ok(())
 }
 
+/// [`decode_into`] of input holding CR or LF: decodes it without them; an error names the
+/// offending symbol's position in `input`.
+fn decode_lines(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
+    let (kept, at): (Vec<u8>, Vec<usize>) = input
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b != b'\n' && b != b'\r')
+        .map(|(i, &b)| (b, i))
+        .unzip();
+    decode_into(&kept, out)
+        .map_err(|Base64Error(i)| Base64Error(at.get(i).copied().unwrap_or(input.len())))
+}
+
 /// Decodes one 4-symbol quantum onto `out`; padding is allowed only in the `last` one. `Err`
 /// carries the offending symbol's index within the quantum.
 fn decode_quad(c: &[u8], last: bool, out: &mut Vec<u8>) -> Result<(), usize> {
@@ -160,9 +178,6 @@ fn decode_quad(c: &[u8], last: bool, out: &mut Vec<u8>) -> Result<(), usize> {
         if c[3] != b'=' {
             return Err(3);
         }
-        if d[1] & 0x0F != 0 {
-            return Err(1);
-        }
         out.push((d[0] << 2) | (d[1] >> 4));
         return Ok(());
     }
@@ -170,9 +185,6 @@ fn decode_quad(c: &[u8], last: bool, out: &mut Vec<u8>) -> Result<(), usize> {
         return Err(2);
     }
     if last && c[3] == b'=' {
-        if d[2] & 0x03 != 0 {
-            return Err(2);
-        }
         out.push((d[0] << 2) | (d[1] >> 4));
         out.push((d[1] << 4) | (d[2] >> 2));
         return Ok(());
@@ -268,7 +280,7 @@ mod tests {
                 assert_eq!(out, b"prefix");
             }
             for at in 0..enc.len() {
-                for bad in [b'=', b'-', b'\n', 0xC3] {
+                for bad in [b'=', b'-', b' ', 0xC3] {
                     let mut e = enc.clone();
                     e[at] = bad;
                     assert_eq!(decode(&e), decode_checked(&e), "len {n} at {at} {bad}");
@@ -278,25 +290,43 @@ mod tests {
     }
 
     #[test]
-    fn strict_decoding_refuses_sloppy_input() {
-        // Proves decoding refuses what StdEncoding.Strict refuses: no padding, bad characters,
-        // URL alphabet, whitespace, padding in the middle, and non-zero trailing bits.
+    fn decoding_accepts_and_refuses_what_go_std_encoding_does() {
+        // Proves decoding refuses what Go's StdEncoding refuses (no padding, bad characters,
+        // URL alphabet, padding in the middle, other whitespace), naming the same byte, and
+        // accepts what it accepts: CR and LF anywhere (wrapped lines) and non-zero unused bits
+        // of the last symbol.
         for (bad, at) in [
             ("Zg", 0),
             ("Zg=", 2),
             ("Z===", 1),
-            ("Zh==", 1),
-            ("Zm9=", 2),
             ("Zm8=Zm8=", 3),
-            ("Zm9v\n", 4),
             ("_w==", 0),
             ("Zm-v", 2),
             ("Zm9vY", 4),
             ("Zg=a", 3),
             ("====", 0),
+            ("Zm9v Zm9v", 4),
+            ("Zm\n-v", 3),
+            ("Zm9v\r\n_w==", 6),
         ] {
-            assert_eq!(decode(bad.as_bytes()), Err(Base64Error(at)), "{bad}");
+            assert_eq!(decode(bad.as_bytes()), Err(Base64Error(at)), "{bad:?}");
         }
+        for (good, raw) in [
+            ("Zh==", &b"f"[..]),
+            ("Zm9=", b"fo"),
+            ("aGl=", b"hi"),
+            ("Zm9v\n", b"foo"),
+            ("Zm\r\n9v", b"foo"),
+            ("Zg=\n=", b"f"),
+            ("aGVs\nbG8=", b"hello"),
+        ] {
+            assert_eq!(decode(good.as_bytes()).as_deref(), Ok(raw), "{good:?}");
+        }
+        // What `base64` writes for 100 bytes: lines of 76 symbols.
+        let data: Vec<u8> = (0..100u8).collect();
+        let text = encode(&data);
+        let wrapped = format!("{}\n{}\n", &text[..76], &text[76..]);
+        assert_eq!(decode(wrapped.as_bytes()).unwrap(), data);
         assert_eq!(
             Base64Error(3).to_string(),
             "illegal base64 data at input byte 3"
