@@ -1468,7 +1468,7 @@ fn fan_out_and_schema_commands_against_a_real_broker() {
             "edit",
             "typed",
             "--schema",
-            r#"{"type":"object","title":"t"}"#,
+            r#"{"type":"object","properties":{"n":{"type":"string"}}}"#,
             "--schema-base-version",
             "1",
         ],
