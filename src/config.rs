@@ -681,6 +681,14 @@ impl Config {
                 })
                 .transpose()
         };
+        // A setting held in 32 bits: a larger value is refused, never wrapped.
+        let num32 = |k: &str| -> Result<Option<u32>, String> {
+            num(k)?
+                .map(|v| {
+                    u32::try_from(v).map_err(|_| format!("{k}: {v} is larger than {}", u32::MAX))
+                })
+                .transpose()
+        };
         let boolean = |k: &str| -> Result<Option<bool>, String> {
             get(k)
                 .map(|v| match v.to_ascii_lowercase().as_str() {
@@ -806,11 +814,11 @@ impl Config {
         if let Some(v) = num("NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS")? {
             t.default_visibility_timeout_ms = v;
         }
-        if let Some(v) = num("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION")? {
-            t.default_max_in_flight_per_partition = v as u32;
+        if let Some(v) = num32("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION")? {
+            t.default_max_in_flight_per_partition = v;
         }
-        if let Some(v) = num("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION")? {
-            t.default_max_acked_ahead_per_partition = v as u32;
+        if let Some(v) = num32("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION")? {
+            t.default_max_acked_ahead_per_partition = v;
         }
         if let Some(v) = get("NARAD_LOG_LEVEL") {
             self.log_level = v;
@@ -851,8 +859,8 @@ impl Config {
         if let Some(v) = boolean("NARAD_REMOTES_API_HOP_ENCRYPTED")? {
             self.remotes.api_hop_encrypted = v;
         }
-        if let Some(v) = num("NARAD_SHARDS")? {
-            self.shards = v as u32;
+        if let Some(v) = num32("NARAD_SHARDS")? {
+            self.shards = v;
         }
         Ok(())
     }
@@ -1208,6 +1216,16 @@ mod tests {
             ("NARAD_FANOUT_MAX_BATCH_BYTES", "zz"),
             ("NARAD_FANOUT_LINGER_MS", "1h"),
             ("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT", "perhaps"),
+            // 32-bit settings refuse what does not fit (they wrapped to 1: audit s22 L2).
+            (
+                "NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION",
+                "4294967297",
+            ),
+            (
+                "NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION",
+                "4294967296",
+            ),
+            ("NARAD_SHARDS", "4294967298"),
         ] {
             let e = Config::default().apply_env(&env(&[(k, v)])).unwrap_err();
             assert!(e.starts_with(k), "{k}={v}: {e}");
