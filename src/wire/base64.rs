@@ -93,9 +93,16 @@ pub fn decode(input: &[u8]) -> Result<Vec<u8>, Base64Error> {
 
 /// [`decode`] appending to `out` (unchanged on error): many payloads decode into one buffer.
 pub fn decode_into(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
-    if input.iter().any(|&b| b == b'\n' || b == b'\r') {
-        return decode_lines(input, out);
+    // CR and LF are not in the alphabet: input holding them fails the fast decoder first, so
+    // the search for them costs nothing on the common path.
+    match decode_unbroken(input, out) {
+        Err(_) if input.iter().any(|&b| b == b'\n' || b == b'\r') => decode_lines(input, out),
+        r => r,
     }
+}
+
+/// [`decode_into`] of input without CR or LF.
+fn decode_unbroken(input: &[u8], out: &mut Vec<u8>) -> Result<(), Base64Error> {
     if input.is_empty() || input.len() & 3 != 0 {
         out.extend_from_slice(&decode_checked(input)?);
         return Ok(());
