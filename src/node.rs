@@ -151,7 +151,6 @@ pub struct Node {
     announced: RefCell<HashMap<TopicId, u64>>,
     shutdown: ShutdownSignal,
     started: Cell<bool>,
-    meta_installed: Cell<bool>,
     released: Cell<bool>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
@@ -185,7 +184,6 @@ impl Node {
             announced: RefCell::new(HashMap::new()),
             shutdown,
             started: Cell::new(false),
-            meta_installed: Cell::new(false),
             released: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
@@ -215,11 +213,6 @@ impl Node {
         Ok(())
     }
 
-    /// True once this shard has a metadata snapshot from shard 0.
-    pub fn meta_installed(&self) -> bool {
-        self.meta_installed.get()
-    }
-
     /// True once shard 0 has released this shard to serve (see [`ShardReq::StartServing`]).
     pub fn released(&self) -> bool {
         self.released.get()
@@ -228,9 +221,15 @@ impl Node {
     /// Shard 0, at the end of its start-up work: lets every other shard start serving, so no
     /// shard answers `/readyz` (or anything) before the node's start-up is done.
     pub async fn release_shards(&self) {
+        self.tell_other_shards(|| ShardReq::StartServing).await;
+    }
+
+    /// Sends `req()` to every other shard, one after the other, each answered before the next;
+    /// the answers are not looked at.
+    async fn tell_other_shards(&self, req: impl Fn() -> ShardReq) {
         for s in 0..self.shards {
             if s != self.shard.0 {
-                let _ = self.mesh.call(ShardId(s), ShardReq::StartServing).await;
+                let _ = self.mesh.call(ShardId(s), req()).await;
             }
         }
     }
@@ -261,7 +260,6 @@ impl Node {
 
     /// Installs a new metadata snapshot on this shard and drops the data of deleted topics.
     pub fn install_meta(self: &Rc<Self>, new: Arc<MetaState>) {
-        self.meta_installed.set(true);
         let old = std::mem::replace(&mut *self.meta.borrow_mut(), new.clone());
         if old.applied_index > new.applied_index {
             // Never go back in time.
@@ -426,14 +424,8 @@ impl Node {
     /// Pushes a snapshot to every shard (this one included) and waits until all installed it.
     pub async fn broadcast_meta(self: &Rc<Self>, state: Arc<MetaState>) {
         self.install_meta(state.clone());
-        for s in 0..self.shards {
-            if s != self.shard.0 {
-                let _ = self
-                    .mesh
-                    .call(ShardId(s), ShardReq::Meta(state.clone()))
-                    .await;
-            }
-        }
+        self.tell_other_shards(|| ShardReq::Meta(state.clone()))
+            .await;
     }
 
     /// Start-up (shard 0, once every shard has the metadata): drops the data of topics deleted
@@ -463,11 +455,7 @@ impl Node {
             return;
         }
         self.purge_deleted_here().await;
-        for s in 0..self.shards {
-            if s != self.shard.0 {
-                let _ = self.mesh.call(ShardId(s), ShardReq::PurgeDeleted).await;
-            }
-        }
+        self.tell_other_shards(|| ShardReq::PurgeDeleted).await;
         // Topic directories every shard emptied, or left empty by a crash mid-delete.
         let live = self.meta().topic_ids();
         for id in narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX) {

@@ -21,7 +21,8 @@ use crate::node::{Node, ShardReq, ShardResp};
 
 /// Messages queued per pair of shards before a sender waits.
 const MESH_CAPACITY: usize = 1024;
-/// How long a shard waits at start for shard 0's first metadata push.
+/// How long a shard waits at start for shard 0 to release it (metadata pushed, deleted topics
+/// purged).
 const META_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Descriptors wanted beyond `http.max_connections`: segment, WAL and metadata files, sockets.
 const OPEN_FILES_MARGIN: u64 = 1024;

@@ -203,11 +203,8 @@ fn schema_versions_evolve_compatibly() {
         produce(&mut c, "payments", br#"{"id":"a","amount":"5"}"#).status,
         400
     );
-    let r = patch(
-        &mut c,
-        "payments",
-        &json!({"schema": v2, "schema_base_version": 1}),
-    );
+    let v2_on_1 = json!({"schema": v2, "schema_base_version": 1});
+    let r = patch(&mut c, "payments", &v2_on_1);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["schema_version"], 2);
     assert_eq!(r.json()["schema"], v2);
@@ -282,11 +279,7 @@ fn schema_versions_evolve_compatibly() {
     assert_eq!(c.get("/v1/topics/payments").json()["schema_version"], 2);
     // A conditional update retried after its first attempt was applied (v2 was registered on
     // base 1): nothing to register, 200, not a version conflict.
-    let r = patch(
-        &mut c,
-        "payments",
-        &json!({"schema": v2, "schema_base_version": 1}),
-    );
+    let r = patch(&mut c, "payments", &v2_on_1);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["schema_version"], 2);
 

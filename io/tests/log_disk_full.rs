@@ -21,14 +21,11 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
     // Proves: on a 6 MiB filesystem, appends of 3 KB records eventually answer DiskFull (not
     // Poisoned) with the log still healthy; after a ballast file is removed appends succeed;
     // every acknowledged record reads back, before and after a restart.
-    let mnt = std::env::temp_dir().join(format!("narad-log-full-{}", std::process::id()));
-    let Some(mount) = Mount::tmpfs(&mnt, 6 << 20) else {
+    let Some((mount, ballast)) = small_disk("narad-log-full") else {
         return;
     };
     let data = mount.0.join("data");
     let wal_dir = data.clone();
-    let ballast = mount.0.join("ballast");
-    std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
     let cfg = small_cfg(data, 256 << 10);
     let k = key(30, 0);
     let rec = |i: u64| record(k, i);
@@ -84,6 +81,16 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         reads_back(&log, k, &acked).await;
     });
     drop(mount);
+}
+
+/// A 6 MiB tmpfs named after `name` and the process, holding a 1 MiB ballast file whose path
+/// comes with it (remove it to free space); `None` when tmpfs cannot be mounted (not root).
+fn small_disk(name: &str) -> Option<(Mount, std::path::PathBuf)> {
+    let mnt = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let mount = Mount::tmpfs(&mnt, 6 << 20)?;
+    let ballast = mount.0.join("ballast");
+    std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
+    Some((mount, ballast))
 }
 
 /// A log sized for a few MiB of disk: 512 KiB WAL segments, 256 KiB partition segments, a
@@ -212,16 +219,10 @@ fn batches_planned_behind_a_refused_one_never_become_durable_with_a_gap() {
         .find(|k| two(*k) == ShardId(1))
         .unwrap();
     for round in 0..6u64 {
-        let mnt = std::env::temp_dir().join(format!(
-            "narad-log-full-race-{}-{round}",
-            std::process::id()
-        ));
-        let Some(mount) = Mount::tmpfs(&mnt, 6 << 20) else {
+        let Some((mount, ballast)) = small_disk(&format!("narad-log-full-race-{round}")) else {
             return;
         };
         let data = mount.0.join("data");
-        let ballast = mount.0.join("ballast");
-        std::fs::write(&ballast, vec![1u8; 1 << 20]).expect("ballast");
         let cfg = LogConfig {
             wal_pipeline_min_bytes: 0,
             // No checkpoint: WAL segments are never released, so each new one is allocated.

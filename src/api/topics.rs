@@ -206,8 +206,9 @@ fn schema_v1(
 }
 
 /// The schema a PATCH registers (SEMANTICS.md §8.4): `None` when the document equals the current
-/// version up to annotations (whatever the base version). Otherwise checks the base version, the document rules, the parent-managed rule
-/// and compatibility with the current version before anything is proposed.
+/// version up to annotations (whatever the base version). Otherwise checks the base version, the
+/// document rules, the parent-managed rule and compatibility with the current version before
+/// anything is proposed.
 fn schema_change(
     t: &TopicMeta,
     raw: &serde_json::value::RawValue,
