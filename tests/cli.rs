@@ -259,7 +259,7 @@ fn pub_single_and_100000_lines_then_sub_acks_each_exactly_once() {
         want.push(l);
     }
     let start = Instant::now();
-    let p = ok(narad(&s, &["pub", "events"], input.as_bytes()));
+    let p = ok(narad(&s, &["pub", "events", "--lines"], input.as_bytes()));
     assert!(
         p.stderr
             .contains(" bytes): 100000 message(s) in 1000 batch(es)"),
@@ -303,7 +303,7 @@ fn pub_single_and_100000_lines_then_sub_acks_each_exactly_once() {
 
 #[test]
 fn replay_prints_the_range_and_a_summary() {
-    // Proves pub --file --partition pins every line, replay prints `[p<P> @<offset>]` lines from
+    // Proves pub --file --lines --partition pins every line, replay prints `[p<P> @<offset>]` lines from
     // the oldest offset to the end, `--from/--to` bound the range, and the summary line; replay
     // leaves the messages for queue consumers.
     let (d, s) = server("cli-replay");
@@ -319,6 +319,7 @@ fn replay_prints_the_range_and_a_summary() {
             file.to_str().unwrap(),
             "--partition",
             "1",
+            "--lines",
         ],
         b"",
     ));
@@ -606,7 +607,7 @@ fn no_ack_leases_lapse_and_peek_takes_no_leases() {
     );
     ok(narad(
         &s,
-        &["pub", "feed", "--partition", "0"],
+        &["pub", "feed", "--partition", "0", "--lines"],
         b"second\nthird\n",
     ));
     let old = ok(narad(
@@ -641,13 +642,99 @@ fn no_ack_leases_lapse_and_peek_takes_no_leases() {
 }
 
 #[test]
+fn pub_sends_a_file_or_stdin_whole_as_one_message() {
+    // Proves OPERATIONS.md §1.3: without --lines the body of --file or stdin is one message, as
+    // it is: a pretty-printed JSON document arrives as one JSON payload, a binary file with
+    // newlines byte for byte, --count repeats it, and a body over 1 MiB is refused (exit 2)
+    // with nothing sent.
+    let (_d, s) = server("cli-body");
+    let files = TempDir::new("cli-body-files");
+    s.client().create_topic("docs", 3);
+    let doc = "{\n  \"order\": 7,\n  \"items\": [\n    \"a\",\n    \"b\"\n  ]\n}\n";
+    let file = files.0.join("order.json");
+    std::fs::write(&file, doc).unwrap();
+    let path = file.to_str().unwrap();
+    let o = ok(narad(
+        &s,
+        &["pub", "docs", "-f", path, "--partition", "0"],
+        b"",
+    ));
+    assert_eq!(o.stderr.trim(), format!("accepted ({} bytes)", doc.len()));
+    let o = ok(narad(
+        &s,
+        &["pub", "docs", "--partition", "1"],
+        doc.as_bytes(),
+    ));
+    assert_eq!(o.stderr.trim(), format!("accepted ({} bytes)", doc.len()));
+    let want: serde_json::Value = serde_json::from_str(doc).unwrap();
+    for p in ["0", "1"] {
+        let r = ok(narad(
+            &s,
+            &["replay", "docs", "--partition", p, "--raw"],
+            b"",
+        ));
+        assert!(r.stderr.contains("1 message(s) replayed"), "{}", r.stderr);
+        let got: serde_json::Value =
+            serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.stdout));
+        assert_eq!(got, want, "partition {p}");
+    }
+
+    let blob = files.0.join("blob.bin");
+    std::fs::write(&blob, b"\xff\x00\n\r\n\x01\n").unwrap();
+    let o = ok(narad(
+        &s,
+        &[
+            "pub",
+            "docs",
+            "--file",
+            blob.to_str().unwrap(),
+            "--partition",
+            "2",
+            "--count",
+            "2",
+        ],
+        b"",
+    ));
+    assert_eq!(o.stderr.trim(), "accepted (14 bytes): 2 message(s)");
+    let r = ok(narad(&s, &["replay", "docs", "--partition", "2"], b""));
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", r.stdout);
+    for l in lines {
+        assert!(l.ends_with("Z ff000a0d0a010a (7 bytes)"), "{l}");
+    }
+
+    let mut big = b"{\"x\":\"".to_vec();
+    big.extend(std::iter::repeat_n(b'x', 1 << 20));
+    big.extend_from_slice(b"\"}");
+    let o = narad(&s, &["pub", "docs", "--partition", "0"], &big);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("longer than 1048576 bytes"),
+        "{}",
+        o.stderr
+    );
+    let r = ok(narad(
+        &s,
+        &["replay", "docs", "--partition", "0", "--raw"],
+        b"",
+    ));
+    assert!(r.stderr.contains("1 message(s) replayed"), "{}", r.stderr);
+    // A message and --lines contradict each other.
+    assert_eq!(narad(&s, &["pub", "docs", "x", "--lines"], b"").code, 2);
+}
+
+#[test]
 fn pub_count_repeats_a_message_and_limits_lines() {
     // Proves pub --count N sends the argument N times, and with lines stops after N lines.
     let (_d, s) = server("cli-count");
     s.client().create_topic("c", 3);
     let o = ok(narad(&s, &["pub", "c", "x", "--count", "5"], b""));
     assert_eq!(o.stderr.trim(), "accepted (5 bytes): 5 message(s)");
-    let o = ok(narad(&s, &["pub", "c", "--count", "3"], b"a\nb\nc\nd\n"));
+    let o = ok(narad(
+        &s,
+        &["pub", "c", "--lines", "--count", "3"],
+        b"a\nb\nc\nd\n",
+    ));
     assert!(
         o.stderr
             .contains("accepted (3 bytes): 3 message(s) in 1 batch(es)"),
@@ -669,7 +756,7 @@ fn binary_lines_print_as_hex_and_oversized_lines_are_refused() {
     s.client().create_topic("bin", 3);
     ok(narad(
         &s,
-        &["pub", "bin", "--partition", "2"],
+        &["pub", "bin", "--partition", "2", "--lines"],
         b"\xff\x00\x01\r\n",
     ));
     let o = ok(narad(&s, &["sub", "bin", "--count", "1"], b""));
@@ -681,7 +768,7 @@ fn binary_lines_print_as_hex_and_oversized_lines_are_refused() {
     let mut big = b"ok\n".to_vec();
     big.extend(std::iter::repeat_n(b'x', (1 << 20) + 1));
     big.push(b'\n');
-    let o = narad(&s, &["pub", "bin", "--partition", "1"], &big);
+    let o = narad(&s, &["pub", "bin", "--partition", "1", "--lines"], &big);
     assert_eq!(o.code, 2, "{}", o.stderr);
     assert!(
         o.stderr.contains("line 2: longer than 1048576 bytes"),
@@ -1198,7 +1285,7 @@ fn server_report_sums_every_topic() {
     s.client().create_topic("alpha", 3);
     s.client().create_topic("beta", 4);
     let lines: String = (0..25).map(|i| format!("m{i}\n")).collect();
-    ok(narad(&s, &["pub", "alpha"], lines.as_bytes()));
+    ok(narad(&s, &["pub", "alpha", "--lines"], lines.as_bytes()));
     ok(narad(&s, &["pub", "beta", "one", "--count", "3"], b""));
     let r = ok(narad(&s, &["server", "report"], b""));
     let rows: Vec<Vec<&str>> = r
@@ -1286,7 +1373,11 @@ fn pub_rate_paces_messages() {
     assert!(single >= Duration::from_millis(190), "{single:?}");
     let lines: String = (0..40).map(|i| format!("l{i}\n")).collect();
     let start = Instant::now();
-    let o = ok(narad(&s, &["pub", "r", "--rate", "100"], lines.as_bytes()));
+    let o = ok(narad(
+        &s,
+        &["pub", "r", "--lines", "--rate", "100"],
+        lines.as_bytes(),
+    ));
     let batched = start.elapsed();
     assert!(batched >= Duration::from_millis(280), "{batched:?}");
     assert!(
@@ -1488,7 +1579,7 @@ fn pub_falls_back_to_single_produces_without_the_batch_route() {
     let (url, h) = fake_server_full(answers);
     let o = ok(narad_env(
         &url,
-        &["pub", "t", "-k", "k 1", "--partition", "2"],
+        &["pub", "t", "-k", "k 1", "--partition", "2", "--lines"],
         b"a\n{\"b\":1}\nc\n",
         &[],
     ));
@@ -1516,7 +1607,7 @@ fn password_stdin_takes_the_first_line_and_pub_the_rest() {
     let (url, h) = fake_server_full(vec![(202, r#"{"accepted":2}"#.into())]);
     ok(narad_env(
         &url,
-        &["-u", "bob", "--password-stdin", "pub", "t"],
+        &["-u", "bob", "--password-stdin", "pub", "t", "--lines"],
         b"pw-stdin\none\ntwo\n",
         &[],
     ));
@@ -1668,7 +1759,7 @@ fn remote_child_verbs_and_topic_wait() {
     ok(narad(&s, &["topic", "add", "c"], b""));
     ok(narad(&s, &["topic", "attach", "p", "c"], b""));
     let lines: String = (0..200).map(|i| format!("m{i}\n")).collect();
-    ok(narad(&s, &["pub", "p"], lines.as_bytes()));
+    ok(narad(&s, &["pub", "p", "--lines"], lines.as_bytes()));
     let w = ok(narad(
         &s,
         &[

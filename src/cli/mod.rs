@@ -74,7 +74,7 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: topic::TopicCommand,
     },
-    /// Produce messages: the argument, --file, or stdin (one message per line).
+    /// Produce a message: the argument, or the whole of --file or stdin (--lines: one per line).
     Pub(pubsub::PubArgs),
     /// Consume in queue mode: print and ack (or --peek: read-only tail).
     Sub(pubsub::SubArgs),

@@ -1,7 +1,8 @@
 //! `narad pub`, `narad sub` and `narad replay` (OPERATIONS.md §1.3, API.md §10): the producer,
 //! the queue-mode consumer that acks, and the read-only reader of one partition by offset.
 //!
-//! Owns: how input lines become (batch) produces, how consumed messages are printed and acked,
+//! Owns: how a message (the argument, or the whole of `--file` / stdin) becomes a produce and,
+//! with `--lines`, how input lines become batch produces, how consumed messages are printed and acked,
 //! and the bounds on every loop. Never does: hold more than one batch in memory, ack a message
 //! before its line was written to stdout (a failed write leaves its lease to lapse, so the
 //! message is redelivered: at-least-once), or retry a produce the server may have stored (only
@@ -24,7 +25,8 @@ use crate::wire::{is_valid_json, push_json_string};
 pub const PUB_BATCH_MESSAGES_MAX: usize = 100;
 /// Body bytes per batch produce at most (the server takes 16 MiB).
 pub const PUB_BATCH_BODY_BYTES_MAX: usize = 8 << 20;
-/// Longest input line (one message; the server's payload limit).
+/// Longest message, from the argument, a file, stdin or one input line (API.md §10.1: the
+/// server's body limit).
 pub const LINE_BYTES_MAX: usize = 1 << 20;
 /// Records per batch consume (the server's maximum).
 pub const SUB_BATCH_MAX: u64 = 100;
@@ -44,7 +46,7 @@ const RETRY_AFTER_MAX: Duration = Duration::from_secs(5);
 #[derive(Args, Debug)]
 pub struct PubArgs {
     pub topic: String,
-    /// The message; without it, one message per line of --file or stdin.
+    /// The message; without it, the whole of --file or stdin is the message (see --lines).
     pub message: Option<String>,
     /// Partition key.
     #[arg(short = 'k', long)]
@@ -52,10 +54,13 @@ pub struct PubArgs {
     /// Pin the partition (wins over the key).
     #[arg(long)]
     pub partition: Option<u32>,
-    /// Read messages from this file, one per line.
+    /// Read the message from this file (`-` for stdin).
     #[arg(short = 'f', long)]
     pub file: Option<PathBuf>,
-    /// With a message: send it this many times; with lines: stop after this many.
+    /// One message per line of --file or stdin, sent in batches (empty lines skipped).
+    #[arg(long, conflicts_with = "message")]
+    pub lines: bool,
+    /// Send the message this many times; with --lines: stop after this many lines.
     #[arg(long)]
     pub count: Option<u64>,
     /// Send at most this many messages per second (batches shrink to about a tenth of it).
@@ -220,7 +225,21 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
             "pub: give the message as an argument or --file, not both".into(),
         ));
     }
-    if let Some(message) = &a.message {
+    let input = || -> Result<Box<dyn Read>, CliError> {
+        Ok(match &a.file {
+            Some(f) if f.as_os_str() != "-" => Box::new(
+                std::fs::File::open(f)
+                    .map_err(|e| CliError::Usage(format!("{}: {e}", f.display())))?,
+            ),
+            _ => Box::new(std::io::stdin().lock()),
+        })
+    };
+    if !a.lines {
+        // OPERATIONS.md §1.3: the body comes from the argument, --file or stdin, as it is.
+        let message = match &a.message {
+            Some(m) => m.as_bytes().to_vec(),
+            None => read_message(input()?)?,
+        };
         let path = single_produce_path(&a);
         let count = a.count.unwrap_or(1);
         let started = Instant::now();
@@ -230,12 +249,7 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
             if i > 0 {
                 progress.show(|| format!("{i} message(s) accepted"));
             }
-            produce_request(
-                client,
-                &path,
-                "application/octet-stream",
-                message.as_bytes(),
-            )?;
+            produce_request(client, &path, "application/octet-stream", &message)?;
         }
         progress.clear();
         if count == 1 {
@@ -248,14 +262,8 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let input: Box<dyn Read> = match &a.file {
-        Some(f) if f.as_os_str() != "-" => Box::new(
-            std::fs::File::open(f).map_err(|e| CliError::Usage(format!("{}: {e}", f.display())))?,
-        ),
-        _ => Box::new(std::io::stdin().lock()),
-    };
     let mut batcher = Batcher::new(&a);
-    let result = batcher.run(client, BufReader::with_capacity(256 << 10, input));
+    let result = batcher.run(client, BufReader::with_capacity(256 << 10, input()?));
     batcher.progress.clear();
     // OPERATIONS.md §1.3: `accepted (<n> bytes)`, then what it took.
     eprintln!(
@@ -263,6 +271,23 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
         batcher.bytes, batcher.accepted, batcher.batches
     );
     result
+}
+
+/// Reads a whole message (a file or stdin), byte for byte, refusing one over the server's
+/// limit before anything is sent.
+fn read_message(input: impl Read) -> Result<Vec<u8>, CliError> {
+    let mut message = Vec::new();
+    input
+        .take(LINE_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut message)
+        .map_err(|e| CliError::Usage(format!("reading input: {e}")))?;
+    if message.len() > LINE_BYTES_MAX {
+        return Err(CliError::Usage(format!(
+            "the message is longer than {LINE_BYTES_MAX} bytes (the message size limit); \
+             --lines sends one message per line"
+        )));
+    }
+    Ok(message)
 }
 
 /// The single-produce route with the key and partition of `a` as query parameters.
