@@ -1,11 +1,11 @@
 //! `narad pub`, `narad sub` and `narad replay` (OPERATIONS.md §1.3, API.md §10): the producer,
 //! the queue-mode consumer that acks, and the read-only reader of one partition by offset.
 //!
-//! Owns: how a message (the argument, or the whole of `--file` / stdin) becomes a produce and,
-//! with `--lines`, how input lines become batch produces, how consumed messages are printed and acked,
-//! and the bounds on every loop. Never does: hold more than one batch in memory, ack a message
-//! before its line was written to stdout (a failed write leaves its lease to lapse, so the
-//! message is redelivered: at-least-once), or retry a produce the server may have stored (only
+//! Owns: how a message (the argument, or the whole of `--file` / stdin) becomes a produce
+//! and, with `--lines`, how input lines become batch produces; how consumed messages are
+//! printed and acked; and the bounds on every loop. Never does: hold more than one batch in
+//! memory, ack a message before its line was written to stdout (a failed write leaves its
+//! lease to lapse, so the message is redelivered: at-least-once), or retry a produce the server may have stored (only
 //! `429` and `503` with `Retry-After`, which mean nothing was stored, are retried).
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -236,9 +236,9 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
     };
     if !a.lines {
         // OPERATIONS.md §1.3: the body comes from the argument, --file or stdin, as it is.
-        let message = match &a.message {
-            Some(m) => m.as_bytes().to_vec(),
-            None => read_message(input()?)?,
+        let message: std::borrow::Cow<[u8]> = match &a.message {
+            Some(m) => m.as_bytes().into(),
+            None => read_message(input()?)?.into(),
         };
         let path = single_produce_path(&a);
         let count = a.count.unwrap_or(1);
