@@ -1,8 +1,9 @@
 //! Server wiring: one shard per core, each with its log, its partitions, an HTTP listener on the
 //! shared API port (SO_REUSEPORT) and its end of the cross-shard mesh; shard 0 also hosts the Raft
 //! metadata group. Start-up order per shard: join the mesh, recover the log, (shard 0) start Raft
-//! and push the metadata to every shard, then listen. Shutdown: stop accepting, finish in-flight
-//! requests within the grace period, checkpoint the log, exit.
+//! and push the metadata to every shard, then listen. Until the first shard listens, the node's
+//! ports are held by the [`crate::boot_probe`], which answers the health probes. Shutdown: stop
+//! accepting, finish in-flight requests within the grace period, checkpoint the log, exit.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -16,6 +17,7 @@ use narad_io::types::{ShardId, PLACEMENT_VERSION};
 use narad_raft::{MetaConfig, MetaNode};
 use narad_shard::host::Host;
 
+use crate::boot_probe::{self, BootProbe};
 use crate::config::{parse_listen_addr, Config};
 use crate::node::{Node, ShardReq, ShardResp};
 
@@ -153,8 +155,19 @@ pub fn run(mut config: Config) -> Result<(), String> {
     keep_recorded_node_id(&mut config, &data_dir);
     let shards = shard_count(&data_dir, config.shards)?;
     let addr = parse_listen_addr(&config.http.addr)?;
-    // Bind once here so that a port in use is a clear start-up error, not a panic in a shard.
-    drop(bind_when_free(addr).map_err(|e| format!("http.addr {addr}: {e}"))?);
+    // Bind here so that a port in use is a clear start-up error, not a failure in a shard; the
+    // boot probe then answers on these sockets until the first shard binds its own.
+    let mut probe_listeners = vec![(
+        boot_probe::Port::Api,
+        bind_when_free(addr).map_err(|e| format!("http.addr {addr}: {e}"))?,
+    )];
+    if !config.http.metrics_addr.is_empty() {
+        let maddr = parse_listen_addr(&config.http.metrics_addr)?;
+        if maddr != addr {
+            let l = bind_when_free(maddr).map_err(|e| format!("http.metrics_addr {maddr}: {e}"))?;
+            probe_listeners.push((boot_probe::Port::Metrics, l));
+        }
+    }
     if let Some(files) = rt::raise_process_limits() {
         // Each connection is a descriptor, and so are segment files, WAL segments and sockets.
         let wanted = config.http.max_connections as u64 + OPEN_FILES_MARGIN;
@@ -169,6 +182,11 @@ pub fn run(mut config: Config) -> Result<(), String> {
     }
     let shutdown = ShutdownSignal::new();
     rt::install_termination_handler(&shutdown).map_err(|e| e.to_string())?;
+    // After the signal mask is set: the probe's threads inherit it, so SIGTERM never kills them.
+    let probe = Arc::new(
+        BootProbe::start(probe_listeners, &shutdown)
+            .map_err(|e| format!("starting the boot probe: {e}"))?,
+    );
     let mesh: MeshSetup<ShardReq, ShardResp> = MeshSetup::new(shards, MESH_CAPACITY);
     let config = Arc::new(Config {
         data_dir: data_dir.clone(),
@@ -186,15 +204,17 @@ pub fn run(mut config: Config) -> Result<(), String> {
     let budget_bytes = config.http.max_batch_body_bytes_in_flight;
     let body_budget = (budget_bytes > 0).then(|| crate::service::BodyBudget::new(budget_bytes));
     let connections = crate::http::ConnectionBudget::new(config.http.max_connections);
+    let shard_probe = probe.clone();
     let results = rt::run(rcfg, move |id| {
         let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
         let (serving, body_budget) = (serving.clone(), body_budget.clone());
-        let connections = connections.clone();
+        let (connections, probe) = (connections.clone(), shard_probe.clone());
         async move {
             let shared = Shared {
                 serving,
                 body_budget,
                 connections,
+                probe,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
             if let Err(e) = &r {
@@ -205,8 +225,10 @@ pub fn run(mut config: Config) -> Result<(), String> {
             }
             r
         }
-    })
-    .map_err(|e| e.to_string())?;
+    });
+    // A start-up that failed (or was cut short by SIGTERM) never reached a shard's bind.
+    probe.stop();
+    let results = results.map_err(|e| e.to_string())?;
     for r in results {
         r?;
     }
@@ -251,7 +273,9 @@ fn stop_on_shard_panic(
 /// flight (default 4096; 0 pipelines at once; for benchmarks);
 /// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
 /// after this much WAL or this long (defaults 64 MiB and 5 s; for benchmarks);
-/// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor.
+/// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor;
+/// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
+/// its log, so tests can watch a node that is still starting (the boot probe).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -303,13 +327,15 @@ impl Serving {
     }
 }
 
-/// What the shards of one node share: the shards still serving, the batch-body budget and the
-/// connection budget.
+/// What the shards of one node share: the shards still serving, the batch-body budget, the
+/// connection budget and the boot probe.
 struct Shared {
     serving: Arc<Serving>,
     body_budget: Option<Arc<crate::service::BodyBudget>>,
     /// The node's open-connection cap (`http.max_connections`), counted over every shard.
     connections: Arc<crate::http::ConnectionBudget>,
+    /// Holds the node's ports until the first shard binds them.
+    probe: Arc<BootProbe>,
 }
 
 // mimalloc's C library, linked through the mimalloc crate (the binary's global allocator).
@@ -344,6 +370,7 @@ async fn shard_main(
         serving,
         body_budget,
         connections,
+        probe,
     } = shared;
     // Counts this shard out of `serving` however this function returns.
     let serving_guard = ServingGuard(serving.clone(), id);
@@ -351,6 +378,15 @@ async fn shard_main(
     // However this shard ends (a start-up error included), its peers' calls to it then fail at
     // once instead of waiting for an answer that cannot come.
     let _leave_mesh = LeaveMesh(mesh.clone());
+    if let Some(ms) = test_knob("NARAD_TEST_START_DELAY_MS") {
+        futures_lite::future::or(
+            async {
+                rt::sleep(Duration::from_millis(ms)).await;
+            },
+            shutdown.wait(),
+        )
+        .await;
+    }
     let (log, recovered, report) = ShardLog::open(log_config(&config.data_dir, id, shards))
         .await
         .map_err(|e| format!("shard {}: opening the log: {e}", id.0))?;
@@ -432,6 +468,9 @@ async fn shard_main(
     node.start_fanout();
     crate::transit::start(&node);
     spawn_housekeeping(&node, &config);
+    // The probe's sockets have no SO_REUSEPORT: they must be closed before this bind (the first
+    // shard here closes them; the others wait until it has).
+    probe.stop();
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     let metrics_stop = ShutdownSignal::new();
     crate::metrics::listener::spawn(&node, &metrics_stop)?;

@@ -1,6 +1,8 @@
 //! Graceful shutdown (OPERATIONS.md, issue 3): SIGTERM while a long-poll is parked and after
 //! acknowledged produces: the long-poll is answered at once, the process exits 0 well within the
-//! grace period, and everything acknowledged is there after a restart.
+//! grace period, and everything acknowledged is there after a restart. And the other end of a
+//! node's life: probes answered while it still starts (the boot probe), a start-up that fails
+//! or is cut short by SIGTERM ending the process promptly.
 
 mod common;
 
@@ -172,4 +174,111 @@ fn a_shard_other_than_0_failing_at_start_stops_the_node() {
             && stderr.contains("shard 1: opening the log"),
         "{stderr}"
     );
+}
+
+/// Asks `method path` of `addr` on a new connection each time (as the kubelet's probes do)
+/// until something answers or `limit` passes.
+fn probe_until_answered(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    limit: Duration,
+) -> Option<common::Resp> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if let Ok(mut c) = common::Client::connect(addr) {
+            if let Ok(r) = c.try_request(method, path, &[], b"") {
+                return Some(r);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn probes_answer_while_the_node_is_still_starting() {
+    // Proves API.md §15.1-15.2 and CLUSTER.md "Liveness" during a long start-up (log recovery
+    // held for 5 s by NARAD_TEST_START_DELAY_MS): both the API port and the metrics port
+    // (`http.metrics_addr`) answer `/healthz` 200 and `/readyz` 503 "starting: ..." instead of
+    // refusing connections, every other request is 503 + Retry-After, and once the shards took
+    // the ports over `/readyz` is 200 and `/metrics` served. Before the boot probe both ports
+    // refused connections until recovery was done.
+    let dir = common::TempDir::new("boot-probe");
+    let mport = common::free_port_pair();
+    let maddr: std::net::SocketAddr = format!("127.0.0.1:{mport}").parse().unwrap();
+    let mut s = common::Server::spawn_starting(
+        dir.0.join("data"),
+        vec![
+            ("NARAD_HTTP_METRICS_ADDR".into(), maddr.to_string()),
+            ("NARAD_TEST_START_DELAY_MS".into(), "5000".into()),
+        ],
+    );
+    let addr = s.addr();
+    let limit = Duration::from_secs(4);
+    for a in [addr, maddr] {
+        let r = probe_until_answered(a, "GET", "/healthz", limit).expect("no /healthz answer");
+        assert_eq!(r.status, 200, "{a}: {}", r.text());
+        assert_eq!(r.json(), serde_json::json!({"status":"ok"}));
+        assert_eq!(r.header("connection"), Some("close"));
+        let r = probe_until_answered(a, "GET", "/readyz", limit).expect("no /readyz answer");
+        assert_eq!(r.status, 503, "{a}: {}", r.text());
+        assert!(r.error().starts_with("starting: "), "{a}: {}", r.text());
+        let r = probe_until_answered(a, "HEAD", "/healthz", limit).expect("no HEAD answer");
+        assert_eq!((r.status, r.body.len()), (200, 0));
+        assert_eq!(r.header("content-length"), Some("16"));
+    }
+    let r = probe_until_answered(addr, "GET", "/v1/topics", limit).expect("no answer");
+    assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
+    assert!(r.error().starts_with("starting: "), "{}", r.text());
+    let r = probe_until_answered(maddr, "GET", "/metrics", limit).expect("no answer");
+    assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
+    // Then the shards take over both ports.
+    s.wait_ready();
+    let r = probe_until_answered(addr, "GET", "/readyz", limit).expect("no /readyz answer");
+    assert_eq!(r.json(), serde_json::json!({"status":"ready"}));
+    let r = probe_until_answered(maddr, "GET", "/readyz", limit).expect("no /readyz answer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = probe_until_answered(maddr, "GET", "/metrics", limit).expect("no /metrics answer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    s.client().create_topic("t", 3);
+}
+
+#[test]
+fn sigterm_during_start_up_answers_shutting_down_and_exits_promptly() {
+    // Proves SIGTERM while the node is still starting (log recovery held for 60 s): `/healthz`
+    // turns to `503 {"status":"shutting down"}` (API.md §15.1) and the process exits within
+    // seconds, not after the recovery, releasing its port.
+    let dir = common::TempDir::new("boot-term");
+    let mut s = common::Server::spawn_starting(
+        dir.0.join("data"),
+        vec![("NARAD_TEST_START_DELAY_MS".into(), "60000".into())],
+    );
+    let addr = s.addr();
+    let r = probe_until_answered(addr, "GET", "/healthz", Duration::from_secs(4))
+        .expect("no /healthz answer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    s.signal_term();
+    // The probe answers until the process stops it; an answer, if any, says shutting down.
+    let t0 = Instant::now();
+    let mut seen = None;
+    while t0.elapsed() < Duration::from_secs(2) {
+        match probe_until_answered(addr, "GET", "/healthz", Duration::from_millis(100)) {
+            Some(r) if r.status == 200 => std::thread::sleep(Duration::from_millis(10)),
+            Some(r) => {
+                seen = Some(r);
+                break;
+            }
+            None => break,
+        }
+    }
+    if let Some(r) = seen {
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.json(), serde_json::json!({"status":"shutting down"}));
+    }
+    let status = s
+        .wait_exit(Duration::from_secs(10))
+        .expect("still running 10 s after SIGTERM during start-up");
+    assert!(status.code().is_some(), "killed by a signal: {status}");
+    drop(std::net::TcpListener::bind(addr).expect("the API port is free after the exit"));
 }

@@ -99,7 +99,25 @@ impl Server {
         s
     }
 
+    /// Like [`Server::start_with`], but returns as soon as the process runs, before it is
+    /// ready (for tests that watch start-up); [`Server::wait_ready`] then waits for it.
+    pub fn spawn_starting(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
+        let mut s = Server {
+            port: free_port_pair(),
+            data_dir,
+            child: None,
+            extra_env,
+        };
+        s.spawn_process();
+        s
+    }
+
     fn spawn(&mut self) {
+        self.spawn_process();
+        self.wait_ready();
+    }
+
+    fn spawn_process(&mut self) {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
         cmd.args([
             "server",
@@ -119,14 +137,14 @@ impl Server {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("start narad"));
-        self.wait_ready();
     }
 
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits (at most a minute) until `/readyz` answers `200`.
+    pub fn wait_ready(&mut self) {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -180,6 +198,22 @@ impl Server {
                 start.elapsed() < Duration::from_secs(30),
                 "narad did not exit after SIGTERM"
             );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits at most `limit` for the process to exit (after a signal): its status, or `None`
+    /// if it still runs.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.as_mut().expect("running").try_wait().unwrap() {
+                self.child = None;
+                return Some(s);
+            }
+            if start.elapsed() >= limit {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
