@@ -935,10 +935,20 @@ impl Config {
                 h.addr
             ));
         }
-        parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
+        let api = parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
         check_host_port(&self.cluster_addr).map_err(|e| format!("cluster.addr: {e}"))?;
         if !h.metrics_addr.is_empty() {
-            parse_listen_addr(&h.metrics_addr).map_err(|e| format!("http.metrics_addr: {e}"))?;
+            let m = parse_listen_addr(&h.metrics_addr)
+                .map_err(|e| format!("http.metrics_addr: {e}"))?;
+            // Both listeners bind with SO_REUSEPORT: on one port the kernel would share the
+            // connections between them, and API requests would randomly get the metrics 404.
+            if listeners_overlap(api, m) {
+                return Err(format!(
+                    "http.metrics_addr ({}) must differ from http.addr ({}): the metrics listener \
+                     needs a port of its own",
+                    h.metrics_addr, h.addr
+                ));
+            }
         }
         if !h.pprof_addr.is_empty() {
             parse_listen_addr(&h.pprof_addr).map_err(|e| format!("http.pprof_addr: {e}"))?;
@@ -1126,6 +1136,12 @@ fn check_host_port(s: &str) -> Result<(), String> {
     } else {
         Err(bad("invalid host"))
     }
+}
+
+/// Whether two listening addresses would take the same connections: one port, and one address
+/// or a wildcard on either side.
+fn listeners_overlap(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 pub fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
@@ -1613,5 +1629,34 @@ mod tests {
             e,
             "http.max_consume_wait (20s) must be <= http.shutdown_grace (10s)"
         );
+    }
+
+    #[test]
+    fn metrics_listener_needs_a_port_of_its_own() {
+        // Proves a metrics address that would share the API's connections stops the start, and
+        // that another port (or another address on the same port) is fine.
+        let load = |api: &str, metrics: &str| {
+            Config::load(
+                None,
+                &env(&[
+                    ("NARAD_HTTP_ADDR", api),
+                    ("NARAD_HTTP_METRICS_ADDR", metrics),
+                ]),
+                &Default::default(),
+            )
+        };
+        for (api, metrics) in [
+            ("127.0.0.1:18394", "127.0.0.1:18394"),
+            (":18394", "127.0.0.1:18394"),
+            ("127.0.0.1:18394", ":18394"),
+        ] {
+            let e = load(api, metrics).unwrap_err();
+            assert!(
+                e.starts_with("http.metrics_addr (") && e.contains("must differ from http.addr"),
+                "{api} / {metrics}: {e}"
+            );
+        }
+        assert!(load("127.0.0.1:18394", "127.0.0.1:18395").is_ok());
+        assert!(load("127.0.0.1:18394", "127.0.0.2:18394").is_ok());
     }
 }
