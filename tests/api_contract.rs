@@ -253,6 +253,42 @@ fn topic_list_pagination() {
 }
 
 #[test]
+fn empty_query_values_count_as_absent() {
+    // Proves `?limit=`, `?partition=`, `?partitions=` and `?force=` take their defaults, as the
+    // original broker does, while a value that is there must still be a valid one.
+    let (_d, s) = server("emptyq");
+    let mut c = s.client();
+    c.create_topic("p", 3);
+    c.create_topic("k", 3);
+    assert_eq!(
+        c.post_json("/v1/topics/p/children", r#"{"child":"k"}"#)
+            .status,
+        200
+    );
+    let r = c.get("/v1/topics?limit=&page_token=").json();
+    assert_eq!(r["topics"].as_array().unwrap().len(), 2, "{r}");
+    let r = c.get("/v1/topics/p?partition=").json();
+    assert_eq!(r["partitions"].as_u64(), Some(3), "{r}");
+    let r = c.get("/v1/topics/p/children?partitions=");
+    assert_eq!(r.status, 200);
+    assert_eq!(c.get("/v1/topics/p/children?partitions=yes").status, 400);
+    assert_eq!(
+        c.request("DELETE", "/v1/topics/p/children/k?force=", &[], b"")
+            .status,
+        204
+    );
+    assert_eq!(
+        c.request("DELETE", "/v1/topics/k?force=yes", &[], b"")
+            .status,
+        400
+    );
+    assert_eq!(
+        c.request("DELETE", "/v1/topics/k?force=", &[], b"").status,
+        204
+    );
+}
+
+#[test]
 fn cross_site_guard() {
     // Proves API.md §3: form posts get 415, octet-stream and X-Narad-Client pass.
     let (_d, s) = server("guard");

@@ -244,7 +244,7 @@ struct ChildList<'a> {
 /// `GET /v1/topics/{parent}/children`.
 pub async fn list(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
     let q = Params::new(&req.query);
-    match tri!(q.str("partitions")).as_deref() {
+    match tri!(q.given("partitions")).as_deref() {
         None | Some("true") | Some("false") => {}
         Some(_) => return error(400, "invalid partitions: want \"true\" or \"false\""),
     }
@@ -280,7 +280,7 @@ pub async fn list(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
 /// `DELETE /v1/topics/{parent}/children/{child}`.
 pub async fn detach(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -> Response {
     let q = Params::new(&req.query);
-    match tri!(q.str("force")).as_deref() {
+    match tri!(q.given("force")).as_deref() {
         None | Some("true") | Some("false") => {}
         Some(_) => return error(400, "invalid force: want \"true\" or \"false\""),
     }

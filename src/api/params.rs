@@ -29,6 +29,12 @@ impl<'a> Params<'a> {
             .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
+    /// Like [`Params::str`], but an empty value (`?limit=`) counts as absent, as the original
+    /// broker treats it: a client that builds its query from empty variables gets the default.
+    pub fn given(&self, key: &str) -> Result<Option<String>, Response> {
+        Ok(self.str(key)?.filter(|v| !v.is_empty()))
+    }
+
     pub fn count(&self, key: &str) -> usize {
         self.0.count(key)
     }

@@ -345,7 +345,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
 /// page is cut (API.md §6.2: a page may be short while `next_page_token` is set).
 pub fn list(node: &Rc<Node>, req: &Request, readable: &dyn Fn(&TopicMeta) -> bool) -> Response {
     let q = Params::new(&req.query);
-    let limit = match tri!(q.str("limit")) {
+    let limit = match tri!(q.given("limit")) {
         None => 100,
         Some(s) => match s.parse::<i64>() {
             Ok(n) if n >= 1 => n.min(1000) as usize,
@@ -388,7 +388,7 @@ pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
         return error(404, "topic not found");
     };
     let q = Params::new(&req.query);
-    let parts: Vec<u32> = match tri!(q.str("partition")) {
+    let parts: Vec<u32> = match tri!(q.given("partition")) {
         None => (0..t.partitions).collect(),
         Some(s) => match s.parse::<i64>() {
             Ok(p) if p >= 0 && p < i64::from(t.partitions) => vec![p as u32],
@@ -539,7 +539,7 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
 
 pub async fn delete(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let q = Params::new(&req.query);
-    match tri!(q.str("force")).as_deref() {
+    match tri!(q.given("force")).as_deref() {
         None | Some("true") | Some("false") => {}
         Some(_) => return error(400, "invalid force: want \"true\" or \"false\""),
     }
