@@ -215,6 +215,47 @@ fn attach_list_detach_statuses_and_texts() {
 }
 
 #[test]
+fn remote_fields_at_their_zero_values_are_a_local_attach() {
+    // Proves an attach body with every remote-only field at its zero value (what a client that
+    // serialises the whole attach struct sends) attaches a local child, as in the original,
+    // while a field with a value still needs `remote` and a non-empty `remote` is remote.
+    let dir = TempDir::new("children-zero");
+    let srv = Server::start(&dir);
+    let mut c = srv.client();
+    for t in ["p", "c1", "c2"] {
+        c.create_topic(t, 3);
+    }
+    let full = r#"{"child":"c1","delay_ms":0,"remote":"","remote_topic":"","from":"","lanes":0,"dry_run":false}"#;
+    let r = attach(&mut c, "p", full);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["children"], serde_json::json!(["c1"]));
+    let r = attach(&mut c, "p", r#"{"child":"c2","remote":null}"#);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(detach(&mut c, "p", "c2").status, 204);
+    for body in [
+        r#"{"child":"c2","lanes":2}"#,
+        r#"{"child":"c2","dry_run":true}"#,
+        r#"{"child":"c2","from":"earliest"}"#,
+        r#"{"child":"c2","remote_topic":"t"}"#,
+    ] {
+        let r = attach(&mut c, "p", body);
+        assert_eq!(
+            (r.status, r.error().as_str()),
+            (
+                400,
+                "invalid argument: remote_topic, from, lanes and dry_run require remote"
+            ),
+            "{body}"
+        );
+    }
+    let r = attach(&mut c, "p", r#"{"child":"c2","remote":"r"}"#);
+    assert_eq!(
+        (r.status, r.error().as_str()),
+        (403, "remotes require security")
+    );
+}
+
+#[test]
 fn fanout_copies_every_message_to_three_children() {
     // Proves every message committed to a parent after the attach is copied into each of three
     // children (one with a different partition count), with keys routed like a produce, and

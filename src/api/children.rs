@@ -167,18 +167,23 @@ pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
         Ok(b) => b,
         Err(e) => return error(400, &e),
     };
-    if body.remote.is_none()
-        && (body.remote_topic.is_some()
-            || body.from.is_some()
-            || body.lanes.is_some()
-            || body.dry_run.is_some())
+    // As in the original, a field at its zero value counts as absent: a client that always
+    // sends the whole attach struct (`"remote":""`, `"lanes":0`, `"dry_run":false`) attaches a
+    // local child.
+    let given = |s: &Option<String>| s.as_ref().is_some_and(|s| !s.is_empty());
+    let remote = given(&body.remote);
+    if !remote
+        && (given(&body.remote_topic)
+            || given(&body.from)
+            || body.lanes.is_some_and(|n| n != 0)
+            || body.dry_run == Some(true))
     {
         return error(
             400,
             "invalid argument: remote_topic, from, lanes and dry_run require remote",
         );
     }
-    if body.remote.is_some() {
+    if remote {
         // A remote child needs security on (API.md §9.1; the admin check is in `authorize`).
         // This build has no remote plane, so a secured node cannot look the remote up either:
         // `501`, the answer §18 reserves for exactly that.

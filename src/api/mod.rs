@@ -746,7 +746,11 @@ fn authorize(
                 Some(serde_json::Value::String(s)) => Some(s.as_str()),
                 _ => None,
             });
-            let remote = attach.as_ref().is_some_and(|b| b.remote.is_some());
+            // `"remote":""` and `null` are a local attach, as in the original.
+            let remote = attach.as_ref().is_some_and(|b| {
+                !matches!(&b.remote, None | Some(serde_json::Value::Null))
+                    && b.remote != Some(serde_json::Value::String(String::new()))
+            });
             if remote && !c.is_admin() {
                 deny(children::REMOTES_NEED_SECURITY)
             } else if !manages(t) || child.is_some_and(|ch| !manages(ch)) {
