@@ -1478,9 +1478,25 @@ fn node_health_errors_and_single_node_cluster_series() {
         "narad_cold_retention_panics_total",
         "narad_reaper_restarts",
         "narad_metastore_apply_stalled",
+        "narad_remote_held_bytes",
+        "narad_remote_seals_total",
+        "narad_remote_reseal_opens_total",
     ] {
         assert!(m.count(name) >= 1, "{name} missing");
         assert_eq!(m.sum(name, &[]), 0.0, "{name}");
+    }
+    // Families of the planes this build does not run are declared with their type, no series.
+    for (name, kind) in [
+        ("narad_fanout_remote_state", "gauge"),
+        ("narad_remote_requests_total", "counter"),
+        ("narad_remote_request_seconds", "histogram"),
+        ("narad_remote_destination_refused_total", "counter"),
+        ("narad_raft_tls_cert_not_after_seconds", "gauge"),
+        ("narad_cluster_rpc_requests_total", "counter"),
+        ("narad_cluster_rpc_request_seconds", "histogram"),
+    ] {
+        assert_eq!(m.types.get(name).map(String::as_str), Some(kind), "{name}");
+        assert_eq!(m.count(name), 0, "{name}");
     }
     // The metastore's files, and timestamps of this scrape's collection (within a minute).
     assert!(m.sum("narad_metastore_fsm_bytes", &[]) > 0.0);
