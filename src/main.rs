@@ -87,6 +87,23 @@ fn main() -> ExitCode {
     let version: &'static str = Box::leak(narad::cli::version_line().into_boxed_str());
     let command = Cli::command().version(version.strip_prefix("narad ").unwrap_or(version));
     let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    let runs_a_server = matches!(
+        cli.command,
+        Command::Serve(_)
+            | Command::Server {
+                command: ServerCommand::Start { .. }
+            }
+    );
+    if runs_a_server {
+        if let Some(flag) = client_flag_given(&cli.conn) {
+            // `serve -p 8080` would otherwise start on the default port with a password set.
+            eprintln!(
+                "narad: {flag} is a client flag and has no meaning for a server; the server's \
+                 port is --port (or --addr), its users come from the config"
+            );
+            return ExitCode::from(2);
+        }
+    }
     match cli.command {
         Command::Version => {
             println!("{version}");
@@ -119,6 +136,19 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args),
         Command::Client(command) => narad::cli::run(cli.conn, command),
     }
+}
+
+/// The first client-only global flag given on the command line, if any.
+fn client_flag_given(conn: &narad::cli::ConnArgs) -> Option<&'static str> {
+    [
+        (conn.server.is_some(), "-s/--server"),
+        (conn.user.is_some(), "-u/--user"),
+        (conn.password.is_some(), "-p/--password"),
+        (conn.password_stdin, "--password-stdin"),
+        (conn.ctx.is_some(), "--ctx"),
+    ]
+    .into_iter()
+    .find_map(|(given, flag)| given.then_some(flag))
 }
 
 fn start_dev(port: Option<u16>, data_dir: Option<PathBuf>) -> ExitCode {

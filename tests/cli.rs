@@ -2135,3 +2135,45 @@ fn a_malformed_fanout_setting_stops_the_start() {
         assert!(stderr.contains(named), "{k}={v}: {stderr}");
     }
 }
+
+#[test]
+fn server_commands_refuse_the_client_flags() {
+    // Proves `serve -p 8080` (an operator meaning the port) and the other client-only global
+    // flags stop a server command at once with exit 2, naming the flag, instead of starting on
+    // the default port with a password set; a bad data directory shows nothing was started.
+    let dir = std::env::temp_dir().join(format!("narad-cli-serve-flags-{}", std::process::id()));
+    let data = dir.display().to_string();
+    for args in [
+        &["serve", "-p", "18323", "--data-dir", &data][..],
+        &["serve", "--ctx", "x", "--data-dir", &data][..],
+        &[
+            "server",
+            "start",
+            "--dev",
+            "-s",
+            "http://127.0.0.1:1",
+            "--data-dir",
+            &data,
+        ][..],
+        &[
+            "server",
+            "start",
+            "--dev",
+            "--password-stdin",
+            "--data-dir",
+            &data,
+        ][..],
+    ] {
+        let o = narad_raw(args, b"", &[]);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("is a client flag"),
+            "{args:?}: {}",
+            o.stderr
+        );
+    }
+    assert!(
+        !dir.exists(),
+        "a server command started despite a client flag"
+    );
+}
