@@ -2177,3 +2177,37 @@ fn server_commands_refuse_the_client_flags() {
         "a server command started despite a client flag"
     );
 }
+
+#[test]
+fn pub_lines_names_the_input_line_a_batch_was_refused_for() {
+    // Proves a batch refused for one element names that element's input line (not its index
+    // within the batch) and the lines that were not stored, and that the batch before it was.
+    let (_d, s) = server("cli-lines-err");
+    let mut c = s.client();
+    let r = c.post_json(
+        "/v1/topics",
+        r#"{"name":"sch","partitions":3,"schema":{"type":"object"}}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut input = String::new();
+    for i in 0..150 {
+        input.push_str(&format!("{{\"i\":{i}}}\n"));
+    }
+    input.push_str("\n7\n");
+    let o = narad(&s, &["pub", "sch", "--lines"], input.as_bytes());
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("narad: line 152: ")
+            && o.stderr.contains("(none of lines 101-152 was stored)"),
+        "{}",
+        o.stderr
+    );
+    let d = c.get("/v1/topics/sch").json();
+    let stored: u64 = d["partition_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["next_offset"].as_u64().unwrap())
+        .sum();
+    assert_eq!(stored, 100, "{d}");
+}

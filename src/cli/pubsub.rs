@@ -326,6 +326,8 @@ struct Batcher {
     /// fallback to single produces.
     raw: Vec<u8>,
     raw_ends: Vec<usize>,
+    /// The input line of each message of the batch being built, to name it in an error.
+    lines: Vec<u64>,
     single_path: String,
     /// The server has no batch route: one request per message.
     single: bool,
@@ -360,6 +362,7 @@ impl Batcher {
             started: Instant::now(),
             raw: Vec::new(),
             raw_ends: Vec::new(),
+            lines: Vec::new(),
             single_path: single_produce_path(a),
             single: false,
         }
@@ -401,6 +404,7 @@ impl Batcher {
                 self.flush(client)?;
             }
             self.push(&line);
+            self.lines.push(line_no);
             taken += 1;
         }
         self.flush(client)
@@ -444,7 +448,7 @@ impl Batcher {
             self.single = true;
             return self.flush_singly(client);
         }
-        let r = ok(r)?;
+        let r = ok(r).map_err(|e| self.name_the_line(e))?;
         #[derive(Deserialize)]
         struct Accepted {
             accepted: u64,
@@ -469,6 +473,27 @@ impl Batcher {
         Ok(())
     }
 
+    /// A batch is refused whole, its error naming the element (`message <i>: ...`, API.md
+    /// §10.2): says which input line that is, and that none of the batch's lines was stored.
+    fn name_the_line(&self, e: CliError) -> CliError {
+        let CliError::Refused { status, message } = e else {
+            return e;
+        };
+        let element = message
+            .strip_prefix("message ")
+            .and_then(|rest| rest.split_once(": "))
+            .and_then(|(i, rest)| Some((self.lines.get(i.parse::<usize>().ok()?)?, rest)));
+        let (Some((line, rest)), Some(first), Some(last)) =
+            (element, self.lines.first(), self.lines.last())
+        else {
+            return CliError::Refused { status, message };
+        };
+        CliError::Refused {
+            status,
+            message: format!("line {line}: {rest} (none of lines {first}-{last} was stored)"),
+        }
+    }
+
     fn finish_batch(&mut self) {
         self.bytes += self.body_payload_bytes;
         self.body.clear();
@@ -476,6 +501,7 @@ impl Batcher {
         self.body_payload_bytes = 0;
         self.raw.clear();
         self.raw_ends.clear();
+        self.lines.clear();
     }
 
     /// Sends the batch being built as single produces (octet-stream: the server stores JSON
