@@ -354,6 +354,26 @@ fn replay_prints_the_range_and_a_summary() {
     ));
     assert_eq!(part.stdout, "b\n{\"c\":3}\n");
     assert_eq!(part.stderr.trim(), "2 message(s) replayed from p1 [1, 3)");
+    let backwards = narad(
+        &s,
+        &[
+            "replay",
+            "logs",
+            "--partition",
+            "1",
+            "--from",
+            "3",
+            "--to",
+            "1",
+        ],
+        b"",
+    );
+    assert_eq!(backwards.code, 2, "{}", backwards.stderr);
+    assert!(
+        backwards.stderr.contains("--to (1) is before --from (3)"),
+        "{}",
+        backwards.stderr
+    );
     let empty = ok(narad(&s, &["replay", "logs", "--partition", "0"], b""));
     assert_eq!(
         (empty.stdout.as_str(), empty.stderr.trim()),

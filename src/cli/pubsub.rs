@@ -844,6 +844,13 @@ pub fn replay(client: &mut Client, a: ReplayArgs) -> Result<(), CliError> {
     if a.from.is_some_and(|f| f < 0) || a.to.is_some_and(|t| t < 0) {
         return Err(CliError::Usage("replay: offsets must be >= 0".into()));
     }
+    if let (Some(f), Some(t)) = (a.from, a.to) {
+        if t < f {
+            return Err(CliError::Usage(format!(
+                "replay: --to ({t}) is before --from ({f}); --to is the first offset not read"
+            )));
+        }
+    }
     let from = match a.from {
         Some(f) => f,
         None => oldest_offset(client, &a.topic, a.partition)?,
