@@ -937,6 +937,18 @@ impl Config {
         }
         let api = parse_listen_addr(&h.addr).map_err(|e| format!("http.addr: {e}"))?;
         check_host_port(&self.cluster_addr).map_err(|e| format!("cluster.addr: {e}"))?;
+        // The same listener written two ways (`:7942` and `127.0.0.1:7942`); a host name is
+        // not looked up here.
+        let cluster = match self.cluster_addr.strip_prefix(':') {
+            Some(port) => format!("0.0.0.0:{port}").parse().ok(),
+            None => self.cluster_addr.parse().ok(),
+        };
+        if cluster.is_some_and(|c| listeners_overlap(api, c)) {
+            return Err(format!(
+                "http.addr ({}) must differ from cluster.addr",
+                h.addr
+            ));
+        }
         if !h.metrics_addr.is_empty() {
             let m = parse_listen_addr(&h.metrics_addr)
                 .map_err(|e| format!("http.metrics_addr: {e}"))?;
@@ -1658,5 +1670,19 @@ mod tests {
         }
         assert!(load("127.0.0.1:18394", "127.0.0.1:18395").is_ok());
         assert!(load("127.0.0.1:18394", "127.0.0.2:18394").is_ok());
+        // The cluster listener likewise, however the address is written.
+        let e = Config::load(
+            None,
+            &env(&[
+                ("NARAD_HTTP_ADDR", "127.0.0.1:18321"),
+                ("NARAD_CLUSTER_ADDR", ":18321"),
+            ]),
+            &Default::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "http.addr (127.0.0.1:18321) must differ from cluster.addr"
+        );
     }
 }
