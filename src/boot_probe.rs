@@ -160,11 +160,7 @@ fn answer_connection(
         match stream.read(&mut buf[len..]) {
             Ok(0) => return,
             Ok(n) => len += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if read_again(&e) => {}
             Err(_) => return,
         }
     };
@@ -183,6 +179,14 @@ fn answer_connection(
     }
 }
 
+/// Whether a read that failed is worth trying again (a read timeout slice ran out).
+fn read_again(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    )
+}
+
 /// Half-closes, then reads what the client still sends (bounded) so the close that follows is
 /// a FIN, not a reset that could discard the answer on the client's side.
 fn drain_then_close(mut stream: TcpStream) {
@@ -194,11 +198,7 @@ fn drain_then_close(mut stream: TcpStream) {
         match stream.read(&mut sink) {
             Ok(0) => return,
             Ok(n) => drained += n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if read_again(&e) => {}
             Err(_) => return,
         }
     }
