@@ -357,6 +357,16 @@ fn metrics_parse_and_move_with_traffic() {
     let mut c = s.client();
     let before = scrape(&mut c);
     assert_eq!(before.sum("narad_topics_total", &[]), 0.0);
+    // A HEAD answer's body is not sent, so it adds no response bytes.
+    let healthz = &[("route", "GET /healthz")][..];
+    let out_before = before.sum("narad_http_response_bytes_out_total", healthz);
+    let got = c.get("/healthz");
+    assert_eq!(c.request("HEAD", "/healthz", &[], b"").status, 200);
+    let after = scrape(&mut c);
+    assert_eq!(
+        after.sum("narad_http_response_bytes_out_total", healthz) - out_before,
+        got.body.len() as f64
+    );
     // The OpenAPI document is served (and counted under its own route).
     let r = c.get("/v1/openapi.json");
     assert_eq!(r.status, 200);

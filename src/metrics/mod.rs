@@ -512,6 +512,8 @@ where
     let route = crate::api::route_label(req.method.as_str(), &req.path);
     let method = method_label(req.method.as_str(), req.head);
     let bytes_in = req.body.len() as u64;
+    // A HEAD answer is sent without its body.
+    let body_sent = !req.head;
     let id = m.next_request_id(node.shard.0);
     bump(&m.in_flight, 1);
     let guard = InFlight(&m.in_flight);
@@ -524,7 +526,8 @@ where
         method,
         status: resp.status,
     };
-    m.record_http(key, elapsed, bytes_in, resp.body.len() as u64);
+    let bytes_out = if body_sent { resp.body.len() as u64 } else { 0 };
+    m.record_http(key, elapsed, bytes_in, bytes_out);
     if resp.status >= 500 {
         crate::logging::in_request(id, || {
             tracing::error!(
