@@ -258,6 +258,12 @@ fn answer_head(bytes: &[u8], port: Port, shutting_down: bool) -> Option<Answer> 
 /// SIGTERM arrived during start-up). The probes' bodies are those of `api::handle`.
 pub fn answer(port: Port, method: &str, path: &str, shutting_down: bool) -> Response {
     let path = path.split('?').next().unwrap_or("");
+    // The metrics listener's own routing (its 404 and 405), as `metrics::listener` answers.
+    if port == Port::Metrics {
+        if let Err(r) = crate::metrics::listener::target(method, path) {
+            return r;
+        }
+    }
     let get = method == "GET" || method == "HEAD";
     let reason = if shutting_down {
         "shutting down"
@@ -273,13 +279,6 @@ pub fn answer(port: Port, method: &str, path: &str, shutting_down: bool) -> Resp
         }
         "/healthz" => crate::api::json(200, &serde_json::json!({"status":"ok"})),
         "/readyz" => crate::api::error(503, reason),
-        // The metrics listener's own routing, as `metrics::listener` answers it.
-        "/metrics" if port == Port::Metrics && !get => {
-            Response::text(405, "Method Not Allowed\n").with_header("Allow", "GET, HEAD")
-        }
-        _ if port == Port::Metrics && path != "/metrics" => {
-            Response::text(404, "404 page not found\n")
-        }
         _ => crate::api::error(503, reason).with_header("Retry-After", "1"),
     }
 }
@@ -287,13 +286,6 @@ pub fn answer(port: Port, method: &str, path: &str, shutting_down: bool) -> Resp
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn header<'a>(r: &'a Response, name: &str) -> Option<&'a str> {
-        r.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
 
     fn body(r: &Response) -> serde_json::Value {
         serde_json::from_slice(&r.body).unwrap()
@@ -308,15 +300,15 @@ mod tests {
                 let r = answer(port, method, "/healthz", false);
                 assert_eq!(r.status, 200);
                 assert_eq!(body(&r), serde_json::json!({"status":"ok"}));
-                assert_eq!(header(&r, "content-type"), Some("application/json"));
+                assert_eq!(r.header("content-type"), Some("application/json"));
                 let r = answer(port, method, "/readyz?verbose=1", false);
                 assert_eq!(r.status, 503);
                 assert_eq!(body(&r), serde_json::json!({"error": STARTING_REASON}));
                 assert!(STARTING_REASON.starts_with("starting: "));
-                assert_eq!(header(&r, "retry-after"), None);
+                assert_eq!(r.header("retry-after"), None);
             }
             let r = answer(port, "POST", "/healthz", false);
-            assert_eq!((r.status, header(&r, "allow")), (405, Some("GET, HEAD")));
+            assert_eq!((r.status, r.header("allow")), (405, Some("GET, HEAD")));
         }
     }
 
@@ -333,7 +325,7 @@ mod tests {
             let r = answer(Port::Api, method, path, false);
             assert_eq!(r.status, 503, "{method} {path}");
             assert_eq!(body(&r), serde_json::json!({"error": STARTING_REASON}));
-            assert_eq!(header(&r, "retry-after"), Some("1"));
+            assert_eq!(r.header("retry-after"), Some("1"));
         }
     }
 
@@ -342,7 +334,7 @@ mod tests {
         // Proves the metrics port keeps its listener's routing: `/metrics` 503 + Retry-After
         // while starting, other paths 404, a wrong method on `/metrics` 405.
         let r = answer(Port::Metrics, "GET", "/metrics", false);
-        assert_eq!((r.status, header(&r, "retry-after")), (503, Some("1")));
+        assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
         assert_eq!(
             answer(Port::Metrics, "GET", "/v1/topics", false).status,
             404

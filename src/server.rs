@@ -162,11 +162,10 @@ pub fn run(mut config: Config) -> Result<(), String> {
         bind_when_free(addr).map_err(|e| format!("http.addr {addr}: {e}"))?,
     )];
     if !config.http.metrics_addr.is_empty() {
+        // Config validation refused a metrics address that overlaps http.addr.
         let maddr = parse_listen_addr(&config.http.metrics_addr)?;
-        if maddr != addr {
-            let l = bind_when_free(maddr).map_err(|e| format!("http.metrics_addr {maddr}: {e}"))?;
-            probe_listeners.push((boot_probe::Port::Metrics, l));
-        }
+        let l = bind_when_free(maddr).map_err(|e| format!("http.metrics_addr {maddr}: {e}"))?;
+        probe_listeners.push((boot_probe::Port::Metrics, l));
     }
     if let Some(files) = rt::raise_process_limits() {
         // Each connection is a descriptor, and so are segment files, WAL segments and sockets.

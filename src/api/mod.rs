@@ -747,9 +747,10 @@ fn authorize(
                 _ => None,
             });
             // `"remote":""` and `null` are a local attach, as in the original.
-            let remote = attach.as_ref().is_some_and(|b| {
-                !matches!(&b.remote, None | Some(serde_json::Value::Null))
-                    && b.remote != Some(serde_json::Value::String(String::new()))
+            let remote = attach.as_ref().is_some_and(|b| match &b.remote {
+                None | Some(serde_json::Value::Null) => false,
+                Some(serde_json::Value::String(s)) => !s.is_empty(),
+                Some(_) => true,
             });
             if remote && !c.is_admin() {
                 deny(children::REMOTES_NEED_SECURITY)

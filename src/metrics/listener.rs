@@ -18,12 +18,13 @@ use crate::node::Node;
 pub const METRICS_CONNECTIONS_MAX: usize = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Target {
+pub(crate) enum Target {
     Metrics,
     Health,
 }
 
-fn target(method: &str, path: &str) -> Result<Target, Response> {
+/// This listener's routing: what `method path` is, or its `404`/`405` answer.
+pub(crate) fn target(method: &str, path: &str) -> Result<Target, Response> {
     let t = match path {
         "/metrics" => Target::Metrics,
         "/healthz" | "/readyz" => Target::Health,

@@ -512,8 +512,7 @@ where
     let route = crate::api::route_label(req.method.as_str(), &req.path);
     let method = method_label(req.method.as_str(), req.head);
     let bytes_in = req.body.len() as u64;
-    // A HEAD answer is sent without its body.
-    let body_sent = !req.head;
+    let head = req.head;
     let id = m.next_request_id(node.shard.0);
     bump(&m.in_flight, 1);
     let guard = InFlight(&m.in_flight);
@@ -526,7 +525,8 @@ where
         method,
         status: resp.status,
     };
-    let bytes_out = if body_sent { resp.body.len() as u64 } else { 0 };
+    // A HEAD answer is sent without its body.
+    let bytes_out = if head { 0 } else { resp.body.len() as u64 };
     m.record_http(key, elapsed, bytes_in, bytes_out);
     if resp.status >= 500 {
         crate::logging::in_request(id, || {
