@@ -26,7 +26,7 @@ impl Target {
     pub fn parse(url: &str) -> Result<Target, String> {
         let rest = url
             .strip_prefix("http://")
-            .ok_or_else(|| format!("url {url:?}: only http:// URLs are supported"))?;
+            .ok_or_else(|| format!("url {url:?}: the load generator speaks plain http:// only (point it at the broker, not a TLS front)"))?;
         let hostport = rest.trim_end_matches('/');
         if hostport.is_empty() || hostport.contains('/') {
             return Err(format!("url {url:?}: want http://host:port without a path"));

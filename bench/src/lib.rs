@@ -65,7 +65,7 @@ pub struct BenchArgs {
     /// Topic to use, created if missing (with `--workload all`: `<topic>-w1`, `-w2`, ...).
     #[arg(default_value = "bench")]
     pub topic: String,
-    /// Broker URL, `http://host:port` (default: the caller's server, else DEFAULT_URL).
+    /// Broker URL, `http://host:port` (default: the CLI's server, else http://127.0.0.1:7942).
     #[arg(long)]
     pub url: Option<String>,
     #[arg(long, value_enum, default_value = "w1")]

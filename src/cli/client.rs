@@ -1,14 +1,17 @@
 //! A small blocking HTTP/1.1 client with keep-alive, for the CLI: one connection to one broker,
 //! reused across requests, responses parsed with httparse.
 //!
-//! Owns: the socket, request framing (Host, Content-Length, Basic auth, `X-Narad-Client` on
-//! every request), response framing (Content-Length, chunked, or read-to-close) and the limits on
-//! what it will buffer. Never does: TLS, redirects, retries of a request that reached the server
-//! (only a request on a reused connection that the server had already closed is resent once,
-//! before any byte of an answer arrived), or any interpretation of statuses.
+//! Owns: the socket, TLS for `https://` servers (rustls; the system's CA roots, or the PEM file
+//! named by `SSL_CERT_FILE` / the directories in `SSL_CERT_DIR`; the certificate is always
+//! verified), request framing (Host, Content-Length, Basic auth, `X-Narad-Client` on every
+//! request), response framing (Content-Length, chunked, or read-to-close) and the limits on what
+//! it will buffer. Never does: redirects, retries of a request that reached the server (only a
+//! request on a reused connection that the server had already closed is resent once, before any
+//! byte of an answer arrived), or any interpretation of statuses.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest response header block accepted.
@@ -76,27 +79,29 @@ impl Response {
     }
 }
 
-/// Where the broker is: from `http://host:port[/prefix]` or `host:port`.
+/// Where the broker is: from `http[s]://host[:port][/prefix]` or `host:port`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub host: String,
     pub port: u16,
     /// Path prefix without a trailing slash (usually empty).
     pub prefix: String,
+    /// `https://`: TLS to the server (a TLS-terminating ingress or load balancer in front of it).
+    pub tls: bool,
 }
 
 impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, String> {
-        let rest = if let Some(r) = url.strip_prefix("http://") {
-            r
-        } else if url.starts_with("https://") {
-            return Err(format!(
-                "{url}: https is not supported by this CLI; terminate TLS in front of it or use http://"
-            ));
+        let (rest, tls) = if let Some(r) = url.strip_prefix("http://") {
+            (r, false)
+        } else if let Some(r) = url.strip_prefix("https://") {
+            (r, true)
         } else if url.contains("://") {
-            return Err(format!("{url}: only http:// URLs are supported"));
+            return Err(format!(
+                "{url}: only http:// and https:// URLs are supported"
+            ));
         } else {
-            url
+            (url, false)
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -123,7 +128,11 @@ impl Endpoint {
             return Err(format!("{url}: no host"));
         }
         let port = if port.is_empty() {
-            80
+            if tls {
+                443
+            } else {
+                80
+            }
         } else {
             port.parse::<u16>()
                 .map_err(|_| format!("{url}: bad port {port:?}"))?
@@ -132,7 +141,18 @@ impl Endpoint {
             host,
             port,
             prefix: path.to_string(),
+            tls,
         })
+    }
+
+    /// The URL this endpoint was parsed from, in canonical form.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            if self.tls { "https" } else { "http" },
+            self.host_header(),
+            self.prefix
+        )
     }
 
     /// Whether the host is this machine (loopback), where plain-text credentials stay local.
@@ -143,11 +163,18 @@ impl Endpoint {
                 .is_ok_and(|ip| ip.is_loopback())
     }
 
+    /// `host:port` (the port left out when it is the scheme's default, as curl and Go do:
+    /// ingresses route on the name).
     fn host_header(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
         } else {
-            format!("{}:{}", self.host, self.port)
+            self.host.clone()
+        };
+        if self.port == if self.tls { 443 } else { 80 } {
+            host
+        } else {
+            format!("{host}:{}", self.port)
         }
     }
 
@@ -159,13 +186,89 @@ impl Endpoint {
     }
 }
 
+/// A connection: plain TCP, or TLS over TCP.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.write_all(buf),
+            // One flush per call: rustls buffers the plaintext until the socket takes it.
+            Stream::Tls(s) => s.write_all(buf).and_then(|_| s.flush()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// The TLS client settings: TLS 1.2 or 1.3, the certificate verified against the trusted roots
+/// (`SSL_CERT_FILE` / `SSL_CERT_DIR` when set, else the system's store).
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, TransportError> {
+    let found = rustls_native_certs::load_native_certs();
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(found.certs);
+    if added == 0 {
+        let why = found
+            .errors
+            .first()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        return Err(TransportError(format!(
+            "no trusted CA certificates to verify the server with{why} (install the system's \
+             CA certificates, or name a PEM file with SSL_CERT_FILE)"
+        )));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TransportError(format!("TLS setup: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 /// One keep-alive connection to a broker.
 pub struct Client {
     endpoint: Endpoint,
     /// `Basic ...` when a user was given.
     authorization: Option<String>,
     client_name: String,
-    conn: Option<BufReader<TcpStream>>,
+    conn: Option<BufReader<Stream>>,
+    /// Built on the first https connection.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Client {
@@ -179,6 +282,7 @@ impl Client {
             authorization,
             client_name: format!("narad-cli/{}", env!("CARGO_PKG_VERSION")),
             conn: None,
+            tls: None,
         }
     }
 
@@ -191,7 +295,7 @@ impl Client {
         self.authorization.as_deref()
     }
 
-    fn connect(&self) -> Result<BufReader<TcpStream>, TransportError> {
+    fn connect(&mut self) -> Result<BufReader<Stream>, TransportError> {
         let mut last = None;
         for addr in self.endpoint.addrs()? {
             match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
@@ -199,7 +303,12 @@ impl Client {
                     let _ = s.set_nodelay(true);
                     s.set_write_timeout(Some(WRITE_TIMEOUT))
                         .map_err(|e| TransportError(e.to_string()))?;
-                    return Ok(BufReader::with_capacity(64 << 10, s));
+                    let stream = if self.endpoint.tls {
+                        Stream::Tls(Box::new(self.handshake(s)?))
+                    } else {
+                        Stream::Plain(s)
+                    };
+                    return Ok(BufReader::with_capacity(64 << 10, stream));
                 }
                 Err(e) => last = Some(e),
             }
@@ -210,6 +319,48 @@ impl Client {
             last.map(|e| e.to_string())
                 .unwrap_or_else(|| "no address".into())
         )))
+    }
+
+    /// Completes the TLS handshake on a fresh socket, so that a certificate the client does not
+    /// trust is reported as such before any request is sent.
+    fn handshake(
+        &mut self,
+        mut sock: TcpStream,
+    ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, TransportError> {
+        let config = match &self.tls {
+            Some(c) => c.clone(),
+            None => self.tls.insert(tls_config()?).clone(),
+        };
+        let name = rustls::pki_types::ServerName::try_from(self.endpoint.host.clone())
+            .map_err(|e| TransportError(format!("{}: {e}", self.endpoint.host)))?;
+        let failed = |e: &dyn std::fmt::Display| {
+            TransportError(format!(
+                "TLS handshake with {} failed: {e}",
+                self.endpoint.host_header()
+            ))
+        };
+        let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| failed(&e))?;
+        sock.set_read_timeout(Some(CONNECT_TIMEOUT))
+            .map_err(|e| failed(&e))?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut sock).map_err(|e| {
+                let bad_cert = e.get_ref().is_some_and(|i| {
+                    matches!(
+                        i.downcast_ref::<rustls::Error>(),
+                        Some(rustls::Error::InvalidCertificate(_))
+                    )
+                });
+                if bad_cert {
+                    failed(&format!(
+                        "{e} (trusted CAs: the PEM file SSL_CERT_FILE names and the \
+                         directories in SSL_CERT_DIR when set, else the system's store)"
+                    ))
+                } else {
+                    failed(&e)
+                }
+            })?;
+        }
+        Ok(rustls::StreamOwned::new(conn, sock))
     }
 
     /// Sends one request and reads its answer. `path` starts with `/` and may carry a query;
@@ -274,6 +425,7 @@ impl Client {
         let io =
             |e: std::io::Error| TransportError(format!("{}: {e}", self.endpoint.host_header()));
         conn.get_ref()
+            .tcp()
             .set_read_timeout(Some(wait + READ_SLACK))
             .map_err(|e| (io(e), true))?;
         let s = conn.get_mut();
@@ -303,7 +455,7 @@ fn bad(msg: &str) -> std::io::Error {
 /// Reads one response; returns it and whether the connection may be reused. On error, whether
 /// any byte had arrived.
 fn read_response(
-    conn: &mut BufReader<TcpStream>,
+    conn: &mut BufReader<Stream>,
     is_head: bool,
 ) -> Result<(Response, bool), (std::io::Error, bool)> {
     loop {
@@ -406,7 +558,7 @@ fn read_response(
 }
 
 /// Decodes a chunked body (trailers skipped), bounded by RESPONSE_BODY_BYTES_MAX.
-fn read_chunked(conn: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
+fn read_chunked(conn: &mut BufReader<Stream>) -> std::io::Result<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         let mut line = Vec::new();
@@ -472,7 +624,21 @@ mod tests {
         );
         let e = Endpoint::parse("http://[::1]:9000").unwrap();
         assert_eq!((e.host.as_str(), e.port), ("::1", 9000));
-        assert!(Endpoint::parse("https://x:1").is_err());
+        let e = Endpoint::parse("https://broker.example/narad").unwrap();
+        assert_eq!(
+            (e.host.as_str(), e.port, e.prefix.as_str(), e.tls),
+            ("broker.example", 443, "/narad", true)
+        );
+        assert_eq!(e.url(), "https://broker.example/narad");
+        assert_eq!(e.host_header(), "broker.example");
+        let e = Endpoint::parse("https://[::1]:8443").unwrap();
+        assert_eq!((e.port, e.host_header().as_str()), (8443, "[::1]:8443"));
+        assert_eq!(
+            Endpoint::parse("localhost").unwrap().url(),
+            "http://localhost"
+        );
+        assert!(!Endpoint::parse("http://x:1").unwrap().tls);
+        assert!(Endpoint::parse("ftp://x:1").is_err());
         assert!(Endpoint::parse("http://x:notaport").is_err());
         assert!(Endpoint::parse("http://u:p@x:1").is_err());
         assert!(Endpoint::parse("http://127.0.0.2:1").unwrap().is_local());

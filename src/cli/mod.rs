@@ -220,7 +220,7 @@ fn connect(conn: &ConnArgs) -> Result<Client, CliError> {
         settings.password = Some(read_secret_line("--password-stdin")?);
     }
     let endpoint = Endpoint::parse(&settings.server).map_err(CliError::Usage)?;
-    if settings.user.is_some() && !endpoint.is_local() {
+    if settings.user.is_some() && !endpoint.tls && !endpoint.is_local() {
         eprintln!(
             "narad: warning: sending credentials over plain http:// to {}",
             endpoint.host
@@ -255,7 +255,14 @@ fn dispatch(conn: ConnArgs, command: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Bench(mut a) => {
             if a.url.is_none() {
                 let e = client.endpoint();
-                a.url = Some(format!("http://{}:{}{}", e.host, e.port, e.prefix));
+                if e.tls {
+                    return Err(CliError::Usage(format!(
+                        "narad bench speaks plain http:// only, and the server is {}; \
+                         pass --url http://host:port (the broker itself, not the TLS front)",
+                        e.url()
+                    )));
+                }
+                a.url = Some(e.url());
             }
             if a.authorization.is_none() {
                 a.authorization = client.authorization().map(str::to_string);
