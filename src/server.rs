@@ -123,6 +123,25 @@ fn keep_recorded_node_id(config: &mut Config, data_dir: &Path) {
 /// How long start-up waits for a listening address that is in use.
 const BIND_IN_USE_WAIT_MAX: Duration = Duration::from_secs(3);
 
+/// Settings the original honours that this broker accepts (so existing config files keep working)
+/// but does not act on: said once at start, so nobody believes they took effect.
+fn warn_inert_settings(config: &Config) {
+    if config.storage.codec == "zstd" {
+        tracing::warn!(
+            "storage.codec is zstd: partition segments are stored uncompressed by this broker \
+             (the setting is accepted and has no effect; batch bodies sent with \
+             Content-Encoding: zstd are still accepted)"
+        );
+    }
+    if !config.http.pprof_addr.is_empty() {
+        tracing::warn!(
+            pprof_addr = %config.http.pprof_addr,
+            "http.pprof_addr is set: this broker has no pprof listener and opens nothing there \
+             (profile it with perf or another sampling profiler)"
+        );
+    }
+}
+
 /// Binds `addr`, waiting up to [`BIND_IN_USE_WAIT_MAX`] while it is in use: a broker killed a
 /// moment ago (kill -9, OOM) keeps its listeners for a few milliseconds after its exit, until
 /// the kernel tears its io_uring rings down, and a supervisor that restarts it at once would
@@ -179,6 +198,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
             );
         }
     }
+    warn_inert_settings(&config);
     let shutdown = ShutdownSignal::new();
     rt::install_termination_handler(&shutdown).map_err(|e| e.to_string())?;
     // After the signal mask is set: the probe's threads inherit it, so SIGTERM never kills them.

@@ -282,3 +282,65 @@ fn sigterm_during_start_up_answers_shutting_down_and_exits_promptly() {
     assert!(status.code().is_some(), "killed by a signal: {status}");
     drop(std::net::TcpListener::bind(addr).expect("the API port is free after the exit"));
 }
+
+#[test]
+fn settings_accepted_without_effect_are_named_at_start() {
+    // Proves the node says at start that `storage.codec: zstd` and `http.pprof_addr` (accepted
+    // for the original's config files, OPERATIONS.md §4 and §12) do nothing here, instead of
+    // leaving an operator to believe segments are compressed or a profiler listens; and that
+    // nothing is opened on the pprof address.
+    let dir = common::TempDir::new("inert-settings");
+    let cfg = dir.0.join("narad.json");
+    std::fs::write(&cfg, r#"{"storage":{"codec":"zstd"}}"#).unwrap();
+    let log = dir.0.join("narad.log");
+    let port = common::free_port_pair();
+    let pprof = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let pprof_addr = pprof.local_addr().unwrap();
+    drop(pprof);
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args([
+        "serve",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(dir.0.join("data"))
+    .arg("--config")
+    .arg(&cfg)
+    .env("NARAD_SHARDS", "2")
+    .env("NARAD_LOG_LEVEL", "warn")
+    .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
+    .env("NARAD_HTTP_PPROF_ADDR", pprof_addr.to_string())
+    .env_remove("NARAD_SECURITY_ENABLED")
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap());
+    let mut child = cmd.spawn().expect("start narad serve");
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let start = Instant::now();
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "narad exited");
+        let ready = common::Client::connect(addr)
+            .ok()
+            .and_then(|mut c| c.try_request("GET", "/readyz", &[], b"").ok())
+            .is_some_and(|r| r.status == 200);
+        if ready {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let listened = std::net::TcpStream::connect(pprof_addr).is_ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        text.contains("storage.codec is zstd") && text.contains("uncompressed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("http.pprof_addr is set") && text.contains(&pprof_addr.to_string()),
+        "{text}"
+    );
+    assert!(!listened, "something listens on the pprof address");
+}
