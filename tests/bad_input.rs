@@ -339,3 +339,44 @@ fn head_refusals_carry_no_body_and_probes_ignore_a_small_body() {
         );
     }
 }
+
+#[test]
+fn escaped_slash_in_a_topic_segment_is_a_missing_topic_not_a_missing_route() {
+    // Proves that a `%2F` inside the topic segment of a path stays in that segment, as in Go's
+    // ServeMux (split the escaped path, then unescape each segment): the route is found and the
+    // name `a/b` is answered like any other unknown topic, `404 {"error":"topic not found"}` in
+    // JSON (API.md §1.3), not the router's plain-text `404 page not found`, which clients read
+    // as "this server does not offer the route". Nothing reaches the topics `a` or `b`.
+    let dir = TempDir::new("escslash");
+    let s = Server::start(&dir);
+    let mut c = s.client();
+    c.create_topic("a", 3);
+    c.create_topic("b", 3);
+    let requests: [&[u8]; 4] = [
+        b"POST /v1/topics/a%2Fb/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+        b"POST /v1/topics/a%2fb/produce/batch HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Type: application/json\r\nContent-Length: 28\r\nConnection: close\r\n\r\n{\"messages\":[{\"payload\":1}]}",
+        b"GET /v1/topics/a%2Fb HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"DELETE /v1/topics/a%2Fb HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nConnection: close\r\n\r\n",
+    ];
+    for req in requests {
+        let answer = raw_exchange(&s, req);
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert_eq!(status_of(head), 404, "{answer}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{answer}"
+        );
+        assert_eq!(body, "{\"error\":\"topic not found\"}\n", "{answer}");
+    }
+    for t in ["a", "b"] {
+        let r = c.get(&format!("/v1/topics/{t}"));
+        let total: u64 = r.json()["partition_stats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().unwrap_or(0))
+            .sum();
+        assert_eq!(total, 0, "{t}: {}", r.text());
+    }
+}

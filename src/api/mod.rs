@@ -823,8 +823,9 @@ fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
     serde_json::from_slice(body).ok()
 }
 
-/// Decodes `%XX` escapes of one path segment (a topic name is plain ASCII; anything decoding to
-/// a `/` or invalid bytes is no route).
+/// Decodes `%XX` escapes of one path segment, as Go's ServeMux does after splitting the escaped
+/// path: a `%2F` stays inside its segment and decodes to a `/` in the name, which the handler
+/// then refuses like any other unknown name (`404 topic not found`). Invalid bytes are no route.
 fn percent_decode_segment(s: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
     if !s.contains('%') {
         return Ok(std::borrow::Cow::Borrowed(s));
@@ -833,9 +834,6 @@ fn percent_decode_segment(s: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
         .map_err(|_| ())?
         .into_owned();
     let s = String::from_utf8(bytes).map_err(|_| ())?;
-    if s.contains('/') {
-        return Err(());
-    }
     Ok(std::borrow::Cow::Owned(s))
 }
 
