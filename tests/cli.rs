@@ -2231,3 +2231,52 @@ fn pub_lines_names_the_input_line_a_batch_was_refused_for() {
         .sum();
     assert_eq!(stored, 100, "{d}");
 }
+
+#[test]
+fn topic_wait_source_drained_refuses_a_local_child_at_once() {
+    // Proves `topic wait --source-drained` on a local child (whose entry has no `remote` and no
+    // `source_drained`, API.md §9.2: remote-only fields) stops at once with a usage error (exit
+    // 2) saying the flag applies to remote children only and naming --lag-zero, instead of
+    // polling until its timeout; on a remote child it still returns once the source drained.
+    let local = r#"{"parent":"p","children":[{"name":"c","delay_ms":0,"lag_messages":0,"lag_complete":true}]}"#;
+    let (url, _h) = fake_server_full(vec![(200, local.into()); 100]);
+    let start = Instant::now();
+    let o = narad_env(
+        &url,
+        &[
+            "topic",
+            "wait",
+            "p",
+            "c",
+            "--source-drained",
+            "--timeout",
+            "3s",
+            "--interval",
+            "100ms",
+        ],
+        b"",
+        &[],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("remote") && o.stderr.contains("--lag-zero"),
+        "{}",
+        o.stderr
+    );
+    assert!(!o.stderr.contains("timed out"), "{}", o.stderr);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let remote = r#"{"parent":"p","children":[{"name":"c","delay_ms":0,"lag_messages":0,"lag_complete":true,"remote":"b","source_drained":true}]}"#;
+    let (url, _h) = fake_server_full(vec![(200, remote.into())]);
+    let o = ok(narad_env(
+        &url,
+        &["topic", "wait", "p", "c", "--source-drained"],
+        b"",
+        &[],
+    ));
+    assert!(o.stderr.contains("source drained"), "{}", o.stderr);
+}

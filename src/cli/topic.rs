@@ -162,7 +162,7 @@ pub enum TopicCommand {
         /// Wait for lag_messages 0 with every partition reporting.
         #[arg(long = "lag-zero", required_unless_present = "source_drained")]
         lag_zero: bool,
-        /// Wait for source_drained (remote children).
+        /// Wait for source_drained (remote children only; a local child is a usage error).
         #[arg(long = "source-drained", conflicts_with = "lag_zero")]
         source_drained: bool,
         /// The condition must hold this long, e.g. `10s` (default 0).
@@ -465,6 +465,14 @@ fn wait_child(
             .ok_or_else(|| {
                 CliError::Failed(format!("\"{child}\" is not a child of \"{parent}\""))
             })?;
+        // `source_drained` is a remote-only field (API.md §9.2): a local child never reports it,
+        // so waiting for it could only end in the timeout.
+        if source_drained && entry.get("remote").is_none_or(Value::is_null) {
+            return Err(CliError::Usage(format!(
+                "--source-drained applies only to remote children, and \"{child}\" is a local \
+                 child of \"{parent}\"; use --lag-zero to wait until it caught up"
+            )));
+        }
         let holds = if source_drained {
             entry["source_drained"].as_bool() == Some(true)
         } else {
