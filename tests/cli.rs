@@ -2280,3 +2280,40 @@ fn topic_wait_source_drained_refuses_a_local_child_at_once() {
     ));
     assert!(o.stderr.contains("source drained"), "{}", o.stderr);
 }
+
+#[test]
+fn pub_refuses_count_zero_and_an_empty_message_before_sending() {
+    // Proves `pub --count 0` (with a message or with --lines) is a usage error (exit 2,
+    // "--count must be >= 1") instead of a silent "accepted (0 bytes)", and that an empty message
+    // (empty stdin, an empty argument, an empty --file) is refused on the client with exit 2 and
+    // a message saying the message is empty and where it came from, rather than sent for the
+    // server's `400 message required` (API.md §10.1). Nothing is stored; `--lines` on empty
+    // input still sends nothing and succeeds, as its help says empty lines are skipped.
+    let (_d, s) = server("cli-pub-empty");
+    s.client().create_topic("e", 3);
+    let files = TempDir::new("cli-pub-empty-files");
+    let empty = files.0.join("empty.txt");
+    std::fs::write(&empty, b"").unwrap();
+    let empty = empty.to_str().unwrap();
+    for (args, stdin, want) in [
+        (&["pub", "e", "x", "--count", "0"][..], &b""[..], "--count"),
+        (&["pub", "e", "--lines", "--count", "0"], b"a\n", "--count"),
+        (&["pub", "e"], b"", "stdin"),
+        (&["pub", "e", ""], b"", "argument"),
+        (&["pub", "e", "-f", empty], b"", empty),
+    ] {
+        let o = narad(&s, args, stdin);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(want), "{args:?}: {}", o.stderr);
+        if want == "--count" {
+            assert!(o.stderr.contains("must be >= 1"), "{args:?}: {}", o.stderr);
+        } else {
+            assert!(o.stderr.contains("empty"), "{args:?}: {}", o.stderr);
+        }
+        assert!(!o.stderr.contains("accepted"), "{args:?}: {}", o.stderr);
+    }
+    let o = ok(narad(&s, &["pub", "e", "--lines"], b""));
+    assert!(o.stderr.contains("0 message(s)"), "{}", o.stderr);
+    let all = ok(narad(&s, &["sub", "e", "--raw", "--wait", "1s"], b""));
+    assert_eq!(all.stdout, "");
+}

@@ -60,8 +60,8 @@ pub struct PubArgs {
     /// One message per line of --file or stdin, sent in batches (empty lines skipped).
     #[arg(long, conflicts_with = "message")]
     pub lines: bool,
-    /// Send the message this many times; with --lines: stop after this many lines.
-    #[arg(long)]
+    /// Send the message this many times (>= 1); with --lines: stop after this many lines.
+    #[arg(long, value_parser = parse_count)]
     pub count: Option<u64>,
     /// Send at most this many messages per second (batches shrink to about a tenth of it).
     #[arg(long, value_parser = parse_rate)]
@@ -72,6 +72,15 @@ pub struct PubArgs {
 pub const RATE_MAX: f64 = 10_000_000.0;
 /// Batches per second aimed at under `--rate`: small batches keep the pace smooth.
 const RATE_BATCHES_PER_SECOND: f64 = 10.0;
+
+/// `pub --count`: zero would send nothing and still report success.
+fn parse_count(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be >= 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -240,6 +249,18 @@ pub fn publish(client: &mut Client, a: PubArgs) -> Result<(), CliError> {
             Some(m) => m.as_bytes().into(),
             None => read_message(input()?)?.into(),
         };
+        // API.md §10.1: an empty body is `400 message required`; say where it came from instead.
+        if message.is_empty() {
+            let source = match (&a.message, &a.file) {
+                (Some(_), _) => "the message argument".to_string(),
+                (None, Some(f)) if f.as_os_str() != "-" => format!("--file {}", f.display()),
+                _ => "stdin".to_string(),
+            };
+            return Err(CliError::Usage(format!(
+                "pub: the message is empty ({source} gave no bytes); an empty message cannot be \
+                 produced"
+            )));
+        }
         let path = single_produce_path(&a);
         let count = a.count.unwrap_or(1);
         let started = Instant::now();
