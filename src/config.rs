@@ -241,10 +241,72 @@ fn file_error(text: &str, e: &serde_json::Error) -> String {
             json_path_at(text.as_bytes(), line_start + e.column().saturating_sub(1))
         })
         .flatten();
+    let msg = plain_json_words(&e.to_string());
     match path {
-        Some(p) => format!("config file: {p}: {e}"),
-        None => format!("config file: {e}"),
+        Some(p) => format!("config file: {p}: {msg}"),
+        None => format!("config file: {msg}"),
     }
+}
+
+/// The top-level keys of the config file, each a JSON object (or `null`, meaning absent).
+const FILE_SECTIONS: &[&str] = &[
+    "http", "cluster", "storage", "topic", "fanout", "log", "security", "remotes",
+];
+
+/// Refuses a config file whose top level or one of whose sections is not a JSON object, before
+/// serde sees it: serde would read an array as a struct's fields in declaration order
+/// (`{"log":["debug","text"]}` set `log.level`) and names the Rust struct in its errors.
+fn check_file_shape(text: &str) -> Result<(), String> {
+    let kind = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    };
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| file_error(text, &e))?;
+    let Some(top) = v.as_object() else {
+        return Err(format!(
+            "config file: the top level must be a JSON object, like \
+             {{\"http\":{{...}},\"topic\":{{...}}}} (found {})",
+            kind(&v)
+        ));
+    };
+    for (key, section) in top {
+        if FILE_SECTIONS.contains(&key.as_str()) && !(section.is_object() || section.is_null()) {
+            return Err(format!(
+                "config file: {key}: must be a JSON object of {key}.* settings (found {})",
+                kind(section)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces serde's words for Rust types in an error text with what the JSON must hold
+/// (`expected u32` names a Rust type, not a range an operator can act on).
+fn plain_json_words(msg: &str) -> String {
+    let mut msg = msg.to_string();
+    for (rust, json) in [
+        ("expected u16", "expected an integer from 0 to 65535"),
+        ("expected u32", "expected an integer from 0 to 4294967295"),
+        ("expected u64", "expected a non-negative integer"),
+        ("expected a sequence", "expected a JSON array"),
+        ("expected a map", "expected a JSON object"),
+        ("invalid type: sequence", "invalid type: array"),
+        ("invalid type: map", "invalid type: object"),
+    ] {
+        msg = msg.replace(rust, json);
+    }
+    // `expected struct FileHttp`: the shape check refuses non-objects first; kept as a backstop.
+    while let Some(at) = msg.find("expected struct ") {
+        let name_end = msg[at + "expected struct ".len()..]
+            .find(|c: char| !c.is_alphanumeric())
+            .map_or(msg.len(), |n| at + "expected struct ".len() + n);
+        msg.replace_range(at..name_end, "expected a JSON object");
+    }
+    msg
 }
 
 /// Deepest container level [`json_path_at`] enters.
@@ -469,6 +531,7 @@ impl Config {
     }
 
     fn apply_file(&mut self, text: &str) -> Result<(), String> {
+        check_file_shape(text)?;
         let f: FileConfig = serde_json::from_str(text).map_err(|e| file_error(text, &e))?;
         if let Some(h) = f.http {
             let t = &mut self.http;

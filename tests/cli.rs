@@ -2317,3 +2317,63 @@ fn pub_refuses_count_zero_and_an_empty_message_before_sending() {
     let all = ok(narad(&s, &["sub", "e", "--raw", "--wait", "1s"], b""));
     assert_eq!(all.stdout, "");
 }
+
+#[test]
+fn serve_names_the_fix_for_a_config_file_of_the_wrong_shape() {
+    // Proves a config file whose top level, or one of whose sections, is not a JSON object, and
+    // an integer setting out of its type's range, stop `narad serve` with exit 2 and a message
+    // saying what to fix, naming no Rust type (`struct FileConfig`, `u32`, `u64`): before, `[]`
+    // gave serde's "expected struct FileConfig" and a section written as an array was read
+    // field by field in declaration order (`{"log":["debug","text"]}` set log.level).
+    let dir = TempDir::new("cli-cfgshape");
+    let data = dir.0.join("data");
+    let cfg = dir.0.join("narad.json");
+    for (json, want) in [
+        ("[]", "config file: the top level must be a JSON object"),
+        (
+            "[null,null,null,null,null,null,null,null]",
+            "config file: the top level must be a JSON object",
+        ),
+        ("\"x\"", "config file: the top level must be a JSON object"),
+        (r#"{"log":["debug","text"]}"#, "log: must be a JSON object"),
+        (r#"{"http":5}"#, "http: must be a JSON object"),
+        (r#"{"storage":[]}"#, "storage: must be a JSON object"),
+        (
+            r#"{"topic":{"max_partitions":5000000000}}"#,
+            "topic.max_partitions: ",
+        ),
+        (
+            r#"{"http":{"max_connections":-5}}"#,
+            "http.max_connections: ",
+        ),
+        (
+            r#"{"remotes":{"allowed_ports":[70000]}}"#,
+            "remotes.allowed_ports",
+        ),
+    ] {
+        std::fs::write(&cfg, json).unwrap();
+        let o = narad_raw(
+            &[
+                "serve",
+                "--addr",
+                "127.0.0.1:18252",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--config",
+                cfg.to_str().unwrap(),
+            ],
+            b"",
+            &[("NARAD_CLUSTER_ADDR", "127.0.0.1:18253")],
+        );
+        assert_eq!(o.code, 2, "{json}: {}", o.stderr);
+        assert!(o.stderr.contains(want), "{json}: {}", o.stderr);
+        for rust in ["struct", "File", "u16", "u32", "u64", "sequence"] {
+            assert!(
+                !o.stderr.contains(rust),
+                "{json}: names {rust}: {}",
+                o.stderr
+            );
+        }
+        assert!(!data.exists(), "{json}: the data directory was created");
+    }
+}
