@@ -236,7 +236,11 @@ pub fn run(mut config: Config) -> Result<(), String> {
                 probe,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
-            if let Err(e) = &r {
+            let failed = r
+                .as_ref()
+                .err()
+                .filter(|e| !e.contains(STOPPED_IN_START_UP));
+            if let Some(e) = failed {
                 // One shard failing takes the node down instead of leaving it half served; say
                 // why now, not only once every other shard has stopped.
                 tracing::error!(shard = id.0, error = %e, "shard failed; the node stops");
@@ -248,11 +252,24 @@ pub fn run(mut config: Config) -> Result<(), String> {
     // A start-up that failed (or was cut short by SIGTERM) never reached a shard's bind.
     probe.stop();
     let results = results.map_err(|e| e.to_string())?;
+    // A shard's own failure is the node's error; shards that only stopped waiting because the
+    // node was told to stop are not. When nothing else failed, that stop was SIGTERM (or
+    // SIGINT) during start-up: a clean exit, as after serving.
+    let mut cut_short = false;
     for r in results {
-        r?;
+        match r {
+            Err(e) if e.contains(STOPPED_IN_START_UP) => cut_short = true,
+            r => r?,
+        }
+    }
+    if cut_short {
+        tracing::info!("stopped during start-up, as asked");
     }
     Ok(())
 }
+
+/// What a shard says when the node was told to stop while it waited in start-up.
+const STOPPED_IN_START_UP: &str = "stopped during start-up";
 
 /// What a panic that nothing caught does to the node: the shard it happened on has ended, so
 /// the others stop serving (they drain like on SIGTERM) and the process exits with an error
@@ -459,7 +476,9 @@ async fn shard_main(
         )
         .await;
         if !sent {
-            return Err("shard 0: stopped before every shard had the metadata".into());
+            return Err(format!(
+                "shard 0: {STOPPED_IN_START_UP} before every shard had the metadata"
+            ));
         }
         // Every shard has the metadata: drop what a crash kept of deleted topics.
         node.purge_deleted_topics().await;
@@ -471,7 +490,7 @@ async fn shard_main(
         while !node.released() {
             if shutdown.is_triggered() {
                 return Err(format!(
-                    "shard {}: stopped before shard 0 finished its start-up",
+                    "shard {}: {STOPPED_IN_START_UP} before shard 0 finished its start-up",
                     id.0
                 ));
             }
