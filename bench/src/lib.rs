@@ -103,6 +103,11 @@ pub struct BenchArgs {
     /// W4 offered loads in messages per second, comma separated.
     #[arg(long, value_delimiter = ',')]
     pub rate: Vec<f64>,
+    /// W4: give each connection its own fixed share of the schedule (a late answer delays that
+    /// connection's next sends) instead of sending each due request on the first free
+    /// connection.
+    #[arg(long)]
+    pub per_connection_schedule: bool,
     /// How long each workload produces, seconds (warm-up included).
     #[arg(long, default_value_t = 10.0)]
     pub duration: f64,
@@ -427,9 +432,15 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
     for i in 0..p.producers {
         let schedule = p.rate.map(|rate| {
             let req_per_s = rate / p.batch as f64;
-            Schedule {
-                phase_s: i as f64 / req_per_s,
-                period_s: p.producers as f64 / req_per_s,
+            if args.per_connection_schedule {
+                Schedule::PerConnection {
+                    phase_s: i as f64 / req_per_s,
+                    period_s: p.producers as f64 / req_per_s,
+                }
+            } else {
+                Schedule::Pooled {
+                    period_s: 1.0 / req_per_s,
+                }
             }
         });
         groups[i % threads].push(Box::new(Producer::new(ProducerConfig {

@@ -50,6 +50,8 @@ pub struct Shared {
     /// Messages producers may still send (a `--count` limit), shared by all producers.
     pub budget: AtomicU64,
     pub stop: AtomicBool,
+    /// The next unclaimed send of a pooled open-loop schedule ([`Schedule::Pooled`]).
+    pub slots: AtomicU64,
 }
 
 impl Shared {
@@ -60,6 +62,7 @@ impl Shared {
             acked: AtomicU64::new(0),
             budget: AtomicU64::new(budget),
             stop: AtomicBool::new(false),
+            slots: AtomicU64::new(0),
         }
     }
 
@@ -206,13 +209,27 @@ pub fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// An open-loop schedule: request k of this connection is due at `first + k * period`.
+/// An open-loop schedule. Either way a request's latency counts from the time it was due, so
+/// time spent waiting for a free connection is never hidden.
 #[derive(Clone, Copy, Debug)]
-pub struct Schedule {
-    /// Offset of this connection's first request from the run start, in seconds.
-    pub phase_s: f64,
-    /// Time between this connection's requests, in seconds.
-    pub period_s: f64,
+pub enum Schedule {
+    /// Send k of the whole run is due at `k * period`, and goes out on whichever connection is
+    /// free first (connections claim sends in order as they become free): many independent
+    /// clients behind a connection pool, as a load balancer's upstream pool or an SDK's
+    /// transport sends them. A slow answer holds up one connection, not a share of the schedule.
+    Pooled {
+        /// Time between two sends of the run, in seconds.
+        period_s: f64,
+    },
+    /// Request k of this connection is due at `phase + k * period`: each connection a client of
+    /// its own with one request in flight, whose late answer delays its next sends (queueing
+    /// per connection, as wrk2 measures).
+    PerConnection {
+        /// Offset of this connection's first request from the run start, in seconds.
+        phase_s: f64,
+        /// Time between this connection's requests, in seconds.
+        period_s: f64,
+    },
 }
 
 /// Produces single messages or batches, closed loop or on a schedule.
@@ -232,6 +249,8 @@ pub struct Producer {
     duration: Duration,
     start: Instant,
     sent: u64,
+    /// The pooled-schedule send this connection claimed and waits to make.
+    claimed: Option<u64>,
     in_flight: Option<(u64, u32)>,
     finished: bool,
     body: Vec<u8>,
@@ -274,6 +293,7 @@ impl Producer {
             duration: c.duration,
             start: Instant::now(),
             sent: 0,
+            claimed: None,
             in_flight: None,
             finished: false,
             body: Vec::new(),
@@ -349,7 +369,17 @@ impl Driver for Producer {
         let origin = match self.schedule {
             None => now,
             Some(s) => {
-                let offset_s = s.phase_s + s.period_s * self.sent as f64;
+                let offset_s = match s {
+                    Schedule::Pooled { period_s } => {
+                        let k = *self.claimed.get_or_insert_with(|| {
+                            self.shared.slots.fetch_add(1, Ordering::Relaxed)
+                        });
+                        period_s * k as f64
+                    }
+                    Schedule::PerConnection { phase_s, period_s } => {
+                        phase_s + period_s * self.sent as f64
+                    }
+                };
                 let due = if offset_s.is_finite() && offset_s < self.duration.as_secs_f64() {
                     self.start + Duration::from_secs_f64(offset_s.max(0.0))
                 } else {
@@ -361,6 +391,7 @@ impl Driver for Producer {
                 if due > now {
                     return Step::Sleep(due);
                 }
+                self.claimed = None;
                 due
             }
         };
@@ -909,6 +940,75 @@ mod tests {
         assert_eq!(base64_decode(b"aGVsbG8="), Some(b"hello".to_vec()));
         assert!(base64_decode(b"a=bc").is_none());
         assert!(base64_decode(b"abc").is_none());
+    }
+
+    /// Two W4 producers on `schedule(i)`, one send every millisecond in all.
+    fn scheduled_pair(schedule: impl Fn(usize) -> Schedule) -> (Vec<Producer>, Instant) {
+        let shared = Arc::new(Shared::new(2, u64::MAX));
+        let start = Instant::now();
+        let producers = (0..2)
+            .map(|i| {
+                let mut p = Producer::new(ProducerConfig {
+                    target: Arc::new(Target::parse("http://127.0.0.1:1").unwrap()),
+                    shared: shared.clone(),
+                    topic: "t".into(),
+                    batch: 1,
+                    size: 64,
+                    encoding: PayloadEncoding::Json,
+                    run: 1,
+                    index: i as u32,
+                    track: false,
+                    schedule: Some(schedule(i)),
+                    duration: Duration::from_secs(10),
+                });
+                p.begin(start);
+                p
+            })
+            .collect();
+        (producers, start)
+    }
+
+    /// The origins (ms after `start`) of `p`'s first four sends, each answered at once and
+    /// every `Sleep` followed to its time; with `answer_first` false, only the first send,
+    /// which then stays unanswered.
+    fn origins(p: &mut Producer, start: Instant, answer_first: bool) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut now = start;
+        let mut req = Vec::new();
+        for _ in 0..20 {
+            match p.next(now, &mut req) {
+                Step::Send { origin, .. } => {
+                    out.push((origin - start).as_millis() as u64);
+                    if !answer_first && out.len() == 1 {
+                        return out;
+                    }
+                    p.on_response(202, b"", now);
+                }
+                Step::Sleep(t) => now = t,
+                Step::Done => break,
+            }
+            if out.len() == 4 {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_pooled_schedule_sends_due_requests_on_the_free_connection() {
+        // Proves the pooled W4 schedule: while connection 0 waits for its first answer,
+        // connection 1 takes every following send at its due time (1, 2, 3, 4 ms), where the
+        // per-connection schedule leaves it only its own share (1, 3, 5, 7 ms) and the sends
+        // of the stuck connection wait (their latency then counts from 0, 2, 4 ms).
+        let (mut ps, start) = scheduled_pair(|_| Schedule::Pooled { period_s: 0.001 });
+        assert_eq!(origins(&mut ps[0], start, false), vec![0]);
+        assert_eq!(origins(&mut ps[1], start, true), vec![1, 2, 3, 4]);
+        let (mut ps, start) = scheduled_pair(|i| Schedule::PerConnection {
+            phase_s: i as f64 * 0.001,
+            period_s: 0.002,
+        });
+        assert_eq!(origins(&mut ps[0], start, false), vec![0]);
+        assert_eq!(origins(&mut ps[1], start, true), vec![1, 3, 5, 7]);
     }
 
     #[test]
