@@ -2283,8 +2283,9 @@ fn topic_wait_source_drained_refuses_a_local_child_at_once() {
 
 #[test]
 fn pub_refuses_count_zero_and_an_empty_message_before_sending() {
-    // Proves `pub --count 0` (with a message or with --lines) is a usage error (exit 2,
-    // "--count must be >= 1") instead of a silent "accepted (0 bytes)", and that an empty message
+    // Proves `pub --count 0` (with a message or with --lines) and `sub --count 0` are usage
+    // errors (exit 2, "--count must be >= 1") instead of a silent "accepted (0 bytes)" or a
+    // subscriber that takes nothing and succeeds, and that an empty message
     // (empty stdin, an empty argument, an empty --file) is refused on the client with exit 2 and
     // a message saying the message is empty and where it came from, rather than sent for the
     // server's `400 message required` (API.md §10.1). Nothing is stored; `--lines` on empty
@@ -2298,6 +2299,7 @@ fn pub_refuses_count_zero_and_an_empty_message_before_sending() {
     for (args, stdin, want) in [
         (&["pub", "e", "x", "--count", "0"][..], &b""[..], "--count"),
         (&["pub", "e", "--lines", "--count", "0"], b"a\n", "--count"),
+        (&["sub", "e", "--count", "0"], b"", "--count"),
         (&["pub", "e"], b"", "stdin"),
         (&["pub", "e", ""], b"", "argument"),
         (&["pub", "e", "-f", empty], b"", empty),

@@ -73,7 +73,7 @@ pub const RATE_MAX: f64 = 10_000_000.0;
 /// Batches per second aimed at under `--rate`: small batches keep the pace smooth.
 const RATE_BATCHES_PER_SECOND: f64 = 10.0;
 
-/// `pub --count`: zero would send nothing and still report success.
+/// `pub --count` and `sub --count`: zero would do nothing and still report success.
 fn parse_count(s: &str) -> Result<u64, String> {
     match s.parse::<u64>() {
         Ok(0) => Err("must be >= 1".into()),
@@ -114,8 +114,8 @@ pub struct SubArgs {
     /// Print payloads only.
     #[arg(long)]
     pub raw: bool,
-    /// Stop after this many messages.
-    #[arg(long)]
+    /// Stop after this many messages (>= 1).
+    #[arg(long, value_parser = parse_count)]
     pub count: Option<u64>,
     /// Stop after this long without a message (default: run until interrupted).
     #[arg(long)]
