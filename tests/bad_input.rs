@@ -346,7 +346,8 @@ fn escaped_slash_in_a_topic_segment_is_a_missing_topic_not_a_missing_route() {
     // ServeMux (split the escaped path, then unescape each segment): the route is found and the
     // name `a/b` is answered like any other unknown topic, `404 {"error":"topic not found"}` in
     // JSON (API.md §1.3), not the router's plain-text `404 page not found`, which clients read
-    // as "this server does not offer the route". Nothing reaches the topics `a` or `b`.
+    // as "this server does not offer the route"; a `%FF` likewise. An invalid escape (`%ZZ`) is
+    // Go's plain-text `400 Bad Request`. Nothing reaches the topics `a` or `b`.
     let dir = TempDir::new("escslash");
     let s = Server::start(&dir);
     let mut c = s.client();
@@ -368,6 +369,28 @@ fn escaped_slash_in_a_topic_segment_is_a_missing_topic_not_a_missing_route() {
             "{answer}"
         );
         assert_eq!(body, "{\"error\":\"topic not found\"}\n", "{answer}");
+    }
+    // A byte that is not UTF-8 names no topic either (Go keeps it in the name): the same JSON 404.
+    let answer = raw_exchange(
+        &s,
+        b"POST /v1/topics/a%FFb/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+    );
+    assert_eq!(status_of(&answer), 404, "{answer}");
+    assert!(
+        answer.ends_with("{\"error\":\"topic not found\"}\n"),
+        "{answer}"
+    );
+    // An escape that is not one (`%ZZ`, `%4` at the end) makes the request target unparsable:
+    // `400 Bad Request` in plain text and the connection closed, as Go's server answers it.
+    for req in [
+        &b"POST /v1/topics/a%ZZb/produce HTTP/1.1\r\nHost: x\r\nX-Narad-Client: t\r\nContent-Length: 2\r\n\r\nhi"[..],
+        b"GET /v1/topics/a%4 HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        let answer = raw_exchange(&s, req);
+        let (head, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+        assert_eq!(status_of(head), 400, "{answer}");
+        assert!(head.to_ascii_lowercase().contains("connection: close"), "{answer}");
+        assert_eq!(body, "400 Bad Request", "{answer}");
     }
     for t in ["a", "b"] {
         let r = c.get(&format!("/v1/topics/{t}"));

@@ -431,9 +431,8 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
         }
         Match::Found(r @ (Route::Produce | Route::ProduceBatch), args) => {
             // The grant, then a bad query, win over the body's size (API.md §1.4, §10.1
-            // order); the caller passed authentication above. A topic that does not decode is
-            // the handler's 404.
-            let Some(Ok(t)) = args.first().map(percent_decode_segment) else {
+            // order); the caller passed authentication above.
+            let Some(t) = args.first().map(|a| percent_decode_segment(a)) else {
                 return Ok(route_body_cap(r));
             };
             if !caller.may(auth::rbac::ACTION_PRODUCE, &t) {
@@ -493,8 +492,8 @@ pub async fn too_large(node: &Rc<Node>, head: &RequestHead) -> Response {
     let Match::Found(r, args) = route(head.method.as_str(), &head.path) else {
         return error(413, "request body too large");
     };
-    if let Some(Ok(t)) = args.first().map(percent_decode_segment) {
-        let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
+    if let Some(t) = args.first().map(|a| percent_decode_segment(a)) {
+        let second = args.get(1).map(|c| percent_decode_segment(c));
         // The body is not read: only the checks that do not need it can refuse.
         if let Some(denied) = authorize(node, &caller, r, &t, second.as_deref(), &[]) {
             return denied;
@@ -527,17 +526,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             return r;
         }
     };
-    let topic = args.first().map(percent_decode_segment);
-    let topic = match topic {
-        Some(Ok(t)) => Some(t),
-        Some(Err(())) => return Response::text(404, "404 page not found\n"),
-        None => None,
-    };
+    let topic = args.first().map(|a| percent_decode_segment(a));
     let t = topic.as_deref().unwrap_or("");
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
     let _cap = tri!(identity_cap(node, &caller, r, &mut req));
     // Authorization (step 7, API.md §16); user routes check their own rules.
-    let second = args.get(1).and_then(|c| percent_decode_segment(c).ok());
+    let second = args.get(1).map(|c| percent_decode_segment(c));
     if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req.body) {
         return denied;
     }
@@ -588,9 +582,9 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::Ack => messages::ack(node, &req, t).await,
         Route::ChildrenAttach => children::attach(node, &req, t).await,
         Route::ChildrenList => children::list(node, &req, t).await,
-        Route::ChildDetach => match args.get(1).map(percent_decode_segment) {
-            Some(Ok(c)) => children::detach(node, &req, t, &c).await,
-            _ => Response::text(404, "404 page not found\n"),
+        Route::ChildDetach => match second {
+            Some(c) => children::detach(node, &req, t, &c).await,
+            None => Response::text(404, "404 page not found\n"),
         },
         Route::UsersCreate => users::create(node, &req, &caller).await,
         Route::UsersList => users::list(node, &caller),
@@ -613,9 +607,9 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         | Route::ChildPause
         | Route::ChildResume
         | Route::ChildSkip => children::remote_plane(node, &caller, r, t, second.as_deref()),
-        Route::ClusterMoveAbort => match args.get(1).map(percent_decode_segment) {
-            Some(Ok(p)) => cluster::abort_move(node, &caller, t, &p),
-            _ => Response::text(404, "404 page not found\n"),
+        Route::ClusterMoveAbort => match second {
+            Some(p) => cluster::abort_move(node, &caller, t, &p),
+            None => Response::text(404, "404 page not found\n"),
         },
     }
 }
@@ -825,16 +819,34 @@ fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
 
 /// Decodes `%XX` escapes of one path segment, as Go's ServeMux does after splitting the escaped
 /// path: a `%2F` stays inside its segment and decodes to a `/` in the name, which the handler
-/// then refuses like any other unknown name (`404 topic not found`). Invalid bytes are no route.
-fn percent_decode_segment(s: &str) -> Result<std::borrow::Cow<'_, str>, ()> {
+/// then refuses like any other unknown name (`404 topic not found`); so do bytes that are not
+/// UTF-8 (replaced, no name holds them). `+` stays `+`. The parser refused invalid escapes
+/// already (`400`); one that got here anyway is kept as it is.
+fn percent_decode_segment(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.contains('%') {
-        return Ok(std::borrow::Cow::Borrowed(s));
+        return std::borrow::Cow::Borrowed(s);
     }
-    let bytes = crate::wire::query::form_decode(s.as_bytes())
-        .map_err(|_| ())?
-        .into_owned();
-    let s = String::from_utf8(bytes).map_err(|_| ())?;
-    Ok(std::borrow::Cow::Owned(s))
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]

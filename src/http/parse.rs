@@ -157,6 +157,10 @@ pub fn parse_head(
         Some(i) => (&target[..i], &target[i + 1..]),
         None => (target, ""),
     };
+    if !escapes_are_valid(path) {
+        // As Go's server does when the request URI does not parse: `400 Bad Request`.
+        return Err(ParseError::BadRequest("invalid URL escape in the path"));
+    }
 
     let mut framing = BodyFraming::None;
     let mut content_length: Option<u64> = None;
@@ -238,6 +242,20 @@ pub fn parse_head(
         expect_continue,
     };
     Ok(Some((head, skip + head_len)))
+}
+
+/// Whether every `%` of `path` starts a `%XX` escape of two hex digits.
+fn escapes_are_valid(path: &str) -> bool {
+    let b = path.as_bytes();
+    let mut i = 0;
+    while let Some(at) = b[i..].iter().position(|&c| c == b'%') {
+        let at = i + at;
+        match b.get(at + 1..at + 3) {
+            Some([h, l]) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => i = at + 3,
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Reduces a request target to the origin form (`/path?query`). Absolute form
@@ -825,6 +843,9 @@ HEAD /d HTTP/1.1\r\nConnection: close\r\n\r\n";
             b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
             b"GET / HTTP/1.1\r\n: novalue\r\n\r\n",
             b"GET nopath HTTP/1.1\r\n\r\n",
+            b"GET /v1/topics/a%ZZb HTTP/1.1\r\n\r\n",
+            b"GET /v1/topics/a%4 HTTP/1.1\r\n\r\n",
+            b"GET /v1/topics/a% HTTP/1.1\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: 1x\r\n\r\n",
             b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
