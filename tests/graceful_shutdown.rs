@@ -293,55 +293,21 @@ fn settings_accepted_without_effect_are_named_at_start() {
     let dir = common::TempDir::new("inert-settings");
     let cfg = dir.0.join("narad.json");
     std::fs::write(&cfg, r#"{"storage":{"codec":"zstd"}}"#).unwrap();
-    let log = dir.0.join("narad.log");
-    let port = common::free_port_pair();
     let pprof = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let pprof_addr = pprof.local_addr().unwrap();
+    let pprof_addr = pprof.local_addr().unwrap().to_string();
     drop(pprof);
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_narad"));
-    cmd.args([
-        "serve",
-        "--addr",
-        &format!("127.0.0.1:{port}"),
-        "--data-dir",
-    ])
-    .arg(dir.0.join("data"))
-    .arg("--config")
-    .arg(&cfg)
-    .env("NARAD_SHARDS", "2")
-    .env("NARAD_LOG_LEVEL", "warn")
-    .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
-    .env("NARAD_HTTP_PPROF_ADDR", pprof_addr.to_string())
-    .env_remove("NARAD_SECURITY_ENABLED")
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap());
-    let mut child = cmd.spawn().expect("start narad serve");
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let start = Instant::now();
-    loop {
-        assert!(child.try_wait().unwrap().is_none(), "narad exited");
-        let ready = common::Client::connect(addr)
-            .ok()
-            .and_then(|mut c| c.try_request("GET", "/readyz", &[], b"").ok())
-            .is_some_and(|r| r.status == 200);
-        if ready {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(60), "not ready");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let listened = std::net::TcpStream::connect(pprof_addr).is_ok();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(
-        text.contains("storage.codec is zstd") && text.contains("uncompressed"),
-        "{text}"
+    let s = common::Serve::start(
+        &dir,
+        &["--config", cfg.to_str().unwrap()],
+        &[("NARAD_HTTP_PPROF_ADDR", &pprof_addr)],
     );
+    let codec = s.wait_line("storage.codec", |l| l.contains("storage.codec is zstd"));
+    assert!(codec.contains("uncompressed"), "{codec}");
+    let pprof = s.wait_line("pprof", |l| l.contains("http.pprof_addr is set"));
+    assert!(pprof.contains(&pprof_addr), "{pprof}");
+    drop(s.client());
     assert!(
-        text.contains("http.pprof_addr is set") && text.contains(&pprof_addr.to_string()),
-        "{text}"
+        std::net::TcpStream::connect(&pprof_addr).is_err(),
+        "something listens on the pprof address"
     );
-    assert!(!listened, "something listens on the pprof address");
 }

@@ -5,11 +5,9 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::BufRead;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Client, Server, TempDir};
+use common::{Client, Serve, Server, TempDir};
 
 /// One sample: metric name, labels (sorted), value.
 #[derive(Debug, Clone)]
@@ -501,88 +499,6 @@ fn metrics_parse_and_move_with_traffic() {
         0.0
     );
     assert_eq!(m.count("narad_messages_produced_total"), 3);
-}
-
-/// Starts `narad serve` (security off) with extra arguments and env; stderr lines go to a channel.
-struct Serve {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    port: u16,
-}
-
-impl Serve {
-    fn start(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let port = common::free_port_pair();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-        cmd.args([
-            "serve",
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.0.join("data"))
-        .args(args)
-        .env("NARAD_SHARDS", "2")
-        .env("NARAD_SECURITY_ENABLED", "false")
-        .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
-        .env_remove("NARAD_LOG")
-        .env_remove("NARAD_LOG_FORMAT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("start narad serve");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(stderr).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Serve { child, lines, port }
-    }
-
-    /// Waits (bounded) for a stderr line satisfying `f`.
-    fn wait_line(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut seen = Vec::new();
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.lines.recv_timeout(left) {
-                Ok(l) if f(&l) => return l,
-                Ok(l) => seen.push(l),
-                Err(_) => break,
-            }
-        }
-        panic!("no {what} line on stderr; saw: {seen:#?}");
-    }
-
-    fn client(&self) -> Client {
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let start = Instant::now();
-        loop {
-            if let Ok(mut c) = Client::connect(addr) {
-                if c.try_request("GET", "/readyz", &[], b"")
-                    .is_ok_and(|r| r.status == 200)
-                {
-                    return c;
-                }
-            }
-            assert!(start.elapsed() < Duration::from_secs(60), "not ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
