@@ -163,6 +163,15 @@ impl Endpoint {
                 .is_ok_and(|ip| ip.is_loopback())
     }
 
+    /// `host:port` always, for messages.
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
     /// `host:port` (the port left out when it is the scheme's default, as curl and Go do:
     /// ingresses route on the name).
     fn host_header(&self) -> String {
@@ -315,7 +324,7 @@ impl Client {
         }
         Err(TransportError(format!(
             "cannot connect to {}: {}",
-            self.endpoint.host_header(),
+            self.endpoint.authority(),
             last.map(|e| e.to_string())
                 .unwrap_or_else(|| "no address".into())
         )))
@@ -336,7 +345,7 @@ impl Client {
         let failed = |e: &dyn std::fmt::Display| {
             TransportError(format!(
                 "TLS handshake with {} failed: {e}",
-                self.endpoint.host_header()
+                self.endpoint.authority()
             ))
         };
         let mut conn = rustls::ClientConnection::new(config, name).map_err(|e| failed(&e))?;
@@ -422,8 +431,7 @@ impl Client {
             Some(c) => c,
             None => self.connect().map_err(|e| (e, true))?,
         };
-        let io =
-            |e: std::io::Error| TransportError(format!("{}: {e}", self.endpoint.host_header()));
+        let io = |e: std::io::Error| TransportError(format!("{}: {e}", self.endpoint.authority()));
         conn.get_ref()
             .tcp()
             .set_read_timeout(Some(wait + READ_SLACK))
@@ -631,6 +639,7 @@ mod tests {
         );
         assert_eq!(e.url(), "https://broker.example/narad");
         assert_eq!(e.host_header(), "broker.example");
+        assert_eq!(e.authority(), "broker.example:443");
         let e = Endpoint::parse("https://[::1]:8443").unwrap();
         assert_eq!((e.port, e.host_header().as_str()), (8443, "[::1]:8443"));
         assert_eq!(
