@@ -3,10 +3,12 @@
 //! * leases across a crash (SEMANTICS.md §1.2 "Owner process crash", §2.3, §2.7; API.md §10.4):
 //!   leased, unacked messages come back at once after the restart, handles taken before the
 //!   crash answer `410`, acks answered well before the crash stay settled;
-//! * a delay child across a crash (SEMANTICS.md §12): every parent record reaches the child,
-//!   none before its parent commit time + delay;
-//! * repeated crashes while producers send (SEMANTICS.md §1.1, §3): everything answered `202` in
-//!   any round is delivered at least once, and nothing that was never sent appears.
+//! * a delay child across two crashes, one before anything is due and one mid-copy
+//!   (SEMANTICS.md §10, §12): every parent record reaches the child, none before its parent
+//!   commit time + delay, and nothing settled returns after a crash in a quiet moment;
+//! * repeated crashes while producers send, some also during start-up (SEMANTICS.md §1.1, §3):
+//!   everything answered `202` in any round is delivered at least once, and nothing that was
+//!   never sent appears.
 //!
 //! Every payload is unique (`<scenario>-<round>-<n>`), so each check names exactly which
 //! messages came back.
@@ -318,8 +320,10 @@ fn delay_child_delivers_everything_on_time_across_a_crash() {
     // Proves SEMANTICS.md §12 across kill -9: records committed to a parent with a 3 s delay
     // child, the broker killed before any of them was due and restarted, all reach the child
     // (none lost), and none before its parent commit time + delay ("never early"; a crash may
-    // only make it later). Records produced after the restart get the same guarantee. The send
-    // time of a produce is a lower bound of its commit time, so `sent + delay` is one of due.
+    // only make it later). Records produced after the restart get the same guarantee across a
+    // second kill -9, made once the first copies reached the child (fan-out mid-way; duplicates
+    // allowed). The send time of a produce is a lower bound of its commit time, so
+    // `sent + delay` is one of due.
     const DELAY: Duration = Duration::from_millis(3000);
     let dir = TempDir::new("crash-delay");
     let mut s = Server::start(&dir);
@@ -369,10 +373,19 @@ fn delay_child_delivers_everything_on_time_across_a_crash() {
 
     let mut first_seen: HashMap<String, Instant> = HashMap::new();
     let mut copies = 0usize;
+    let mut killed_while_copying = false;
     let start = Instant::now();
     for _ in 0..LOOP_REQUESTS_MAX {
         if first_seen.len() >= sent_at.len() || start.elapsed() > LOOP_MAX {
             break;
+        }
+        // A second crash once the first copies arrived: fan-out is mid-way (its cursor
+        // positions are persisted a little after a copy, so most copies are made again), and
+        // the records produced after the first restart, committed later, are not due yet.
+        if !first_seen.is_empty() && !killed_while_copying {
+            killed_while_copying = true;
+            s.restart();
+            c = s.client();
         }
         let got = consume(&mut c, "jobs-later", "200ms");
         let now = Instant::now();
@@ -413,6 +426,15 @@ fn delay_child_delivers_everything_on_time_across_a_crash() {
          due (lower bound), latest {latest:?} after send",
         first_seen.len()
     );
+    // Everything copied and acked, then a quiet moment: a crash now is no longer mid-batch, so
+    // neither the child's acks nor the cursors' positions may be lost (nothing comes back).
+    drop(c);
+    std::thread::sleep(ACK_DURABLE_AFTER);
+    s.restart();
+    let mut c = s.client();
+    let back = consume(&mut c, "jobs-later", "1s");
+    let back: Vec<&String> = sample(back.iter().map(|(p, _)| p));
+    assert!(back.is_empty(), "settled and delivered again: {back:?}");
 }
 
 /// A small deterministic generator for the kill moments and batch sizes of a seeded run.
@@ -444,7 +466,8 @@ struct Sent {
 fn repeated_crashes_lose_nothing_accepted() {
     // Proves SEMANTICS.md §1.1 and §3.3 over repeated crashes: 5 rounds, each of a single-produce
     // and a batch-produce thread sending unique ids and a kill -9 at a seeded moment while both
-    // still send, then a restart on the same data. At the end a drain of the topic delivers every
+    // still send, then a restart on the same data; in every other round the restart is itself
+    // killed once at a seeded moment of its start-up. At the end a drain of the topic delivers every
     // id answered 202 in any round at least once (duplicates allowed), and only ids that were
     // sent (an unanswered produce may or may not have been stored). Replay a failure with
     // NARAD_TEST_SEED=<seed>.
@@ -529,6 +552,12 @@ fn repeated_crashes_lose_nothing_accepted() {
         stop.store(true, Ordering::Relaxed);
         for t in threads {
             t.join().expect("producer thread");
+        }
+        // Every other round also crashes during the next start-up, while recovery may run.
+        if round % 2 == 1 {
+            let mut starting = Server::spawn_starting(s.data_dir.clone(), vec![]);
+            std::thread::sleep(Duration::from_millis(rng.below(400)));
+            starting.kill9();
         }
         s.restart();
     }
