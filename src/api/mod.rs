@@ -432,7 +432,7 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
         Match::Found(r @ (Route::Produce | Route::ProduceBatch), args) => {
             // The grant, then a bad query, win over the body's size (API.md §1.4, §10.1
             // order); the caller passed authentication above.
-            let Some(t) = args.first().map(|a| percent_decode_segment(a)) else {
+            let Some(t) = args.first().map(percent_decode_segment) else {
                 return Ok(route_body_cap(r));
             };
             if !caller.may(auth::rbac::ACTION_PRODUCE, &t) {
@@ -492,8 +492,8 @@ pub async fn too_large(node: &Rc<Node>, head: &RequestHead) -> Response {
     let Match::Found(r, args) = route(head.method.as_str(), &head.path) else {
         return error(413, "request body too large");
     };
-    if let Some(t) = args.first().map(|a| percent_decode_segment(a)) {
-        let second = args.get(1).map(|c| percent_decode_segment(c));
+    if let Some(t) = args.first().map(percent_decode_segment) {
+        let second = args.get(1).map(percent_decode_segment);
         // The body is not read: only the checks that do not need it can refuse.
         if let Some(denied) = authorize(node, &caller, r, &t, second.as_deref(), &[]) {
             return denied;
@@ -526,12 +526,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             return r;
         }
     };
-    let topic = args.first().map(|a| percent_decode_segment(a));
+    let topic = args.first().map(percent_decode_segment);
     let t = topic.as_deref().unwrap_or("");
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
     let _cap = tri!(identity_cap(node, &caller, r, &mut req));
     // Authorization (step 7, API.md §16); user routes check their own rules.
-    let second = args.get(1).map(|c| percent_decode_segment(c));
+    let second = args.get(1).map(percent_decode_segment);
     if let Some(denied) = authorize(node, &caller, r, t, second.as_deref(), &req.body) {
         return denied;
     }
@@ -820,33 +820,13 @@ fn object_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Option<T> {
 /// Decodes `%XX` escapes of one path segment, as Go's ServeMux does after splitting the escaped
 /// path: a `%2F` stays inside its segment and decodes to a `/` in the name, which the handler
 /// then refuses like any other unknown name (`404 topic not found`); so do bytes that are not
-/// UTF-8 (replaced, no name holds them). `+` stays `+`. The parser refused invalid escapes
-/// already (`400`); one that got here anyway is kept as it is.
+/// UTF-8 (replaced, no name holds them). The parser already refused invalid escapes (`400`).
 fn percent_decode_segment(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.contains('%') {
-        return std::borrow::Cow::Borrowed(s);
+    match crate::wire::query::path_decode(s.as_bytes()) {
+        Ok(std::borrow::Cow::Owned(b)) => String::from_utf8_lossy(&b).into_owned().into(),
+        // No escape in it (or one the parser let through, kept as it is).
+        _ => std::borrow::Cow::Borrowed(s),
     }
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (
-            b[i],
-            b.get(i + 1).copied().and_then(hex),
-            b.get(i + 2).copied().and_then(hex),
-        ) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    std::borrow::Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 #[cfg(test)]

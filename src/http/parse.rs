@@ -157,7 +157,7 @@ pub fn parse_head(
         Some(i) => (&target[..i], &target[i + 1..]),
         None => (target, ""),
     };
-    if !escapes_are_valid(path) {
+    if crate::wire::query::path_decode(path.as_bytes()).is_err() {
         // As Go's server does when the request URI does not parse: `400 Bad Request`.
         return Err(ParseError::BadRequest("invalid URL escape in the path"));
     }
@@ -242,20 +242,6 @@ pub fn parse_head(
         expect_continue,
     };
     Ok(Some((head, skip + head_len)))
-}
-
-/// Whether every `%` of `path` starts a `%XX` escape of two hex digits.
-fn escapes_are_valid(path: &str) -> bool {
-    let b = path.as_bytes();
-    let mut i = 0;
-    while let Some(at) = b[i..].iter().position(|&c| c == b'%') {
-        let at = i + at;
-        match b.get(at + 1..at + 3) {
-            Some([h, l]) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => i = at + 3,
-            _ => return false,
-        }
-    }
-    true
 }
 
 /// Reduces a request target to the origin form (`/path?query`). Absolute form

@@ -40,7 +40,19 @@ fn hex(c: u8) -> Option<u8> {
 
 /// Form-decodes one key or value: `+` → space, `%XX` → the byte 0xXX.
 pub fn form_decode(raw: &[u8]) -> Result<Cow<'_, [u8]>, EscapeError> {
-    if !raw.iter().any(|&c| c == b'%' || c == b'+') {
+    unescape(raw, true)
+}
+
+/// Decodes one path segment as Go's `url.PathUnescape`: `%XX` → the byte 0xXX, `+` stays `+`.
+pub fn path_decode(raw: &[u8]) -> Result<Cow<'_, [u8]>, EscapeError> {
+    unescape(raw, false)
+}
+
+fn unescape(raw: &[u8], plus_is_space: bool) -> Result<Cow<'_, [u8]>, EscapeError> {
+    if !raw
+        .iter()
+        .any(|&c| c == b'%' || (plus_is_space && c == b'+'))
+    {
         return Ok(Cow::Borrowed(raw));
     }
     let mut out = Vec::with_capacity(raw.len());
@@ -58,7 +70,7 @@ pub fn form_decode(raw: &[u8]) -> Result<Cow<'_, [u8]>, EscapeError> {
                 out.push(byte);
                 i += 3;
             }
-            b'+' => {
+            b'+' if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
@@ -169,6 +181,17 @@ mod tests {
         assert_eq!(dec("100%C2%B5s"), "100µs".as_bytes());
         assert_eq!(dec("%e9%E9"), vec![0xE9, 0xE9]);
         assert!(matches!(form_decode(b"plain"), Ok(Cow::Borrowed(b"plain"))));
+    }
+
+    #[test]
+    fn path_segments_keep_plus_and_refuse_bad_escapes() {
+        // Proves the path decoder is Go's PathUnescape: `+` stays `+` (and alone borrows),
+        // escapes are bytes, and an escape without two hex digits is refused like in a query.
+        assert!(matches!(path_decode(b"a+b"), Ok(Cow::Borrowed(b"a+b"))));
+        assert_eq!(path_decode(b"a+%2Fb%FF").unwrap().as_ref(), b"a+/b\xff");
+        for bad in ["a%ZZb", "a%4", "a%"] {
+            assert!(path_decode(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]
