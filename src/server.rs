@@ -236,11 +236,7 @@ pub fn run(mut config: Config) -> Result<(), String> {
                 probe,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
-            let failed = r
-                .as_ref()
-                .err()
-                .filter(|e| !e.contains(STOPPED_IN_START_UP));
-            if let Some(e) = failed {
+            if let Err(e) = &r {
                 // One shard failing takes the node down instead of leaving it half served; say
                 // why now, not only once every other shard has stopped.
                 tracing::error!(shard = id.0, error = %e, "shard failed; the node stops");
@@ -252,24 +248,11 @@ pub fn run(mut config: Config) -> Result<(), String> {
     // A start-up that failed (or was cut short by SIGTERM) never reached a shard's bind.
     probe.stop();
     let results = results.map_err(|e| e.to_string())?;
-    // A shard's own failure is the node's error; shards that only stopped waiting because the
-    // node was told to stop are not. When nothing else failed, that stop was SIGTERM (or
-    // SIGINT) during start-up: a clean exit, as after serving.
-    let mut cut_short = false;
     for r in results {
-        match r {
-            Err(e) if e.contains(STOPPED_IN_START_UP) => cut_short = true,
-            r => r?,
-        }
-    }
-    if cut_short {
-        tracing::info!("stopped during start-up, as asked");
+        r?;
     }
     Ok(())
 }
-
-/// What a shard says when the node was told to stop while it waited in start-up.
-const STOPPED_IN_START_UP: &str = "stopped during start-up";
 
 /// What a panic that nothing caught does to the node: the shard it happened on has ended, so
 /// the others stop serving (they drain like on SIGTERM) and the process exits with an error
@@ -476,9 +459,13 @@ async fn shard_main(
         )
         .await;
         if !sent {
-            return Err(format!(
-                "shard 0: {STOPPED_IN_START_UP} before every shard had the metadata"
-            ));
+            // Told to stop (SIGTERM, or another shard failed and said so): a stop, not a failure
+            // of this shard. Only a shard's own failure is the node's error.
+            tracing::info!(
+                shard = id.0,
+                "stopped during start-up, before every shard had the metadata"
+            );
+            return Ok(());
         }
         // Every shard has the metadata: drop what a crash kept of deleted topics.
         node.purge_deleted_topics().await;
@@ -489,10 +476,11 @@ async fn shard_main(
         // topics is gone: serving earlier would show a node that is still starting as ready.
         while !node.released() {
             if shutdown.is_triggered() {
-                return Err(format!(
-                    "shard {}: {STOPPED_IN_START_UP} before shard 0 finished its start-up",
-                    id.0
-                ));
+                tracing::info!(
+                    shard = id.0,
+                    "stopped during start-up, before shard 0 finished it"
+                );
+                return Ok(());
             }
             if start.elapsed() > META_WAIT_MAX {
                 return Err(format!(
