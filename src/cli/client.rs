@@ -163,27 +163,27 @@ impl Endpoint {
                 .is_ok_and(|ip| ip.is_loopback())
     }
 
+    /// The host as it stands in a URL (an IPv6 address in brackets).
+    fn url_host(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        }
+    }
+
     /// `host:port` always, for messages.
     fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        format!("{}:{}", self.url_host(), self.port)
     }
 
     /// `host:port` (the port left out when it is the scheme's default, as curl and Go do:
     /// ingresses route on the name).
     fn host_header(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
         if self.port == if self.tls { 443 } else { 80 } {
-            host
+            self.url_host()
         } else {
-            format!("{host}:{}", self.port)
+            self.authority()
         }
     }
 
@@ -224,14 +224,6 @@ impl Write for Stream {
         match self {
             Stream::Plain(s) => s.write(buf),
             Stream::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        match self {
-            Stream::Plain(s) => s.write_all(buf),
-            // One flush per call: rustls buffers the plaintext until the socket takes it.
-            Stream::Tls(s) => s.write_all(buf).and_then(|_| s.flush()),
         }
     }
 
@@ -437,7 +429,12 @@ impl Client {
             .set_read_timeout(Some(wait + READ_SLACK))
             .map_err(|e| (io(e), true))?;
         let s = conn.get_mut();
-        if let Err(e) = s.write_all(head).and_then(|_| s.write_all(body)) {
+        // The flush sends what TLS still holds (a no-op on plain TCP).
+        if let Err(e) = s
+            .write_all(head)
+            .and_then(|_| s.write_all(body))
+            .and_then(|_| s.flush())
+        {
             // A server may answer (413) and close before reading a large body: try the answer.
             match read_response(&mut conn, is_head) {
                 Ok((r, _)) => return Ok(r),
