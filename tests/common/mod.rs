@@ -601,3 +601,80 @@ impl Drop for Serve {
         let _ = self.child.wait();
     }
 }
+
+/// Longest any one CLI run may take in the tests.
+pub const CLI_RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// A config directory that never exists, so that no test reads the user's real contexts.json
+/// (tests of contexts pass their own NARAD_CONFIG_DIR or HOME).
+pub fn no_config_dir() -> String {
+    std::env::temp_dir()
+        .join(format!("narad-cli-test-no-config-{}", std::process::id()))
+        .display()
+        .to_string()
+}
+
+/// Runs `narad <args>` with no `-s` added, the connection variables removed and the config
+/// directory pointed at an empty place unless `env` says otherwise.
+pub fn narad_raw(args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args(args)
+        .env("NARAD_CONFIG_DIR", no_config_dir())
+        .env_remove("NARAD_ADDR")
+        .env_remove("NARAD_USER")
+        .env_remove("NARAD_PASS")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run narad");
+    let mut input = child.stdin.take().unwrap();
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let ro = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let re = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > CLI_RUN_TIMEOUT {
+            let _ = child.kill();
+            panic!("narad {args:?} did not finish within {CLI_RUN_TIMEOUT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    writer.join().unwrap();
+    Out {
+        code: status.code().unwrap_or(-1),
+        stdout: ro.join().unwrap(),
+        stderr: re.join().unwrap(),
+    }
+}
+
+/// Runs `narad <args>` against `server` (a URL), feeding `stdin`, bounded by CLI_RUN_TIMEOUT.
+pub fn narad_env(server: &str, args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
+    let mut pre = vec!["-s", server];
+    pre.extend_from_slice(args);
+    narad_raw(&pre, stdin, env)
+}
