@@ -212,18 +212,6 @@ fn large_batch_bodies_share_a_node_budget() {
     assert_eq!(admitted.len(), 2);
 }
 
-/// Sum of the partitions' high watermarks of `topic`.
-fn stored(c: &mut common::Client, topic: &str) -> u64 {
-    let r = c.get(&format!("/v1/topics/{topic}"));
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()["partition_stats"]
-        .as_array()
-        .expect("partition_stats")
-        .iter()
-        .map(|p| p["high_watermark"].as_u64().expect("high_watermark"))
-        .sum()
-}
-
 #[test]
 fn large_valid_batches_are_stored_whole() {
     // Proves: batches well over 4 MiB (the WAL's batching size) but within the 16 MiB cap are
@@ -246,7 +234,7 @@ fn large_valid_batches_are_stored_whole() {
     let r = c.post_json("/v1/topics/spread/produce/batch", &body);
     assert_eq!(r.status, 202, "{}", r.text());
     assert_eq!(r.json()["accepted"], 1000);
-    assert_eq!(stored(&mut c, "spread"), 1000);
+    assert_eq!(c.stored("spread"), 1000);
 
     let big = "b".repeat(999_990);
     let msgs: Vec<String> = (0..16)
@@ -256,7 +244,7 @@ fn large_valid_batches_are_stored_whole() {
     assert!(body.len() > 16_000_000 && body.len() <= 16 << 20);
     let r = c.post_json("/v1/topics/pinned/produce/batch", &body);
     assert_eq!(r.status, 202, "{}", r.text());
-    assert_eq!(stored(&mut c, "pinned"), 16);
+    assert_eq!(c.stored("pinned"), 16);
     let r = c.get("/v1/topics/pinned/consume?partition=0&offset=15");
     assert_eq!(r.status, 200, "{}", r.text());
     let payload = r.json()["payload"]
@@ -353,5 +341,5 @@ fn chunked_batch_bodies_take_the_budget_only_past_1_mib() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(status, 202);
-    assert_eq!(stored(&mut c, "budget"), 3 + 1000);
+    assert_eq!(c.stored("budget"), 3 + 1000);
 }

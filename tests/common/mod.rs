@@ -407,6 +407,18 @@ impl Client {
         *self = Client::connect(self.addr).expect("reconnect");
     }
 
+    /// Messages stored in `topic`: the sum of its partitions' high watermarks.
+    pub fn stored(&mut self, topic: &str) -> u64 {
+        let r = self.get(&format!("/v1/topics/{topic}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["partition_stats"]
+            .as_array()
+            .expect("partition_stats")
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().expect("high_watermark"))
+            .sum()
+    }
+
     pub fn create_topic(&mut self, name: &str, partitions: u32) -> serde_json::Value {
         let r = self.post_json(
             "/v1/topics",
