@@ -20,12 +20,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Client, Server, TempDir};
+use common::{
+    ack, consume, drain, produce_one, sample, Client, Server, TempDir, LOOP_MAX, LOOP_REQUESTS_MAX,
+};
 
-/// Longest any drain or catch-up loop of this file runs.
-const LOOP_MAX: Duration = Duration::from_secs(15);
-/// Most requests any drain loop sends.
-const LOOP_REQUESTS_MAX: usize = 500;
 /// An ack answered this long before a kill must have been durable (an ack is answered once its
 /// settle record is queued for the next group commit: only the unfinished batch may return).
 const ACK_DURABLE_AFTER: Duration = Duration::from_millis(1500);
@@ -45,113 +43,6 @@ fn produce_batch(c: &mut Client, topic: &str, ids: &[String]) -> Option<u16> {
     )
     .ok()
     .map(|r| r.status)
-}
-
-/// A single produce of `id` as raw text (consumed back as a JSON string of the same text).
-fn produce_one(c: &mut Client, topic: &str, id: &str) -> Option<u16> {
-    c.try_request(
-        "POST",
-        &format!("/v1/topics/{topic}/produce"),
-        &[("Content-Type", "application/octet-stream")],
-        id.as_bytes(),
-    )
-    .ok()
-    .map(|r| r.status)
-}
-
-/// One batch consume of up to 100 records under lease: (payload, receipt handle) pairs.
-fn consume(c: &mut Client, topic: &str, wait: &str) -> Vec<(String, String)> {
-    let r = c.request(
-        "GET",
-        &format!("/v1/topics/{topic}/consume?max=100&wait={wait}"),
-        &[("X-Narad-Client", "narad-tests/0")],
-        b"",
-    );
-    match r.status {
-        204 => Vec::new(),
-        200 => r.json()["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                (
-                    m["payload"].as_str().expect("string payload").to_string(),
-                    m["receipt_handle"].as_str().unwrap().to_string(),
-                )
-            })
-            .collect(),
-        s => panic!("consume {topic} answered {s}: {}", r.text()),
-    }
-}
-
-/// A batch ack (or, with `extend`, extend/nack) of `handles`: each handle's status.
-fn ack(c: &mut Client, topic: &str, handles: &[String], extend: Option<&str>) -> Vec<u64> {
-    let mut all = Vec::new();
-    for chunk in handles.chunks(100) {
-        let body = serde_json::json!({ "receipt_handles": chunk }).to_string();
-        let path = match extend {
-            Some(e) => format!("/v1/topics/{topic}/ack?extend={e}"),
-            None => format!("/v1/topics/{topic}/ack"),
-        };
-        let r = c.request(
-            "POST",
-            &path,
-            &[
-                ("Content-Type", "application/json"),
-                ("X-Narad-Client", "narad-tests/0"),
-            ],
-            body.as_bytes(),
-        );
-        assert_eq!(r.status, 200, "ack: {}", r.text());
-        all.extend(
-            r.json()["results"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x["status"].as_u64().unwrap()),
-        );
-    }
-    assert_eq!(all.len(), handles.len());
-    all
-}
-
-/// Consumes and acks `topic` until `done` says every wanted payload was seen, or two empty polls
-/// in a row once `min_polls` polls were made, within [`LOOP_MAX`] and [`LOOP_REQUESTS_MAX`].
-/// Returns every payload delivered with its delivery count.
-fn drain(
-    c: &mut Client,
-    topic: &str,
-    done: impl Fn(&HashMap<String, usize>) -> bool,
-) -> HashMap<String, usize> {
-    let start = Instant::now();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let mut empty = 0;
-    for _ in 0..LOOP_REQUESTS_MAX {
-        if done(&seen) || empty >= 2 || start.elapsed() > LOOP_MAX {
-            break;
-        }
-        let got = consume(c, topic, "500ms");
-        if got.is_empty() {
-            empty += 1;
-            continue;
-        }
-        empty = 0;
-        let handles: Vec<String> = got.iter().map(|(_, h)| h.clone()).collect();
-        let st = ack(c, topic, &handles, None);
-        assert!(st.iter().all(|&s| s == 204), "acks while draining: {st:?}");
-        for (p, _) in got {
-            *seen.entry(p).or_default() += 1;
-        }
-    }
-    seen
-}
-
-/// A few names of `set`, sorted, for failure messages.
-fn sample<'a>(set: impl IntoIterator<Item = &'a String>) -> Vec<&'a String> {
-    let mut v: Vec<&String> = set.into_iter().collect();
-    v.sort();
-    v.truncate(8);
-    v
 }
 
 #[test]
