@@ -21,28 +21,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    ack, consume, drain, produce_one, sample, Client, Server, TempDir, LOOP_MAX, LOOP_REQUESTS_MAX,
+    ack, consume, drain, produce_one, sample, try_produce_batch, Client, Server, TempDir, LOOP_MAX,
+    LOOP_REQUESTS_MAX,
 };
 
 /// An ack answered this long before a kill must have been durable (an ack is answered once its
 /// settle record is queued for the next group commit: only the unfinished batch may return).
 const ACK_DURABLE_AFTER: Duration = Duration::from_millis(1500);
 
-/// A batch produce of `ids` as JSON string payloads (stored with their quotes, consumed back as
-/// the same JSON string): the status, or `None` when the connection failed.
+/// [`try_produce_batch`]'s status, or `None` when the connection failed.
 fn produce_batch(c: &mut Client, topic: &str, ids: &[String]) -> Option<u16> {
-    let body = serde_json::json!({
-        "messages": ids.iter().map(|id| serde_json::json!({ "payload": id })).collect::<Vec<_>>()
-    })
-    .to_string();
-    c.try_request(
-        "POST",
-        &format!("/v1/topics/{topic}/produce/batch"),
-        &[("Content-Type", "application/json")],
-        body.as_bytes(),
-    )
-    .ok()
-    .map(|r| r.status)
+    try_produce_batch(c, topic, ids).ok().map(|r| r.status)
 }
 
 #[test]

@@ -18,7 +18,9 @@ mod tmpfs;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::{ack, consume, drain, sample, Client, Resp, Server, TempDir};
+use common::{
+    ack, consume, drain, sample, try_produce_batch, try_produce_one, Client, Resp, Server, TempDir,
+};
 
 /// The `<round>-<n>` part of a few payloads, for failure messages.
 fn names<'a>(set: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
@@ -28,13 +30,17 @@ fn names<'a>(set: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
         .collect()
 }
 
+/// Each of the two fillers the test removes to free space. A freed filler must hold more than
+/// what the broker may already owe the disk: single produces for the other shard's partitions
+/// are answered from the accepting shard's WAL (its segment is pre-allocated) while the disk is
+/// full, up to an 8 MiB hand-off backlog per shard, and those records take their place in the
+/// partition segments first once space frees, each partition reserving up to 1 MiB ahead.
+const FILLER_BYTES: usize = 24 << 20;
 /// The tmpfs: a fresh broker takes 192 MiB of it (one 64 MiB WAL segment per shard and a
-/// prepared spare segment), which leaves a few MiB for partition segments.
-const TMPFS_BYTES: u64 = 200 << 20;
-/// Each of the two fillers the test removes to free space.
-const FILLER_BYTES: usize = 2 << 20;
+/// prepared spare segment); the two fillers, and 8 MiB for partition segments.
+const TMPFS_BYTES: u64 = (192 << 20) + 2 * FILLER_BYTES as u64 + (8 << 20);
 /// Payload padding: the disk fills after a few thousand produces.
-const PAD_BYTES: usize = 1000;
+const PAD_BYTES: usize = 4000;
 /// Most produces any fill loop sends (far more than the free space holds) and its time limit.
 const FILL_REQUESTS_MAX: usize = 40_000;
 const FILL_TIME_MAX: Duration = Duration::from_secs(90);
@@ -51,15 +57,6 @@ fn payload(round: &str, n: usize) -> String {
     format!("{round}-{n:06}-{}", "x".repeat(PAD_BYTES))
 }
 
-fn produce(c: &mut Client, id: &str) -> Resp {
-    c.request(
-        "POST",
-        "/v1/topics/t/produce",
-        &[("Content-Type", "application/octet-stream")],
-        id.as_bytes(),
-    )
-}
-
 /// What was sent, and what of it was answered `202`.
 #[derive(Default)]
 struct Sent {
@@ -69,7 +66,7 @@ struct Sent {
 
 impl Sent {
     fn produce(&mut self, c: &mut Client, id: String) -> Resp {
-        let r = produce(c, &id);
+        let r = try_produce_one(c, "t", &id).expect("produce");
         if r.status == 202 {
             self.accepted.insert(id.clone());
         }
@@ -147,16 +144,7 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
         .map(|i| format!("refused-batch-{i}-{}", "y".repeat(PAD_BYTES)))
         .collect();
     sent.all.extend(batch_ids.iter().cloned());
-    let body = serde_json::json!({ "messages": batch_ids
-        .iter()
-        .map(|p| serde_json::json!({ "payload": p }))
-        .collect::<Vec<_>>() });
-    let batch = c.request(
-        "POST",
-        "/v1/topics/t/produce/batch",
-        &[("Content-Type", "application/json")],
-        body.to_string().as_bytes(),
-    );
+    let batch = try_produce_batch(&mut c, "t", &batch_ids).expect("batch produce");
     assert_full(&batch, "a batch produce on the full disk");
 
     // 2. Reads, consumes and acks keep working; the node stays ready.

@@ -701,15 +701,33 @@ pub const LOOP_MAX: Duration = Duration::from_secs(15);
 pub const LOOP_REQUESTS_MAX: usize = 500;
 
 /// A single produce of `id` as raw text (consumed back as a JSON string of the same text).
-pub fn produce_one(c: &mut Client, topic: &str, id: &str) -> Option<u16> {
+pub fn try_produce_one(c: &mut Client, topic: &str, id: &str) -> std::io::Result<Resp> {
     c.try_request(
         "POST",
         &format!("/v1/topics/{topic}/produce"),
         &[("Content-Type", "application/octet-stream")],
         id.as_bytes(),
     )
-    .ok()
-    .map(|r| r.status)
+}
+
+/// [`try_produce_one`]'s status, or `None` when the connection failed.
+pub fn produce_one(c: &mut Client, topic: &str, id: &str) -> Option<u16> {
+    try_produce_one(c, topic, id).ok().map(|r| r.status)
+}
+
+/// A batch produce of `ids` as JSON string payloads (stored with their quotes, consumed back as
+/// the same JSON string).
+pub fn try_produce_batch(c: &mut Client, topic: &str, ids: &[String]) -> std::io::Result<Resp> {
+    let body = serde_json::json!({
+        "messages": ids.iter().map(|id| serde_json::json!({ "payload": id })).collect::<Vec<_>>()
+    })
+    .to_string();
+    c.try_request(
+        "POST",
+        &format!("/v1/topics/{topic}/produce/batch"),
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
 }
 
 /// One batch consume of up to 100 records under lease: (payload, receipt handle) pairs.
