@@ -40,8 +40,10 @@ const FILLER_BYTES: usize = 24 << 20;
 /// prepared spare segment); the two fillers, and 8 MiB for partition segments.
 const TMPFS_BYTES: u64 = (192 << 20) + 2 * FILLER_BYTES as u64 + (8 << 20);
 /// Payload padding: the disk fills after a few thousand produces.
-const PAD_BYTES: usize = 4000;
-/// Most produces any fill loop sends (far more than the free space holds) and its time limit.
+const PAD_BYTES: usize = 1000;
+/// Messages per batch produce while filling.
+const FILL_BATCH: usize = 50;
+/// Most messages any fill sends (far more than the free space holds) and its time limit.
 const FILL_REQUESTS_MAX: usize = 40_000;
 const FILL_TIME_MAX: Duration = Duration::from_secs(90);
 /// Refused produces in a row after which every partition of the topic (4, keyless produces
@@ -55,6 +57,16 @@ const ACK_DURABLE_AFTER: Duration = Duration::from_millis(1500);
 
 fn payload(round: &str, n: usize) -> String {
     format!("{round}-{n:06}-{}", "x".repeat(PAD_BYTES))
+}
+
+/// Free bytes of the file system holding `dir`.
+fn free_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statvfs writes into the zeroed struct; c is a valid NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail as u64 * st.f_frsize as u64
 }
 
 /// What was sent, and what of it was answered `202`.
@@ -75,29 +87,50 @@ impl Sent {
     }
 }
 
-/// Produces unique payloads of `round` until [`REFUSALS_IN_A_ROW`] in a row are refused: each
-/// partition reserves its space ahead in chunks, so one refusal leaves the other partitions of
-/// the rotation with room for a while. Every refusal must be the disk-full `500`.
+/// Fills the disk with unique payloads of `round`: batches of [`FILL_BATCH`] (each goes to its
+/// partitions' owners at once) until one is refused, then single produces until
+/// [`REFUSALS_IN_A_ROW`] in a row are refused. Single produces for the other shard's partitions
+/// are still accepted into the accepting shard's WAL until its hand-off backlog is full, and each
+/// partition reserves its space ahead in chunks, so one refusal does not yet mean that every
+/// produce is refused. Every refusal must be the disk-full `500`.
 fn fill(c: &mut Client, round: &str, sent: &mut Sent) {
     let start = Instant::now();
-    let mut refused_in_a_row = 0;
-    for n in 0..FILL_REQUESTS_MAX {
+    let mut n = 0;
+    let within_limits = |n: usize| {
         assert!(
-            start.elapsed() < FILL_TIME_MAX,
-            "{round}: the disk did not fill within {FILL_TIME_MAX:?} ({n} produces sent)"
+            start.elapsed() < FILL_TIME_MAX && n < FILL_REQUESTS_MAX,
+            "{round}: the {TMPFS_BYTES}-byte disk did not fill within {FILL_TIME_MAX:?} and \
+             {FILL_REQUESTS_MAX} messages ({n} sent)"
         );
-        let r = sent.produce(c, payload(round, n));
-        if r.status == 202 {
-            refused_in_a_row = 0;
-            continue;
+    };
+    loop {
+        within_limits(n);
+        let ids: Vec<String> = (n..n + FILL_BATCH).map(|i| payload(round, i)).collect();
+        n += FILL_BATCH;
+        let r = try_produce_batch(c, "t", &ids).expect("batch produce");
+        let refused = r.status != 202;
+        if refused {
+            assert_full(&r, &format!("{round}: batch ending at {n}"));
+        } else {
+            sent.accepted.extend(ids.iter().cloned());
         }
-        assert_full(&r, &format!("{round}: produce {n}"));
-        refused_in_a_row += 1;
-        if refused_in_a_row == REFUSALS_IN_A_ROW {
-            return;
+        sent.all.extend(ids);
+        if refused {
+            break;
         }
     }
-    panic!("{round}: {FILL_REQUESTS_MAX} produces sent on a {TMPFS_BYTES}-byte disk without it filling");
+    let mut refused_in_a_row = 0;
+    while refused_in_a_row < REFUSALS_IN_A_ROW {
+        within_limits(n);
+        let r = sent.produce(c, payload(round, n));
+        n += 1;
+        if r.status == 202 {
+            refused_in_a_row = 0;
+        } else {
+            assert_full(&r, &format!("{round}: produce {n}"));
+            refused_in_a_row += 1;
+        }
+    }
 }
 
 /// The refusal of a write on a full disk: `500` with `{"error": "... disk full ..."}`.
@@ -122,15 +155,17 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
     let Some(mount) = tmpfs::Mount::tmpfs(&dir.0.join("mnt"), TMPFS_BYTES) else {
         return;
     };
-    let mut s = Server::start_with(mount.0.join("data"), vec![]);
-    let mut c = s.client();
-    c.create_topic("t", 4);
-    // Two fillers: the first is removed while the broker runs, the second after its restart.
+    // Two fillers, written before the broker starts (it prepares spare WAL segments in the
+    // background with whatever space there is): the first is removed while the broker runs,
+    // the second after its restart.
     let filler = mount.0.join("filler");
     let filler2 = mount.0.join("filler2");
     for f in [&filler, &filler2] {
         std::fs::write(f, vec![0x5a; FILLER_BYTES]).expect("fillers fit on the fresh tmpfs");
     }
+    let mut s = Server::start_with(mount.0.join("data"), vec![]);
+    let mut c = s.client();
+    c.create_topic("t", 4);
 
     // 1. Fill the disk: the refusal is the clear 500, and it stays so.
     let mut sent = Sent::default();
@@ -174,10 +209,20 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
             break;
         }
         assert_full(&r, "a produce after space was freed");
-        assert!(
-            freed.elapsed() < RECOVERY_WAIT_MAX,
-            "produces still refused {RECOVERY_WAIT_MAX:?} after {FILLER_BYTES} bytes were freed"
-        );
+        if freed.elapsed() >= RECOVERY_WAIT_MAX {
+            let backlog: Vec<String> = c
+                .get("/metrics")
+                .text()
+                .lines()
+                .filter(|l| l.starts_with("narad_ingress_dispatch_backlog_records"))
+                .map(str::to_string)
+                .collect();
+            panic!(
+                "produces still refused {RECOVERY_WAIT_MAX:?} after {FILLER_BYTES} bytes were \
+                 freed ({} bytes free now, {backlog:?})",
+                free_bytes(&mount.0)
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     // ... until the disk is full again.
