@@ -36,11 +36,15 @@ fn names<'a>(set: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
 /// full, up to an 8 MiB hand-off backlog per shard, and those records take their place in the
 /// partition segments first once space frees, each partition reserving up to 1 MiB ahead.
 const FILLER_BYTES: usize = 24 << 20;
-/// The tmpfs: a fresh broker takes 192 MiB of it (one 64 MiB WAL segment per shard and a
-/// prepared spare segment); the two fillers, and 8 MiB for partition segments.
-const TMPFS_BYTES: u64 = (192 << 20) + 2 * FILLER_BYTES as u64 + (8 << 20);
+/// The tmpfs: a fresh broker takes 256 MiB of it (a 64 MiB WAL segment and a prepared spare
+/// segment per shard; with less room the two shards' spares race for it and the space left
+/// varies); the two fillers, and 8 MiB for partition segments.
+const TMPFS_BYTES: u64 = (256 << 20) + 2 * FILLER_BYTES as u64 + (8 << 20);
 /// Payload padding: the disk fills after a few thousand produces.
 const PAD_BYTES: usize = 1000;
+/// How long the free space must stay put after start, and how long that may take.
+const SETTLE_QUIET: Duration = Duration::from_millis(1000);
+const SETTLE_MAX: Duration = Duration::from_secs(30);
 /// Messages per batch produce while filling.
 const FILL_BATCH: usize = 50;
 /// Most messages any fill sends (far more than the free space holds) and its time limit.
@@ -67,6 +71,24 @@ fn free_bytes(dir: &std::path::Path) -> u64 {
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
     st.f_bavail as u64 * st.f_frsize as u64
+}
+
+/// Waits (at most [`SETTLE_MAX`]) until the free space of `dir`'s file system has not moved for
+/// [`SETTLE_QUIET`]: a fresh broker prepares its spare WAL segments in the background, and the
+/// fill must start from what they leave.
+fn settle(dir: &std::path::Path) {
+    let start = Instant::now();
+    let mut last = (free_bytes(dir), Instant::now());
+    while start.elapsed() < SETTLE_MAX {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = free_bytes(dir);
+        if now != last.0 {
+            last = (now, Instant::now());
+        } else if last.1.elapsed() >= SETTLE_QUIET {
+            return;
+        }
+    }
+    panic!("the broker's use of the disk still moved after {SETTLE_MAX:?}");
 }
 
 /// What was sent, and what of it was answered `202`.
@@ -166,6 +188,7 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
     let mut s = Server::start_with(mount.0.join("data"), vec![]);
     let mut c = s.client();
     c.create_topic("t", 4);
+    settle(&mount.0);
 
     // 1. Fill the disk: the refusal is the clear 500, and it stays so.
     let mut sent = Sent::default();
