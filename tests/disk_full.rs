@@ -309,3 +309,103 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
         names(unknown.iter().copied())
     );
 }
+
+/// Fills the file system of `dir` to the last byte with a file there, `fill-all`.
+fn fill_to_the_last_byte(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("fill-all");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for chunk in [1 << 20, 4096, 512, 1] {
+        let buf = vec![0x33u8; chunk];
+        loop {
+            match f.write_all(&buf) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", path.display()),
+            }
+        }
+    }
+    f.sync_all().unwrap();
+    path
+}
+
+#[test]
+fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() {
+    // Proves that a metadata write (topics, users, grants: one Raft entry each) on a full disk
+    // is refused with a clear 503 and nothing else happens: the metadata group keeps leading,
+    // readiness holds, and once space frees the same change goes through, durably. Before, the
+    // Raft log's failed append stopped the group for good: every later topic or user change
+    // answered 503 until a restart, even with the disk empty again.
+    let dir = TempDir::new("disk-full-meta");
+    let Some(mount) = tmpfs::Mount::tmpfs(&dir.0.join("mnt"), TMPFS_BYTES) else {
+        return;
+    };
+    let mut s = Server::start_with(mount.0.join("data"), vec![]);
+    let mut c = s.client();
+    c.create_topic("t", 3);
+    settle(&mount.0);
+    let filler = fill_to_the_last_byte(&mount.0);
+
+    // Retention changes until one is refused (the log keeps some room reserved ahead, so the
+    // first ones still fit).
+    let start = Instant::now();
+    let mut last_applied = None;
+    let refusal = loop {
+        let n = last_applied.map_or(0, |v: u64| v - 3_600_000 + 1);
+        assert!(
+            start.elapsed() < FILL_TIME_MAX && n < FILL_REQUESTS_MAX as u64,
+            "{n} metadata changes accepted on a full disk within {:?}",
+            start.elapsed()
+        );
+        let retention = 3_600_000 + n;
+        let r = c.patch_json(
+            "/v1/topics/t",
+            &format!(r#"{{"retention_ms":{retention}}}"#),
+        );
+        if r.status != 200 {
+            break r;
+        }
+        last_applied = Some(retention);
+    };
+    assert_eq!(refusal.status, 503, "{}", refusal.text());
+    assert!(
+        refusal.error().contains("disk full"),
+        "the refusal names the full disk: {}",
+        refusal.text()
+    );
+    let described = c.get("/v1/topics/t").json();
+    assert_eq!(
+        described["retention_ms"].as_u64(),
+        last_applied,
+        "the refused change was not applied"
+    );
+    let r = c.get("/readyz");
+    assert_eq!(r.status, 200, "ready on a full disk: {}", r.text());
+    let metrics = c.get("/metrics").text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"narad_raft_state{state="leader"} 1"#),
+        "the metadata group still leads on a full disk"
+    );
+
+    // Space frees: the same kinds of change go through again, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    let r = c.patch_json("/v1/topics/t", r#"{"retention_ms":7200000}"#);
+    assert_eq!(
+        r.status,
+        200,
+        "a change after space was freed: {}",
+        r.text()
+    );
+    c.create_topic("u", 3);
+
+    // And they were durable.
+    s.restart();
+    let mut c = s.client();
+    assert_eq!(
+        c.get("/v1/topics/t").json()["retention_ms"].as_u64(),
+        Some(7_200_000)
+    );
+    assert_eq!(c.get("/v1/topics/u").status, 200);
+}

@@ -117,6 +117,10 @@ impl std::fmt::Display for MetaStartError {
 
 impl std::error::Error for MetaStartError {}
 
+/// Bytes reserved in the Raft log for a proposal beyond its command's JSON: the entry's own
+/// fields and frame header, and the committed-id frame written after it.
+const PROPOSE_FRAME_SLACK: u64 = 4096;
+
 /// Why a proposal produced no applied answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProposeError {
@@ -129,6 +133,8 @@ pub enum ProposeError {
     Indeterminate(String),
     /// The Raft group stopped (storage failure or shutdown). `503`; the node is unhealthy.
     Fatal(String),
+    /// The disk has no room for the entry: nothing was appended, the group goes on. `503`.
+    DiskFull,
 }
 
 impl std::fmt::Display for ProposeError {
@@ -141,6 +147,9 @@ impl std::fmt::Display for ProposeError {
                 "control plane temporarily unavailable: the change may still be applied, read it back before retrying: {e}"
             ),
             ProposeError::Fatal(e) => write!(f, "control plane temporarily unavailable: {e}"),
+            ProposeError::DiskFull => {
+                f.write_str("control plane temporarily unavailable: disk full; retry later")
+            }
         }
     }
 }
@@ -171,6 +180,8 @@ pub struct RaftGauges {
 #[derive(Clone)]
 pub struct MetaNode {
     raft: Raft,
+    /// The group's log store, shared with openraft: [`MetaNode::propose`] reserves its room.
+    log: LogStore,
     id: String,
     published: Rc<Published>,
     metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>,
@@ -219,9 +230,15 @@ impl MetaNode {
         }
         .validate()
         .map_err(|e| MetaStartError::Raft(e.to_string()))?;
-        let raft = Raft::new(cfg.node_id.clone(), Arc::new(config), network, log, sm)
-            .await
-            .map_err(|e| MetaStartError::Raft(e.to_string()))?;
+        let raft = Raft::new(
+            cfg.node_id.clone(),
+            Arc::new(config),
+            network,
+            log.clone(),
+            sm,
+        )
+        .await
+        .map_err(|e| MetaStartError::Raft(e.to_string()))?;
         let initialized = raft
             .is_initialized()
             .await
@@ -271,6 +288,7 @@ impl MetaNode {
         let node = MetaNode {
             metrics: raft.metrics(),
             raft,
+            log,
             id: cfg.node_id.clone(),
             published,
             propose_timeout: Duration::from_millis(cfg.propose_timeout_ms),
@@ -304,6 +322,17 @@ impl MetaNode {
 
     /// Proposes `cmd` and waits until it is applied: the log index and the answer, or why not.
     pub async fn propose(&self, cmd: MetaCommand) -> Result<(u64, MetaResponse), ProposeError> {
+        // The entry's frame, and the frames openraft appends around it (the committed id), fit
+        // in the room reserved here, so a full disk refuses this change instead of failing the
+        // append, which would stop the group until a restart.
+        let bytes = serde_json::to_vec(&cmd).map_or(0, |v| v.len() as u64) + PROPOSE_FRAME_SLACK;
+        if let Err(e) = self.log.reserve(bytes) {
+            return Err(if crate::store::is_disk_full(&e) {
+                ProposeError::DiskFull
+            } else {
+                ProposeError::Fatal(e.to_string())
+            });
+        }
         let r = crate::rt::timeout(self.propose_timeout, self.raft.client_write(cmd)).await;
         match r {
             Err(_) => Err(ProposeError::Indeterminate(format!(

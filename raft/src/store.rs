@@ -80,6 +80,9 @@ pub const LOG_COMPACT_SLACK_FRAMES: u64 = 4096;
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
 const LOG_FILE: &str = "raft-log";
+
+/// Disk space reserved past the end of `raft-log` at a time (see [`LogStore::reserve`]).
+pub const LOG_RESERVE_AHEAD_BYTES: u64 = 1 << 20;
 const VOTE_FILE: &str = "vote.json";
 const SNAPSHOT_FILE: &str = "snapshot.json";
 
@@ -123,14 +126,44 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// Writes `bytes` to `dir/name` so that after a crash either the old or the new content is
 /// found: temp file, fdatasync, rename, directory fsync.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    write_temp(dir, name, bytes)?;
+    install_temp(dir, name)
+}
+
+/// The first half of [`write_atomic`]: `dir/name.tmp` written and synced. Nothing the reader of
+/// `dir/name` sees has changed yet, so a failure here (a full disk) can be given up on.
+fn write_temp(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     let tmp = dir.join(format!("{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, dir.join(name))?;
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()
+}
+
+/// The second half of [`write_atomic`]: the temp file renamed over `dir/name`, the directory
+/// synced.
+fn install_temp(dir: &Path, name: &str) -> io::Result<()> {
+    std::fs::rename(dir.join(format!("{name}.tmp")), dir.join(name))?;
     sync_dir(dir)
+}
+
+/// ENOSPC or EDQUOT.
+pub fn is_disk_full(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+/// `fallocate(FALLOC_FL_KEEP_SIZE)` of `[from, from + len)`: disk blocks for later appends, the
+/// file's length unchanged.
+fn reserve_blocks(file: &File, from: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(from), Ok(len)) = (libc::off_t::try_from(from), libc::off_t::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: fallocate on a descriptor this File owns; KEEP_SIZE changes no content or length.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, from, len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -281,6 +314,11 @@ struct LogInner {
     vote: Option<Vote>,
     /// Frames in the current file, for the compaction trigger.
     frames_in_file: u64,
+    /// Length of the current file.
+    len: u64,
+    /// Disk blocks are reserved up to here (see [`LogStore::reserve`]); `u64::MAX` when the
+    /// file system cannot reserve (appends then allocate as they go).
+    reserved_end: u64,
     /// Set after a failed write or sync: the file's durable content is unknown, so every later
     /// operation fails (an fsync failure is never retried).
     failed: Option<String>,
@@ -313,6 +351,31 @@ impl LogInner {
             return Err(e);
         }
         self.frames_in_file += ops.len() as u64;
+        self.len += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Reserves disk blocks so that `bytes` more can be appended without the file system
+    /// allocating: [`LOG_RESERVE_AHEAD_BYTES`] past what is needed at a time, or exactly what is
+    /// needed when the disk has less.
+    fn reserve(&mut self, bytes: u64) -> io::Result<()> {
+        let need = self.len.saturating_add(bytes);
+        if need <= self.reserved_end {
+            return Ok(());
+        }
+        let from = self.reserved_end.max(self.len);
+        let ahead = need.max(self.len.saturating_add(LOG_RESERVE_AHEAD_BYTES));
+        let r = match reserve_blocks(&self.file, from, ahead - from) {
+            Err(e) if is_disk_full(&e) => {
+                reserve_blocks(&self.file, from, need - from).map(|()| need)
+            }
+            r => r.map(|()| ahead),
+        };
+        match r {
+            Ok(end) => self.reserved_end = end,
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => self.reserved_end = u64::MAX,
+            Err(e) => return Err(e),
+        }
         Ok(())
     }
 
@@ -339,11 +402,26 @@ impl LogInner {
             &mut buf,
         )?;
         frames += 1;
-        write_atomic(&self.dir, LOG_FILE, &buf)?;
+        if let Err(e) = write_temp(&self.dir, LOG_FILE, &buf) {
+            if !is_disk_full(&e) {
+                return Err(e);
+            }
+            // The log as it is stays valid (its purge frame is written): compaction only saves
+            // space, and is tried again at the next purge.
+            tracing::warn!(error = %e, "metadata raft log compaction skipped: the disk is full");
+            let _ = std::fs::remove_file(self.dir.join(format!("{LOG_FILE}.tmp")));
+            return Ok(());
+        }
+        install_temp(&self.dir, LOG_FILE)?;
         self.file = OpenOptions::new()
             .append(true)
             .open(self.dir.join(LOG_FILE))?;
         self.frames_in_file = frames;
+        self.len = buf.len() as u64;
+        self.reserved_end = self.len;
+        if let Err(e) = self.reserve(LOG_RESERVE_AHEAD_BYTES) {
+            tracing::warn!(error = %e, "metadata raft log: no space reserved after compaction");
+        }
         tracing::info!(frames, "metadata raft log compacted");
         Ok(())
     }
@@ -417,15 +495,34 @@ impl LogStore {
             Err(e) => return Err(e),
         };
         let file = OpenOptions::new().append(true).open(&path)?;
-        let inner = LogInner {
+        let len = file.metadata()?.len();
+        let mut inner = LogInner {
             dir: dir.to_path_buf(),
             file,
             image,
             vote,
             frames_in_file: rec.frames,
+            len,
+            reserved_end: len,
             failed: None,
         };
+        // Best effort: blocks reserved by an earlier run are still allocated, so this succeeds
+        // on a full disk too, and the appends of this start (a leader's first entry) fit.
+        if let Err(e) = inner.reserve(LOG_RESERVE_AHEAD_BYTES) {
+            tracing::warn!(error = %e, "metadata raft log: no space reserved at open");
+        }
         Ok((LogStore(Rc::new(RefCell::new(inner))), rec))
+    }
+
+    /// Makes sure `bytes` more can be appended to `raft-log` without the file system allocating
+    /// (disk blocks reserved past its end, the length unchanged). A proposal calls it before
+    /// openraft sees the command: openraft stops the whole group on a failed append, so a full
+    /// disk must refuse the change here, after which the group goes on and takes changes again
+    /// once space frees. An error changes nothing.
+    pub fn reserve(&self, bytes: u64) -> io::Result<()> {
+        let mut inner = self.0.borrow_mut();
+        inner.check()?;
+        inner.reserve(bytes)
     }
 
     /// Indexes of the entries held (for tests and diagnostics).
@@ -1033,6 +1130,41 @@ mod tests {
             assert_eq!(log.entry_indexes(), (n - 9..=n).collect::<Vec<_>>());
             let st = log.get_log_state().await.expect("state");
             assert_eq!(st.last_purged_log_id, Some(log_id(1, n - 10)));
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn appends_land_in_space_reserved_ahead() {
+        // Proves what makes a full disk harmless to the log (see `LogStore::reserve`): the room
+        // reserved past the end of `raft-log` is allocated on disk while the file's length stays
+        // what its frames make it, appends within it allocate nothing more, and a request past it
+        // reserves again. A file system without fallocate (EOPNOTSUPP) skips the check.
+        use std::os::unix::fs::MetadataExt;
+        let dir = temp_dir("reserve");
+        let allocated = |d: &Path| std::fs::metadata(d.join(LOG_FILE)).unwrap().blocks() * 512;
+        narad_io::rt::block_on(async {
+            let (mut log, _) = LogStore::open(&dir).expect("open");
+            if log.0.borrow().reserved_end == u64::MAX {
+                eprintln!("skipped: this file system cannot reserve space");
+                return;
+            }
+            let len = file_len(&dir);
+            assert_eq!(log.0.borrow().len, len);
+            assert!(
+                allocated(&dir) >= len + LOG_RESERVE_AHEAD_BYTES,
+                "open reserves ahead: {} allocated for {len} bytes",
+                allocated(&dir)
+            );
+            let before = allocated(&dir);
+            log.reserve(10_000).expect("within the reservation");
+            append(&mut log, &[(1, 1), (1, 2), (1, 3)]).await;
+            assert_eq!(allocated(&dir), before, "appends used the reserved blocks");
+            assert_eq!(log.0.borrow().len, file_len(&dir));
+            log.reserve(3 * LOG_RESERVE_AHEAD_BYTES)
+                .expect("past the reservation");
+            assert!(allocated(&dir) >= file_len(&dir) + 3 * LOG_RESERVE_AHEAD_BYTES);
+            assert_eq!(log.entry_indexes(), vec![1, 2, 3]);
         });
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -51,6 +51,10 @@ pub fn propose_error(e: narad_raft::ProposeError) -> Response {
     match e {
         ProposeError::Apply(me) => error(me.kind.http_status(), &me.message),
         ProposeError::NoLeader { .. } => error(503, "control plane temporarily unavailable"),
+        ProposeError::DiskFull => {
+            tracing::warn!("metadata change refused: the disk is full");
+            error(503, &ProposeError::DiskFull.to_string())
+        }
         other => {
             tracing::error!(error = %other, "metadata proposal failed");
             error(503, &other.to_string())
