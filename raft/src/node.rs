@@ -118,8 +118,10 @@ impl std::fmt::Display for MetaStartError {
 impl std::error::Error for MetaStartError {}
 
 /// Bytes reserved in the Raft log for a proposal beyond its command's JSON: the entry's own
-/// fields and frame header, and the committed-id frame written after it.
-const PROPOSE_FRAME_SLACK: u64 = 4096;
+/// fields and frame header, the committed-id frame written after it, and room for other
+/// proposals in flight at the same time (openraft may append them together, after each
+/// reserved for itself alone).
+const PROPOSE_FRAME_SLACK: u64 = 64 << 10;
 
 /// Why a proposal produced no applied answer.
 #[derive(Debug, Clone, PartialEq)]
