@@ -332,15 +332,24 @@ fn fill_to_the_last_byte(dir: &std::path::Path) -> std::path::PathBuf {
 #[test]
 fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() {
     // Proves that a metadata write (topics, users, grants: one Raft entry each) on a full disk
-    // is refused with a clear 503 and nothing else happens: the metadata group keeps leading,
-    // readiness holds, and once space frees the same change goes through, durably. Before, the
-    // Raft log's failed append stopped the group for good: every later topic or user change
-    // answered 503 until a restart, even with the disk empty again.
+    // is refused with a clear 503 and nothing else happens: the metadata group keeps leading
+    // (snapshots are put off), readiness holds, and once space frees the same change goes
+    // through, durably. Before, the Raft log's failed append, or a snapshot that could not be
+    // written, stopped the group for good: every later topic or user change answered 503 until
+    // a restart, even with the disk empty again.
     let dir = TempDir::new("disk-full-meta");
     let Some(mount) = tmpfs::Mount::tmpfs(&dir.0.join("mnt"), TMPFS_BYTES) else {
         return;
     };
-    let mut s = Server::start_with(mount.0.join("data"), vec![]);
+    // A snapshot every 10 entries: openraft also stops the group when a snapshot it asked for
+    // cannot be written, so the full disk must put them off too.
+    let mut s = Server::start_with(
+        mount.0.join("data"),
+        vec![(
+            "NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD".to_string(),
+            "10".to_string(),
+        )],
+    );
     let mut c = s.client();
     c.create_topic("t", 3);
     settle(&mount.0);
@@ -388,6 +397,12 @@ fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() 
             .any(|l| l == r#"narad_raft_state{state="leader"} 1"#),
         "the metadata group still leads on a full disk"
     );
+    let put_off: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("narad_metastore_snapshot_failures_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("narad_metastore_snapshot_failures_total");
+    assert!(put_off > 0, "no snapshot was attempted on the full disk");
 
     // Space frees: the same kinds of change go through again, without a restart.
     std::fs::remove_file(&filler).unwrap();

@@ -154,12 +154,18 @@ pub fn is_disk_full(e: &io::Error) -> bool {
 /// `fallocate(FALLOC_FL_KEEP_SIZE)` of `[from, from + len)`: disk blocks for later appends, the
 /// file's length unchanged.
 fn reserve_blocks(file: &File, from: u64, len: u64) -> io::Result<()> {
+    fallocate(file, libc::FALLOC_FL_KEEP_SIZE, from, len)
+}
+
+/// `fallocate(mode)` of `[from, from + len)`.
+fn fallocate(file: &File, mode: libc::c_int, from: u64, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let (Ok(from), Ok(len)) = (libc::off_t::try_from(from), libc::off_t::try_from(len)) else {
         return Err(io::Error::from_raw_os_error(libc::EFBIG));
     };
-    // SAFETY: fallocate on a descriptor this File owns; KEEP_SIZE changes no content or length.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, from, len) };
+    // SAFETY: fallocate on a descriptor this File owns; it changes no content (mode 0 extends
+    // the length with zeros, KEEP_SIZE leaves it).
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, from, len) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -789,24 +795,69 @@ pub struct SnapshotBuilder {
     meta: SnapshotMeta,
     state: MetaState,
     published: Rc<Published>,
+    /// The encoded snapshot, its temp file already allocated (see [`SnapshotBuilder::prepare`]).
+    prepared: Option<Vec<u8>>,
+    /// The applied index of the encoded state, for the log line.
+    applied_index: u64,
 }
 
 impl SnapshotBuilder {
-    fn write(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+    fn encode(&mut self) -> io::Result<Vec<u8>> {
         let file = SnapshotFile {
             format: SNAPSHOT_FORMAT,
             meta: self.meta.clone(),
             state: std::mem::take(&mut self.state),
         };
-        let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
-        write_atomic(&self.dir, SNAPSHOT_FILE, &bytes)?;
+        self.applied_index = file.state.applied_index;
+        serde_json::to_vec(&file).map_err(io::Error::other)
+    }
+
+    /// Encodes the snapshot and allocates its temp file at full length, so that [`Self::write`]
+    /// needs no new disk blocks. openraft stops the whole group when a snapshot it asked for
+    /// fails, so a full disk must show here, where the snapshot can still be put off.
+    fn prepare(&mut self) -> io::Result<()> {
+        let bytes = self.encode()?;
+        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let allocated = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .and_then(|f| fallocate(&f, 0, 0, bytes.len() as u64));
+        if let Err(e) = allocated {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.prepared = Some(bytes);
+        Ok(())
+    }
+
+    fn write(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
+        let bytes = match self.prepared.take() {
+            Some(bytes) => {
+                use std::os::unix::fs::FileExt;
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(self.dir.join(format!("{SNAPSHOT_FILE}.tmp")))?;
+                f.write_all_at(&bytes, 0)?;
+                f.set_len(bytes.len() as u64)?;
+                f.sync_data()?;
+                install_temp(&self.dir, SNAPSHOT_FILE)?;
+                bytes
+            }
+            None => {
+                let bytes = self.encode()?;
+                write_atomic(&self.dir, SNAPSHOT_FILE, &bytes)?;
+                bytes
+            }
+        };
         tracing::info!(
-            index = file.state.applied_index,
+            index = self.applied_index,
             bytes = bytes.len(),
             "metadata snapshot written"
         );
         Ok(Snapshot {
-            meta: file.meta,
+            meta: self.meta.clone(),
             snapshot: bytes,
         })
     }
@@ -894,6 +945,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             },
             state: self.state.clone(),
             published: self.published.clone(),
+            prepared: None,
+            applied_index: 0,
+        }
+    }
+
+    async fn try_create_snapshot_builder(&mut self, force: bool) -> Option<Self::SnapshotBuilder> {
+        #[allow(deprecated)]
+        let mut b = self.get_snapshot_builder().await;
+        if force {
+            return Some(b);
+        }
+        match b.prepare() {
+            Ok(()) => Some(b),
+            Err(e) => {
+                // Put off, not failed: the log keeps every entry until a snapshot is written,
+                // and openraft asks again after the next entries.
+                tracing::warn!(error = %e, "metadata snapshot put off: its file cannot be written");
+                self.published.count(|f| f.snapshot_failures += 1);
+                None
+            }
         }
     }
 

@@ -932,7 +932,7 @@ fn render_metastore(e: &mut Expo, r: &narad_raft::RaftGauges) {
     e.family(
         "narad_metastore_snapshot_failures_total",
         Kind::Counter,
-        "Metadata snapshots that failed (Raft tries again at its next threshold).",
+        "Metadata snapshots that failed or were put off because their file could not be allocated (the log keeps its entries; Raft asks again).",
     );
     e.int(
         "narad_metastore_snapshot_failures_total",
