@@ -64,6 +64,8 @@ pub enum ShardReq {
     },
     /// Install this metadata snapshot (from shard 0).
     Meta(Arc<MetaState>),
+    /// The metadata group on shard 0 stopped for good, for this reason: not ready any more.
+    MetaStopped(String),
     /// Drop the data of topics this shard holds that the metadata no longer has (start-up,
     /// from shard 0, see [`Node::purge_deleted_topics`]).
     PurgeDeleted,
@@ -152,6 +154,8 @@ pub struct Node {
     shutdown: ShutdownSignal,
     started: Cell<bool>,
     released: Cell<bool>,
+    /// Why the metadata group stopped, once it did (see [`Node::watch_metadata_group`]).
+    meta_stopped: RefCell<Option<String>>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
@@ -185,6 +189,7 @@ impl Node {
             shutdown,
             started: Cell::new(false),
             released: Cell::new(false),
+            meta_stopped: RefCell::new(None),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
             transit: crate::transit::Transit::new(shard, shards),
@@ -206,11 +211,39 @@ impl Node {
         if self.shutting_down() {
             return Err("shutting down".into());
         }
+        if let Some(reason) = self.meta_stopped.borrow().as_ref() {
+            // API.md §15.2: ready only with a Raft leader in view; a stopped group has none.
+            return Err(format!(
+                "no metadata leader: the metadata group stopped ({reason}); restart the node"
+            ));
+        }
         if let Some(reason) = self.host.log().poisoned() {
             // Reads and consumes still work; readiness stays up (SEMANTICS.md §3.4).
             tracing::debug!(reason, "ingress WAL failed");
         }
         Ok(())
+    }
+
+    /// Shard 0: waits (in the background) for the metadata group to stop for good, e.g. on a
+    /// storage failure, and then makes every shard answer `/readyz` with 503. Not while the node
+    /// shuts down (readiness says so already).
+    pub fn watch_metadata_group(self: &Rc<Self>) {
+        let Some(mn) = self.meta_node.clone() else {
+            return;
+        };
+        let weak = Rc::downgrade(self);
+        rt::spawn(async move {
+            let reason = mn.stopped().await;
+            let Some(n) = weak.upgrade() else { return };
+            if n.shutting_down() {
+                return;
+            }
+            tracing::error!(reason, "the metadata group stopped: topic and user changes fail and the node is not ready until it is restarted");
+            *n.meta_stopped.borrow_mut() = Some(reason.clone());
+            n.tell_other_shards(|| ShardReq::MetaStopped(reason.clone()))
+                .await;
+        })
+        .detach();
     }
 
     /// True once shard 0 has released this shard to serve (see [`ShardReq::StartServing`]).
@@ -882,6 +915,10 @@ impl Node {
             }
             ShardReq::Meta(state) => {
                 self.install_meta(state);
+                ShardResp::Done
+            }
+            ShardReq::MetaStopped(reason) => {
+                *self.meta_stopped.borrow_mut() = Some(reason);
                 ShardResp::Done
             }
             ShardReq::PurgeDeleted => {

@@ -294,7 +294,9 @@ fn stop_on_shard_panic(
 /// after this much WAL or this long (defaults 64 MiB and 5 s; for benchmarks);
 /// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor;
 /// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
-/// its log, so tests can watch a node that is still starting (the boot probe).
+/// its log, so tests can watch a node that is still starting (the boot probe);
+/// `NARAD_TEST_RAFT_LOG_FAIL_AFTER`: the metadata Raft log's writes fail with EIO after this many
+/// (a failing disk under the metadata group).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -418,6 +420,7 @@ async fn shard_main(
         let mut mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
         mc.snapshot_logs_since_last = config.raft_snapshot_threshold;
         mc.logs_kept_after_snapshot = config.raft_trailing_logs;
+        mc.fail_log_writes_after = test_knob("NARAD_TEST_RAFT_LOG_FAIL_AFTER");
         Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
     } else {
         None
@@ -431,6 +434,7 @@ async fn shard_main(
         meta_node,
         shutdown.clone(),
     );
+    node.watch_metadata_group();
     {
         let weak = Rc::downgrade(&node);
         host.set_wake_hook(Box::new(move |topic| {

@@ -46,6 +46,9 @@ pub struct MetaConfig {
     pub snapshot_logs_since_last: u64,
     /// Entries kept in the log behind a snapshot.
     pub logs_kept_after_snapshot: u64,
+    /// Tests only: the log's writes fail (EIO) after this many (see
+    /// [`LogStore::fail_writes_after`]).
+    pub fail_log_writes_after: Option<u64>,
 }
 
 impl MetaConfig {
@@ -61,6 +64,7 @@ impl MetaConfig {
             election_timeout_max_ms: 600,
             snapshot_logs_since_last: 8192,
             logs_kept_after_snapshot: 10_240,
+            fail_log_writes_after: None,
         }
     }
 
@@ -213,6 +217,9 @@ impl MetaNode {
         let dir = cfg.metastore_dir();
         let published = Rc::new(Published::default());
         let (log, recovery) = LogStore::open(&dir).map_err(MetaStartError::Storage)?;
+        if let Some(n) = cfg.fail_log_writes_after {
+            log.fail_writes_after(n);
+        }
         let sm = StateMachine::open(&dir, published.clone()).map_err(MetaStartError::Storage)?;
         tracing::info!(
             dir = %dir.display(),
@@ -394,6 +401,26 @@ impl MetaNode {
                 max = crate::store::SUBSCRIBERS_MAX,
                 "metadata subscriber refused: too many"
             );
+        }
+    }
+
+    /// Waits until the group has stopped for good (a storage failure, or a shutdown), and says
+    /// why.
+    pub async fn stopped(&self) -> String {
+        let mut rx = self.metrics.clone();
+        loop {
+            {
+                let m = rx.borrow_watched();
+                if let Err(e) = &m.running_state {
+                    return e.to_string();
+                }
+                if m.state == ServerState::Shutdown {
+                    return "shut down".to_string();
+                }
+            }
+            if rx.changed().await.is_err() {
+                return "stopped".to_string();
+            }
         }
     }
 

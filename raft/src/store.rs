@@ -328,6 +328,9 @@ struct LogInner {
     /// Set after a failed write or sync: the file's durable content is unknown, so every later
     /// operation fails (an fsync failure is never retried).
     failed: Option<String>,
+    /// Tests only: writes left before every write fails as an I/O error would
+    /// ([`LogStore::fail_writes_after`]).
+    writes_before_failure: Option<u64>,
 }
 
 impl LogInner {
@@ -343,6 +346,15 @@ impl LogInner {
     /// Appends frames for `ops`, syncing when `sync`. On failure the store stops.
     fn write_ops(&mut self, ops: &[LogOp], sync: bool) -> io::Result<()> {
         self.check()?;
+        if let Some(left) = self.writes_before_failure.as_mut() {
+            if *left == 0 {
+                let e = io::Error::from_raw_os_error(libc::EIO);
+                tracing::error!(error = %e, "metadata raft log write failed (injected); the metastore stops");
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+            *left -= 1;
+        }
         let mut buf = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             encode_frame(op, sync && i + 1 == ops.len(), &mut buf)?;
@@ -511,6 +523,7 @@ impl LogStore {
             len,
             reserved_end: len,
             failed: None,
+            writes_before_failure: None,
         };
         // Best effort: blocks reserved by an earlier run are still allocated, so this succeeds
         // on a full disk too, and the appends of this start (a leader's first entry) fit.
@@ -529,6 +542,12 @@ impl LogStore {
         let mut inner = self.0.borrow_mut();
         inner.check()?;
         inner.reserve(bytes)
+    }
+
+    /// Tests only: after `writes` more writes, every write fails with EIO, as a failing disk
+    /// would make it (what the group and the node do then is what such tests check).
+    pub fn fail_writes_after(&self, writes: u64) {
+        self.0.borrow_mut().writes_before_failure = Some(writes);
     }
 
     /// Indexes of the entries held (for tests and diagnostics).
