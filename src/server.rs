@@ -296,7 +296,8 @@ fn stop_on_shard_panic(
 /// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
 /// its log, so tests can watch a node that is still starting (the boot probe);
 /// `NARAD_TEST_RAFT_LOG_FAIL_AFTER`: the metadata Raft log's writes fail with EIO after this many
-/// (a failing disk under the metadata group).
+/// (a failing disk under the metadata group); `NARAD_TEST_WAL_FAIL_AFTER_BATCHES`: each shard's
+/// WAL write fails after this many batches (a failing disk under the ingress WAL).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -318,6 +319,7 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     if let Some(b) = test_knob("NARAD_TEST_WAL_PIPELINE_MIN_BYTES") {
         c.wal_pipeline_min_bytes = b as usize;
     }
+    c.wal_fail_after_batches = test_knob("NARAD_TEST_WAL_FAIL_AFTER_BATCHES");
     c
 }
 

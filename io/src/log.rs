@@ -111,6 +111,8 @@ pub struct LogConfig {
     pub partition_segment_bytes_max: u64,
     pub checkpoint_wal_bytes: u64,
     pub checkpoint_interval_ms: u64,
+    /// Tests only: the WAL's write fails after this many batches (`WalConfig::fail_after_batches`).
+    pub wal_fail_after_batches: Option<u64>,
 }
 
 impl LogConfig {
@@ -138,6 +140,7 @@ impl LogConfig {
             partition_segment_bytes_max: 64 << 20,
             checkpoint_wal_bytes: 64 << 20,
             checkpoint_interval_ms: 5_000,
+            wal_fail_after_batches: None,
         }
     }
 
@@ -380,6 +383,7 @@ fn wal_config(cfg: &LogConfig) -> WalConfig {
         // comes back as a spare written with zeros.
         recycle_segments_max: (cfg.checkpoint_wal_bytes / cfg.wal_segment_bytes.max(1)).clamp(2, 8)
             as usize,
+        fail_after_batches: cfg.wal_fail_after_batches,
     }
 }
 

@@ -37,6 +37,7 @@ fn small_cfg(dir: PathBuf) -> WalConfig {
         queue_bytes_max: 256 << 10,
         batches_in_flight_max: 2,
         recycle_segments_max: 2,
+        fail_after_batches: None,
         dir,
     }
 }

@@ -44,6 +44,7 @@ fn disk_full_is_an_error_value_and_recovers_when_space_frees() {
         queue_bytes_max: 256 << 10,
         batches_in_flight_max: 2,
         recycle_segments_max: 2,
+        fail_after_batches: None,
     };
     rt::block_on(async move {
         let (wal, _, _) = Wal::open(cfg.clone()).await.expect("open");

@@ -43,6 +43,7 @@ fn cfg(dir: PathBuf) -> WalConfig {
         queue_bytes_max: 1 << 20,
         batches_in_flight_max: 2,
         recycle_segments_max: 2,
+        fail_after_batches: None,
     }
 }
 

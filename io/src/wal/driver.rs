@@ -87,6 +87,8 @@ struct Inner {
     recycle_from: u64,
     /// No released segment is kept before this instant (set when the disk was found full).
     keep_none_until: Cell<Option<Instant>>,
+    /// Tests only: batches left before a write fails (`WalConfig::fail_after_batches`).
+    fail_after: Cell<Option<u64>>,
 }
 
 /// Handle to one shard's WAL. Clone-able; lives on one shard.
@@ -183,6 +185,7 @@ impl Wal {
             torn_bytes = rec.stats.torn_bytes,
             "write-ahead log recovered"
         );
+        let fail_after_batches = cfg.fail_after_batches;
         let inner = Inner {
             core: RefCell::new(Core::new(core_cfg, rec.next_seq, write_at)),
             cfg,
@@ -198,6 +201,7 @@ impl Wal {
             recycled: RefCell::new(Vec::new()),
             recycle_from: write_at.segment + 1,
             keep_none_until: Cell::new(None),
+            fail_after: Cell::new(fail_after_batches),
         };
         let wal = Wal(Rc::new(inner));
         start_spare(&wal.0);
@@ -543,6 +547,15 @@ async fn carry_out(inner: &Rc<Inner>, plan: &BatchPlan, buf: file::AlignedBuf) -
         }
     }
     let f = inner.current.borrow().clone();
+    if let Some(left) = inner.fail_after.get() {
+        if left == 0 {
+            return Outcome::Failed(format!(
+                "write of batch {} at segment {} byte {}: injected I/O error (test knob)",
+                plan.seq, plan.at.segment, plan.at.byte
+            ));
+        }
+        inner.fail_after.set(Some(left - 1));
+    }
     if let Err(e) = f.write_all_at(buf, plan.at.byte).await {
         return Outcome::Failed(format!(
             "write of batch {} at segment {} byte {}: {e}",

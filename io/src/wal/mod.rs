@@ -79,6 +79,9 @@ pub struct WalConfig {
     /// Released segment files kept to be reused as new segments instead of preparing zeroed ones
     /// (0 = delete every released segment).
     pub recycle_segments_max: usize,
+    /// Tests only: after this many batches, the next batch's write fails as an I/O error would
+    /// (the log is poisoned; what the node answers then is what such tests check).
+    pub fail_after_batches: Option<u64>,
 }
 
 impl WalConfig {
@@ -92,6 +95,7 @@ impl WalConfig {
             queue_bytes_max: 64 << 20,
             batches_in_flight_max: BATCHES_IN_FLIGHT_DEFAULT,
             recycle_segments_max: 4,
+            fail_after_batches: None,
         }
     }
 }
