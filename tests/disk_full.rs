@@ -343,12 +343,9 @@ fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() 
     };
     // A snapshot every 10 entries: openraft also stops the group when a snapshot it asked for
     // cannot be written, so the full disk must put them off too.
-    let mut s = Server::start_with(
+    let mut s = Server::start_env(
         mount.0.join("data"),
-        vec![(
-            "NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD".to_string(),
-            "10".to_string(),
-        )],
+        &[("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD", "10")],
     );
     let mut c = s.client();
     c.create_topic("t", 3);

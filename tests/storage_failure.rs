@@ -25,12 +25,9 @@ fn a_stopped_metadata_group_makes_the_node_unready_on_every_shard() {
     let dir = TempDir::new("metastore-failure");
     // Start-up writes a few entries (the leader's first one, its committed id); the first topic
     // create below writes more. 50 writes leave room for both and fail soon after.
-    let s = Server::start_with(
+    let s = Server::start_env(
         dir.0.join("data"),
-        vec![(
-            "NARAD_TEST_RAFT_LOG_FAIL_AFTER".to_string(),
-            "50".to_string(),
-        )],
+        &[("NARAD_TEST_RAFT_LOG_FAIL_AFTER", "50")],
     );
     let mut c = s.client();
     c.create_topic("t", 4);
@@ -103,12 +100,9 @@ const REFUSED_IN_A_ROW: usize = 20;
 #[test]
 fn a_failed_ingress_wal_refuses_produces_until_restart_and_loses_nothing_accepted() {
     let dir = TempDir::new("wal-failure");
-    let mut s = Server::start_with(
+    let mut s = Server::start_env(
         dir.0.join("data"),
-        vec![(
-            "NARAD_TEST_WAL_FAIL_AFTER_BATCHES".to_string(),
-            "40".to_string(),
-        )],
+        &[("NARAD_TEST_WAL_FAIL_AFTER_BATCHES", "40")],
     );
     let mut c = s.client();
     c.create_topic("t", 4);

@@ -100,6 +100,16 @@ impl Server {
         s
     }
 
+    /// [`Server::start_with`] with the environment given as string pairs.
+    pub fn start_env(data_dir: PathBuf, env: &[(&str, &str)]) -> Server {
+        Server::start_with(
+            data_dir,
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
     /// Like [`Server::start_with`], but returns as soon as the process runs, before it is
     /// ready (for tests that watch start-up); [`Server::wait_ready`] then waits for it.
     pub fn spawn_starting(data_dir: PathBuf, extra_env: Vec<(String, String)>) -> Server {
