@@ -66,6 +66,8 @@ pub enum ShardReq {
     Meta(Arc<MetaState>),
     /// The metadata group on shard 0 stopped for good, for this reason: not ready any more.
     MetaStopped(String),
+    /// A shard's log stopped after an I/O failure: refuse every produce until restarted.
+    IngressFailed,
     /// Drop the data of topics this shard holds that the metadata no longer has (start-up,
     /// from shard 0, see [`Node::purge_deleted_topics`]).
     PurgeDeleted,
@@ -98,6 +100,9 @@ pub enum ShardResp {
 #[derive(Debug, Clone)]
 pub enum StoreError {
     DiskFull,
+    /// A shard's log stopped after an I/O failure: no produce is taken on this node until it
+    /// restarts (API.md §10.1 `500 produce failed`; see [`Node::note_ingress_failure`]).
+    Stopped(String),
     /// The topic was deleted while the produce was on its way (nothing stored).
     TopicGone,
     Failed(String),
@@ -120,6 +125,7 @@ fn store_error(e: LogError) -> StoreError {
     match e {
         LogError::DiskFull => StoreError::DiskFull,
         LogError::TopicDeleted => StoreError::TopicGone,
+        e @ LogError::Poisoned(_) => StoreError::Stopped(e.to_string()),
         other => StoreError::Failed(other.to_string()),
     }
 }
@@ -156,6 +162,8 @@ pub struct Node {
     released: Cell<bool>,
     /// Why the metadata group stopped, once it did (see [`Node::watch_metadata_group`]).
     meta_stopped: RefCell<Option<String>>,
+    /// Some shard's log stopped after an I/O failure (see [`Node::note_ingress_failure`]).
+    ingress_failed: Cell<bool>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
@@ -190,6 +198,7 @@ impl Node {
             started: Cell::new(false),
             released: Cell::new(false),
             meta_stopped: RefCell::new(None),
+            ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
             transit: crate::transit::Transit::new(shard, shards),
@@ -242,6 +251,28 @@ impl Node {
             *n.meta_stopped.borrow_mut() = Some(reason.clone());
             n.tell_other_shards(|| ShardReq::MetaStopped(reason.clone()))
                 .await;
+        })
+        .detach();
+    }
+
+    /// Whether produces are refused because a shard's log stopped after an I/O failure: this
+    /// shard's own, or another's it was told of (SEMANTICS.md §3.4: after a WAL write or sync
+    /// failure the node answers every produce `500` until restarted, even the ones a healthy
+    /// shard could still take).
+    pub fn ingress_refused(&self) -> bool {
+        self.ingress_failed.get() || self.host.log().poisoned().is_some()
+    }
+
+    /// A produce met a stopped log ([`StoreError::Stopped`], here or on the owner shard): every
+    /// shard refuses produces from now on. Told to the others once, in the background.
+    pub fn note_ingress_failure(self: &Rc<Self>) {
+        if self.ingress_failed.replace(true) {
+            return;
+        }
+        tracing::error!("a shard's log stopped after an I/O failure: this node refuses every produce until it is restarted");
+        let n = self.clone();
+        rt::spawn(async move {
+            n.tell_other_shards(|| ShardReq::IngressFailed).await;
         })
         .detach();
     }
@@ -919,6 +950,10 @@ impl Node {
             }
             ShardReq::MetaStopped(reason) => {
                 *self.meta_stopped.borrow_mut() = Some(reason);
+                ShardResp::Done
+            }
+            ShardReq::IngressFailed => {
+                self.ingress_failed.set(true);
                 ShardResp::Done
             }
             ShardReq::PurgeDeleted => {

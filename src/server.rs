@@ -296,8 +296,9 @@ fn stop_on_shard_panic(
 /// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
 /// its log, so tests can watch a node that is still starting (the boot probe);
 /// `NARAD_TEST_RAFT_LOG_FAIL_AFTER`: the metadata Raft log's writes fail with EIO after this many
-/// (a failing disk under the metadata group); `NARAD_TEST_WAL_FAIL_AFTER_BATCHES`: each shard's
-/// WAL write fails after this many batches (a failing disk under the ingress WAL).
+/// (a failing disk under the metadata group); `NARAD_TEST_WAL_FAIL_AFTER_BATCHES`: shard 0's
+/// WAL write fails after this many batches (a failing disk under the ingress WAL; the other
+/// shards' stay healthy, so tests see the node-wide refusal).
 fn test_knob(name: &str) -> Option<u64> {
     std::env::var(name).ok()?.trim().parse().ok()
 }
@@ -319,7 +320,9 @@ fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     if let Some(b) = test_knob("NARAD_TEST_WAL_PIPELINE_MIN_BYTES") {
         c.wal_pipeline_min_bytes = b as usize;
     }
-    c.wal_fail_after_batches = test_knob("NARAD_TEST_WAL_FAIL_AFTER_BATCHES");
+    if shard.0 == 0 {
+        c.wal_fail_after_batches = test_knob("NARAD_TEST_WAL_FAIL_AFTER_BATCHES");
+    }
     c
 }
 

@@ -277,6 +277,11 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
                 t.finish(&node, dest, n).await;
             }
             Err(e) => {
+                if matches!(e, crate::node::StoreError::Stopped(_)) {
+                    // The owner's log stopped: the records stay here until a restart, and the
+                    // node takes no more produces (SEMANTICS.md §3.4).
+                    node.note_ingress_failure();
+                }
                 let dropped = drop_vanished(&node, dest).await;
                 if dropped > 0 {
                     // Retry at once with what is left.

@@ -1,9 +1,9 @@
 //! Storage failures (a failing disk: writes that fail with an I/O error), against the real
 //! binary, through test knobs that make the writes fail:
-//! * the ingress WAL (`NARAD_TEST_WAL_FAIL_AFTER_BATCHES`; SEMANTICS.md §3.4): produces are
-//!   answered `500 produce failed` from then on until a restart, with
-//!   `narad_ingress_wal_failed` 1, while consumes and readiness are unaffected; after a restart
-//!   everything answered `202` is delivered;
+//! * the ingress WAL of shard 0 (`NARAD_TEST_WAL_FAIL_AFTER_BATCHES`; SEMANTICS.md §3.4, API.md
+//!   §10.1): the node, every shard of it, answers every produce `500 produce failed` from then
+//!   on until a restart, with `narad_ingress_wal_failed` 1, while consumes and readiness are
+//!   unaffected; after a restart everything answered `202` is delivered;
 //! * the metadata Raft log (`NARAD_TEST_RAFT_LOG_FAIL_AFTER`; API.md §15.2): `/readyz` is `200`
 //!   only while the node has a Raft leader in view; a group that stopped has none, so every
 //!   shard answers `503` with the reason, while the data plane (produce, consume) goes on and
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use std::collections::HashSet;
 
-use common::{drain, try_produce_one, Server, TempDir};
+use common::{drain, try_produce_one, Client, Server, TempDir};
 
 /// Longest the test waits for every shard to report the stopped group.
 const NOT_READY_WITHIN: Duration = Duration::from_secs(10);
@@ -93,9 +93,13 @@ fn a_stopped_metadata_group_makes_the_node_unready_on_every_shard() {
 
 /// Most produces the WAL test sends before both shards' WALs have failed.
 const PRODUCES_MAX: usize = 2_000;
-/// Refused produces in a row after which both shards' WALs have failed (keyless produces rotate
-/// over the 4 partitions of both shards).
-const REFUSED_IN_A_ROW: usize = 20;
+/// Connections the WAL test produces over (round-robin).
+const CONNECTIONS: usize = 8;
+/// Produces in a round that must all be refused: every connection several times.
+const REFUSED_IN_A_ROW: usize = 4 * CONNECTIONS;
+/// How long after the first refusal a connection to the healthy shard may still get a 202 (the
+/// other shards learn of the failure in the background).
+const REFUSED_EVERYWHERE_WITHIN: Duration = Duration::from_secs(5);
 
 #[test]
 fn a_failed_ingress_wal_refuses_produces_until_restart_and_loses_nothing_accepted() {
@@ -106,44 +110,64 @@ fn a_failed_ingress_wal_refuses_produces_until_restart_and_loses_nothing_accepte
     );
     let mut c = s.client();
     c.create_topic("t", 4);
+    // Several connections, so that both shards accept produces (each connection lands on one):
+    // only shard 0's WAL fails, and shard 1 must refuse too.
+    let mut clients: Vec<Client> = (0..CONNECTIONS).map(|_| s.client()).collect();
 
     let mut accepted = HashSet::new();
-    let mut refused_in_a_row = 0;
-    for n in 0..PRODUCES_MAX {
+    let mut n = 0;
+    let mut produce = |clients: &mut Vec<Client>, accepted: &mut HashSet<String>| {
         let id = format!("m-{n:05}");
-        let r = try_produce_one(&mut c, "t", &id).expect("produce");
+        let c = &mut clients[n % CONNECTIONS];
+        n += 1;
+        let r = try_produce_one(c, "t", &id).expect("produce");
         match r.status {
             202 => {
                 accepted.insert(id);
-                refused_in_a_row = 0;
             }
-            500 => {
-                assert!(
-                    r.error().starts_with("produce failed"),
-                    "the refusal: {}",
-                    r.text()
-                );
-                refused_in_a_row += 1;
-                if refused_in_a_row == REFUSED_IN_A_ROW {
-                    break;
-                }
-            }
+            500 => assert!(
+                r.error().starts_with("produce failed"),
+                "the refusal: {}",
+                r.text()
+            ),
             other => panic!("produce {n}: {other} {}", r.text()),
         }
+        r.status
+    };
+    // Until the first refusal...
+    let mut first_refusal = None;
+    for _ in 0..PRODUCES_MAX {
+        if produce(&mut clients, &mut accepted) == 500 {
+            first_refusal = Some(Instant::now());
+            break;
+        }
     }
-    assert_eq!(
-        refused_in_a_row, REFUSED_IN_A_ROW,
-        "the injected WAL failure never showed in {PRODUCES_MAX} produces"
-    );
+    let first_refusal = first_refusal.expect("the injected WAL failure never showed");
     assert!(
         !accepted.is_empty(),
         "nothing was accepted before the failure"
     );
-
-    // Until restarted: every produce is refused.
-    for n in 0..10 {
-        let r = try_produce_one(&mut c, "t", &format!("late-{n}")).expect("produce");
-        assert_eq!(r.status, 500, "a produce after the failure: {}", r.text());
+    // ... then, soon, every produce on every connection is refused, and stays so.
+    loop {
+        let round: Vec<u16> = (0..REFUSED_IN_A_ROW)
+            .map(|_| produce(&mut clients, &mut accepted))
+            .collect();
+        if round.iter().all(|&st| st == 500) {
+            break;
+        }
+        assert!(
+            first_refusal.elapsed() < REFUSED_EVERYWHERE_WITHIN,
+            "{REFUSED_EVERYWHERE_WITHIN:?} after the first refusal some connections still get \
+             202: {round:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for _ in 0..REFUSED_IN_A_ROW {
+        assert_eq!(
+            produce(&mut clients, &mut accepted),
+            500,
+            "a produce after the failure"
+        );
     }
     let metrics = c.get("/metrics").text();
     assert!(

@@ -48,11 +48,19 @@ fn store_failure(e: StoreError) -> Response {
         StoreError::DiskFull => error(500, "produce failed: disk full; retry later"),
         // Deleted between the topic lookup and the append: as if the lookup had missed it.
         StoreError::TopicGone => error(404, "topic not found"),
-        StoreError::Failed(detail) => {
+        StoreError::Failed(detail) | StoreError::Stopped(detail) => {
             tracing::error!(error = %detail, "produce failed");
             error(500, "produce failed")
         }
     }
+}
+
+/// [`store_failure`] of a produce; a stopped log makes the whole node refuse produces.
+fn produce_failure(node: &Rc<Node>, e: StoreError) -> Response {
+    if matches!(e, StoreError::Stopped(_)) {
+        node.note_ingress_failure();
+    }
+    store_failure(e)
 }
 
 /// Counts a schema refusal (a 4xx; `503` busy is capacity, not a rejection of the payload).
@@ -176,13 +184,16 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         payload: req.body.into(),
     };
     let tally = crate::metrics::Tally::of(std::slice::from_ref(&rec));
+    if node.ingress_refused() {
+        return error(500, "produce failed");
+    }
     // Another shard's partition: one local fsync, then the hand-off (crate::transit).
     match node.append_single(rec).await {
         Ok(()) => {
             node.metrics.produced(tally);
             Response::empty(202)
         }
-        Err(e) => store_failure(e),
+        Err(e) => produce_failure(node, e),
     }
 }
 
@@ -261,12 +272,15 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     }
     let n = records.len();
     let tally = crate::metrics::Tally::of(&records);
+    if node.ingress_refused() {
+        return error(500, "produce failed");
+    }
     match node.append(records).await {
         Ok(()) => {
             node.metrics.produced(tally);
             Response::json(202, format!("{{\"accepted\":{n}}}\n").into_bytes())
         }
-        Err(e) => store_failure(e),
+        Err(e) => produce_failure(node, e),
     }
 }
 
