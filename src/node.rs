@@ -255,12 +255,13 @@ impl Node {
         .detach();
     }
 
-    /// Whether produces are refused because a shard's log stopped after an I/O failure: this
-    /// shard's own, or another's it was told of (SEMANTICS.md §3.4: after a WAL write or sync
-    /// failure the node answers every produce `500` until restarted, even the ones a healthy
-    /// shard could still take).
+    /// Whether produces are refused because a shard's log stopped after an I/O failure
+    /// (SEMANTICS.md §3.4: after a WAL write or sync failure the node answers every produce
+    /// `500` until restarted, even the ones a healthy shard could still take). One `Cell` read
+    /// per produce: a stopped log of this shard needs no check of its own, since its next
+    /// append fails as [`StoreError::Stopped`], which sets the mark.
     pub fn ingress_refused(&self) -> bool {
-        self.ingress_failed.get() || self.host.log().poisoned().is_some()
+        self.ingress_failed.get()
     }
 
     /// A produce met a stopped log ([`StoreError::Stopped`], here or on the owner shard): every

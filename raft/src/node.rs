@@ -336,7 +336,7 @@ impl MetaNode {
         // append, which would stop the group until a restart.
         let bytes = serde_json::to_vec(&cmd).map_or(0, |v| v.len() as u64) + PROPOSE_FRAME_SLACK;
         if let Err(e) = self.log.reserve(bytes) {
-            return Err(if crate::store::is_disk_full(&e) {
+            return Err(if narad_io::file::is_disk_full(&e) {
                 ProposeError::DiskFull
             } else {
                 ProposeError::Fatal(e.to_string())

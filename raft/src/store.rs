@@ -146,11 +146,6 @@ fn install_temp(dir: &Path, name: &str) -> io::Result<()> {
     sync_dir(dir)
 }
 
-/// ENOSPC or EDQUOT.
-pub fn is_disk_full(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
-}
-
 /// `fallocate(FALLOC_FL_KEEP_SIZE)` of `[from, from + len)`: disk blocks for later appends, the
 /// file's length unchanged.
 fn reserve_blocks(file: &File, from: u64, len: u64) -> io::Result<()> {
@@ -384,7 +379,7 @@ impl LogInner {
         let from = self.reserved_end.max(self.len);
         let ahead = need.max(self.len.saturating_add(LOG_RESERVE_AHEAD_BYTES));
         let r = match reserve_blocks(&self.file, from, ahead - from) {
-            Err(e) if is_disk_full(&e) => {
+            Err(e) if narad_io::file::is_disk_full(&e) => {
                 reserve_blocks(&self.file, from, need - from).map(|()| need)
             }
             r => r.map(|()| ahead),
@@ -421,7 +416,7 @@ impl LogInner {
         )?;
         frames += 1;
         if let Err(e) = write_temp(&self.dir, LOG_FILE, &buf) {
-            if !is_disk_full(&e) {
+            if !narad_io::file::is_disk_full(&e) {
                 return Err(e);
             }
             // The log as it is stays valid (its purge frame is written): compaction only saves
@@ -816,26 +811,19 @@ pub struct SnapshotBuilder {
     published: Rc<Published>,
     /// The encoded snapshot, its temp file already allocated (see [`SnapshotBuilder::prepare`]).
     prepared: Option<Vec<u8>>,
-    /// The applied index of the encoded state, for the log line.
-    applied_index: u64,
 }
 
 impl SnapshotBuilder {
-    fn encode(&mut self) -> io::Result<Vec<u8>> {
+    /// Encodes the snapshot and allocates its temp file at full length, so that [`Self::write`]
+    /// needs no new disk blocks. openraft stops the whole group when a snapshot it asked for
+    /// fails, so a full disk must show here, where the snapshot can still be put off.
+    fn prepare(&mut self) -> io::Result<()> {
         let file = SnapshotFile {
             format: SNAPSHOT_FORMAT,
             meta: self.meta.clone(),
             state: std::mem::take(&mut self.state),
         };
-        self.applied_index = file.state.applied_index;
-        serde_json::to_vec(&file).map_err(io::Error::other)
-    }
-
-    /// Encodes the snapshot and allocates its temp file at full length, so that [`Self::write`]
-    /// needs no new disk blocks. openraft stops the whole group when a snapshot it asked for
-    /// fails, so a full disk must show here, where the snapshot can still be put off.
-    fn prepare(&mut self) -> io::Result<()> {
-        let bytes = self.encode()?;
+        let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
         let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
         let allocated = OpenOptions::new()
             .write(true)
@@ -851,27 +839,23 @@ impl SnapshotBuilder {
         Ok(())
     }
 
+    /// Writes the snapshot into its allocated temp file and renames it into place (a forced
+    /// snapshot, built without being asked first, is prepared here).
     fn write(&mut self) -> Result<SnapshotOf<TypeConfig, Vec<u8>>, io::Error> {
-        let bytes = match self.prepared.take() {
-            Some(bytes) => {
-                use std::os::unix::fs::FileExt;
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(self.dir.join(format!("{SNAPSHOT_FILE}.tmp")))?;
-                f.write_all_at(&bytes, 0)?;
-                f.set_len(bytes.len() as u64)?;
-                f.sync_data()?;
-                install_temp(&self.dir, SNAPSHOT_FILE)?;
-                bytes
-            }
-            None => {
-                let bytes = self.encode()?;
-                write_atomic(&self.dir, SNAPSHOT_FILE, &bytes)?;
-                bytes
-            }
-        };
+        use std::os::unix::fs::FileExt;
+        if self.prepared.is_none() {
+            self.prepare()?;
+        }
+        let bytes = self.prepared.take().expect("prepared above");
+        let f = OpenOptions::new()
+            .write(true)
+            .open(self.dir.join(format!("{SNAPSHOT_FILE}.tmp")))?;
+        f.write_all_at(&bytes, 0)?;
+        f.set_len(bytes.len() as u64)?;
+        f.sync_data()?;
+        install_temp(&self.dir, SNAPSHOT_FILE)?;
         tracing::info!(
-            index = self.applied_index,
+            index = self.meta.last_log_id.as_ref().map_or(0, |l| l.index),
             bytes = bytes.len(),
             "metadata snapshot written"
         );
@@ -965,7 +949,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             state: self.state.clone(),
             published: self.published.clone(),
             prepared: None,
-            applied_index: 0,
         }
     }
 
