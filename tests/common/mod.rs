@@ -144,9 +144,7 @@ impl Server {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-        for (k, v) in &self.extra_env {
-            cmd.env(k, v);
-        }
+        cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
         self.child = Some(cmd.spawn().expect("start narad"));
     }
 
@@ -455,22 +453,11 @@ impl Server {
         log: Option<&Path>,
     ) -> Server {
         let port = free_port_pair();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-        cmd.args([
-            "serve",
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&data_dir)
-        .env("NARAD_SHARDS", "2")
-        .env("NARAD_LOG_LEVEL", "warn")
-        .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
-        .env_remove("NARAD_SECURITY_ENABLED")
-        .env_remove("NARAD_ADMIN_PASSWORD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        let mut cmd = serve_command(port, &data_dir);
+        cmd.env("NARAD_LOG_LEVEL", "warn")
+            .env_remove("NARAD_SECURITY_ENABLED")
+            .env_remove("NARAD_ADMIN_PASSWORD")
+            .stderr(Stdio::inherit());
         if let Some(log) = log {
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -479,9 +466,7 @@ impl Server {
                 .expect("open the server log");
             cmd.stderr(Stdio::from(f));
         }
-        for (k, v) in &extra_env {
-            cmd.env(k, v);
-        }
+        cmd.envs(extra_env.iter().map(|(k, v)| (k, v)));
         let mut s = Server {
             port,
             data_dir,
@@ -491,6 +476,24 @@ impl Server {
         s.wait_ready();
         s
     }
+}
+
+/// `narad serve` on loopback `port` (its cluster port the next one) over `data_dir`, 2 shards,
+/// stdin and stdout closed; callers add their environment and where stderr goes.
+fn serve_command(port: u16, data_dir: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
+    cmd.args([
+        "serve",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+    ])
+    .arg(data_dir)
+    .env("NARAD_SHARDS", "2")
+    .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
+    .stdin(Stdio::null())
+    .stdout(Stdio::null());
+    cmd
 }
 
 /// The `Authorization` header value for HTTP Basic credentials.
@@ -553,26 +556,13 @@ pub struct Serve {
 impl Serve {
     pub fn start(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Serve {
         let port = free_port_pair();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_narad"));
-        cmd.args([
-            "serve",
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(dir.0.join("data"))
-        .args(args)
-        .env("NARAD_SHARDS", "2")
-        .env("NARAD_SECURITY_ENABLED", "false")
-        .env("NARAD_CLUSTER_ADDR", format!("127.0.0.1:{}", port + 1))
-        .env_remove("NARAD_LOG")
-        .env_remove("NARAD_LOG_FORMAT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = serve_command(port, &dir.0.join("data"));
+        cmd.args(args)
+            .env("NARAD_SECURITY_ENABLED", "false")
+            .env_remove("NARAD_LOG")
+            .env_remove("NARAD_LOG_FORMAT")
+            .stderr(Stdio::piped());
+        cmd.envs(env.iter().copied());
         let mut child = cmd.spawn().expect("start narad serve");
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
@@ -643,6 +633,15 @@ pub fn no_config_dir() -> String {
         .to_string()
 }
 
+/// Reads `r` to its end on a thread of its own (a child's pipe, read while the test waits).
+fn read_all_in_background(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
 /// Runs `narad <args>` with no `-s` added, the connection variables removed and the config
 /// directory pointed at an empty place unless `env` says otherwise.
 pub fn narad_raw(args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
@@ -655,27 +654,15 @@ pub fn narad_raw(args: &[&str], stdin: &[u8], env: &[(&str, &str)]) -> Out {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
+    cmd.envs(env.iter().copied());
     let mut child = cmd.spawn().expect("run narad");
     let mut input = child.stdin.take().unwrap();
     let data = stdin.to_vec();
     let writer = std::thread::spawn(move || {
         let _ = input.write_all(&data);
     });
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let ro = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let re = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
+    let ro = read_all_in_background(child.stdout.take().unwrap());
+    let re = read_all_in_background(child.stderr.take().unwrap());
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
