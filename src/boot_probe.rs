@@ -258,9 +258,9 @@ fn answer_head(bytes: &[u8], port: Port, shutting_down: bool) -> Option<Answer> 
 /// SIGTERM arrived during start-up). The probes' bodies are those of `api::handle`.
 pub fn answer(port: Port, method: &str, path: &str, shutting_down: bool) -> Response {
     let path = path.split('?').next().unwrap_or("");
-    // The metrics listener's own routing (its 404 and 405), as `metrics::listener` answers.
+    // The metrics listener's own routing (its 404 and 405), as `service::metrics_listener` answers.
     if port == Port::Metrics {
-        if let Err(r) = crate::metrics::listener::target(method, path) {
+        if let Err(r) = crate::service::metrics_listener::target(method, path) {
             return r;
         }
     }

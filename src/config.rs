@@ -30,6 +30,15 @@ pub struct HttpConfig {
     pub pprof_addr: String,
 }
 
+impl HttpConfig {
+    /// API.md §15.3: on the API port `/metrics` takes the API's Basic auth unless
+    /// `http.metrics_unauthenticated` is set and no separate listener is configured (the separate
+    /// listener itself never asks for credentials). With security off nothing needs credentials.
+    pub fn metrics_need_credentials(&self) -> bool {
+        !(self.metrics_addr.is_empty() && self.metrics_unauthenticated)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct TopicDefaults {
     pub default_partitions: u32,
@@ -128,6 +137,12 @@ fn is_host_name(name: &str) -> bool {
                 && !label.ends_with('-')
         })
 }
+
+/// The environment variable with the root admin's first password (read when the root admin is
+/// seeded; checked with the rest of the configuration).
+pub const ADMIN_PASSWORD_ENV: &str = "NARAD_ADMIN_PASSWORD";
+/// Longest password accepted (bcrypt's limit, API.md §2).
+pub const PASSWORD_BYTES_MAX: usize = 72;
 
 /// Shortest non-zero idle-log eviction and cold-retention walk period.
 pub const STORAGE_WALK_MS_MIN: u64 = 60_000;
@@ -726,12 +741,12 @@ impl Config {
         // Read when the root admin is seeded, after the data is open: checked here so that a
         // password no login could use stops the node before it creates anything (API.md §2:
         // passwords are 1-72 bytes; empty means unset, a password is generated).
-        if let Some(p) = get(crate::auth::seed::ADMIN_PASSWORD_ENV) {
-            if p.len() > crate::auth::PASSWORD_BYTES_MAX {
+        if let Some(p) = get(ADMIN_PASSWORD_ENV) {
+            if p.len() > PASSWORD_BYTES_MAX {
                 return Err(format!(
                     "{} must be 1-{} bytes (it has {})",
-                    crate::auth::seed::ADMIN_PASSWORD_ENV,
-                    crate::auth::PASSWORD_BYTES_MAX,
+                    ADMIN_PASSWORD_ENV,
+                    PASSWORD_BYTES_MAX,
                     p.len()
                 ));
             }

@@ -10,6 +10,7 @@ pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod schema;
+pub mod scrape;
 pub mod server;
 pub mod service;
 pub mod transit;

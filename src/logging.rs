@@ -166,7 +166,7 @@ impl Visit for Fields {
 fn explain_runtime_warning(f: &mut Fields) {
     if !f.msg.starts_with("Error: registering buffers")
         || !f.rest.iter().any(|(k, v)| {
-            *k == "log.target" && matches!(v, Value::Str(t) if t == "glommio::sys::uring")
+            *k == "log.target" && matches!(v, Value::Str(t) if t == narad_io::rt::URING_LOG_TARGET)
         })
     {
         return;
@@ -328,6 +328,19 @@ fn rfc3339(secs: i64, millis: u32) -> String {
     )
 }
 
+/// Writes an audit line for a user or grant change (SEMANTICS.md §15).
+pub fn audit(event: &str, actor: &str, target: &str, status: u16, outcome: &str) {
+    tracing::info!(
+        component = "audit",
+        event,
+        actor,
+        target,
+        status,
+        outcome,
+        "audit"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,7 +359,10 @@ mod tests {
         // that other glommio lines and other messages are left as they are.
         let uring = |msg: &str| Fields {
             msg: msg.into(),
-            rest: vec![("log.target", Value::Str("glommio::sys::uring".into()))],
+            rest: vec![(
+                "log.target",
+                Value::Str(narad_io::rt::URING_LOG_TARGET.into()),
+            )],
         };
         let mut f = uring(
             "Error: registering buffers in the poll ring. SkippingOs {\n    code: 12,\n    \
@@ -443,7 +459,7 @@ mod tests {
                 .event_format(LineFormat { json })
                 .finish();
             tracing::subscriber::with_default(sub, || {
-                crate::auth::audit("user.create", "admin", "bob", 201, "ok");
+                super::audit("user.create", "admin", "bob", 201, "ok");
                 tracing::info!(shards = 2, "http listening");
             });
             let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();

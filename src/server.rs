@@ -221,7 +221,8 @@ pub fn run(mut config: Config) -> Result<(), String> {
         config.http.shutdown_grace,
     ));
     let budget_bytes = config.http.max_batch_body_bytes_in_flight;
-    let body_budget = (budget_bytes > 0).then(|| crate::service::BodyBudget::new(budget_bytes));
+    let body_budget =
+        (budget_bytes > 0).then(|| crate::api::admission::BodyBudget::new(budget_bytes));
     let connections = crate::http::ConnectionBudget::new(config.http.max_connections);
     let shard_probe = probe.clone();
     let results = rt::run(rcfg, move |id| {
@@ -357,7 +358,7 @@ impl Serving {
 /// connection budget and the boot probe.
 struct Shared {
     serving: Arc<Serving>,
-    body_budget: Option<Arc<crate::service::BodyBudget>>,
+    body_budget: Option<Arc<crate::api::admission::BodyBudget>>,
     /// The node's open-connection cap (`http.max_connections`), counted over every shard.
     connections: Arc<crate::http::ConnectionBudget>,
     /// Holds the node's ports until the first shard binds them.
@@ -508,7 +509,7 @@ async fn shard_main(
     probe.stop();
     let listener = TcpListener::bind(addr).map_err(|e| format!("http.addr {addr}: {e}"))?;
     let metrics_stop = ShutdownSignal::new();
-    crate::metrics::listener::spawn(&node, &metrics_stop)?;
+    crate::service::metrics_listener::spawn(&node, &metrics_stop)?;
     node.mark_started();
     release_freed_memory();
     crate::metrics::shard_serving();

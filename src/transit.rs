@@ -1,215 +1,23 @@
-//! Transit: a single produce for a partition of another shard is accepted with one local fsync.
+//! Transit dispatch: hands the transit records a shard accepted (`narad_shard::transit`, where
+//! the queues, the bounds and the read-your-writes marks are) to their owner shards.
 //!
-//! The accepting shard writes the record to its own WAL as a transit record (its group commit,
-//! one fdatasync, read back and verified), answers `202`, and then hands the record to the owner
-//! shard in batches over the mesh (DESIGN.md §2.3 within a node; CLUSTER.md §4.1-4.2). The owner
-//! appends it like any produce: its own group commit, then the record is readable. Only when the
-//! owner answered is the transit record released, so checkpoints keep it in the WAL until then
-//! and a crash brings it back (recovery hands it over again: a duplicate when the owner already
-//! had it, which SEMANTICS.md §1 allows: "a commit whose reply was lost").
-//!
-//! Owns, per shard: one queue per other shard, in accept order, and one dispatcher task per
-//! queue with at most one hand-off in flight (records reach their owner in accept order).
-//! A failed hand-off is retried after a backoff (100 ms doubling to 1 s); records of a topic or
-//! partition that no longer exists are dropped and released. The queued bytes are bounded
-//! ([`TRANSIT_PENDING_BYTES_MAX`]): past it, produces take the direct path (a mesh call that
-//! waits for the owner's commit), so memory and the held WAL stay bounded.
-//!
-//! Read-your-writes: every request but produces, acks and probes first waits until every record
-//! this shard accepted before it has been handed over, so a client that got `202` on a
-//! connection reads its message on that connection. A queue consume looks first and waits only
-//! when it found fewer records than it asked for (then looks again for the rest): any available
-//! record may answer it, and under steady single produces the wait is a hand-off and an owner
-//! commit, which a consumer asking for one message at a time paid on every request. A replay
-//! waits only before answering `204` (end of the log). Then, for the other shards (a client that
-//! reads on a new connection, which the kernel may give to another shard), it waits until the
-//! node has handed over as many records as it had accepted when the request began: two
-//! node-wide counters (atomics, like the keyless rotation), looked at every
-//! [`NODE_CATCH_UP_POLL`]. Exact when producers are quiet; under concurrent single produces a
-//! later record handed over early can end the wait before an earlier one. Both waits end after
-//! [`CATCH_UP_WAIT_MAX`].
+//! One dispatcher task per destination shard, with at most one hand-off in flight (records reach
+//! their owner in accept order). The owner appends a hand-off like any produce (its own group
+//! commit); only when it answered are the records released from the accepting shard's WAL. A
+//! failed hand-off is retried after a backoff (100 ms doubling to 1 s); records of a topic or
+//! partition that no longer exists are dropped and released.
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use narad_io::log::{AppendRecord, TransitHold};
-use narad_io::rt::{self, Notify};
+use narad_io::log::AppendRecord;
+use narad_io::rt;
 use narad_io::types::ShardId;
 
 use crate::node::Node;
 
-/// Bytes of queued transit records per shard before produces take the direct path.
-pub const TRANSIT_PENDING_BYTES_MAX: usize = 8 << 20;
-/// Records per hand-off (one mesh call, one append on the owner).
-const HANDOFF_RECORDS_MAX: usize = 1024;
-/// Payload and key bytes per hand-off (well under the owner's WAL append limit).
-const HANDOFF_BYTES_MAX: usize = 256 << 10;
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-/// Longest a read waits for earlier transit records to reach their owners.
-const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
-/// How often a read looks at the node-wide counters while other shards hand over.
-const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
-
-/// Transit records accepted, and handed over (or dropped), by all shards of this process.
-static NODE_ACCEPTED: AtomicU64 = AtomicU64::new(0);
-static NODE_HANDED: AtomicU64 = AtomicU64::new(0);
-
-/// The transit records a read must see: those this shard queued before sequence `upto`, and
-/// as many as the node had accepted (see [`Transit::mark`]).
-#[derive(Clone, Copy, Debug)]
-pub struct CatchUpMark {
-    upto: u64,
-    node_accepted: u64,
-}
-
-struct Queued {
-    seq: u64,
-    hold: TransitHold,
-    rec: AppendRecord,
-}
-
-fn weight(r: &AppendRecord) -> usize {
-    r.payload.len() + r.msg_key.as_ref().map_or(0, Vec::len) + 64
-}
-
-pub struct Transit {
-    me: ShardId,
-    /// Indexed by destination shard (this shard's own queue stays empty).
-    queues: Vec<RefCell<VecDeque<Queued>>>,
-    work: Vec<Notify>,
-    /// Something was handed over (or dropped).
-    progress: Notify,
-    next_seq: Cell<u64>,
-    pending_bytes: Cell<usize>,
-    closing: Cell<bool>,
-}
-
-impl Transit {
-    pub fn new(me: ShardId, shards: u32) -> Transit {
-        Transit {
-            me,
-            queues: (0..shards).map(|_| RefCell::new(VecDeque::new())).collect(),
-            work: (0..shards).map(|_| Notify::new()).collect(),
-            progress: Notify::new(),
-            next_seq: Cell::new(0),
-            pending_bytes: Cell::new(0),
-            closing: Cell::new(false),
-        }
-    }
-
-    /// Whether a new record may take the transit path (queue under its bound, not closing).
-    pub fn has_room(&self) -> bool {
-        !self.closing.get() && self.pending_bytes.get() < TRANSIT_PENDING_BYTES_MAX
-    }
-
-    /// Queues a durable transit record for its owner `dest`.
-    pub fn push(&self, dest: ShardId, hold: TransitHold, rec: AppendRecord) {
-        let seq = self.next_seq.get();
-        self.next_seq.set(seq + 1);
-        self.pending_bytes
-            .set(self.pending_bytes.get() + weight(&rec));
-        self.queues[dest.0 as usize]
-            .borrow_mut()
-            .push_back(Queued { seq, hold, rec });
-        NODE_ACCEPTED.fetch_add(1, Ordering::AcqRel);
-        self.work[dest.0 as usize].notify_waiters();
-    }
-
-    /// Records queued and not yet handed over.
-    pub fn pending(&self) -> usize {
-        self.queues.iter().map(|q| q.borrow().len()).sum()
-    }
-
-    /// Whether every record queued before sequence `upto` has left its queue.
-    fn handed_before(&self, upto: u64) -> bool {
-        self.queues
-            .iter()
-            .all(|q| q.borrow().front().is_none_or(|e| e.seq >= upto))
-    }
-
-    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
-    /// reached its owner.
-    pub async fn caught_up(&self) {
-        if let Some(m) = self.mark() {
-            self.catch_up(m).await;
-        }
-    }
-
-    /// What [`Transit::caught_up`] would wait for if called now, or `None` when every record
-    /// this shard and the node accepted so far has already been handed over. A read that may
-    /// answer without them (a queue consume that fills its `max`) takes the mark first and
-    /// waits only when it comes up short.
-    pub fn mark(&self) -> Option<CatchUpMark> {
-        let m = CatchUpMark {
-            upto: self.next_seq.get(),
-            node_accepted: NODE_ACCEPTED.load(Ordering::Acquire),
-        };
-        let pending =
-            !self.handed_before(m.upto) || NODE_HANDED.load(Ordering::Acquire) < m.node_accepted;
-        pending.then_some(m)
-    }
-
-    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until the records accepted before `m` was taken
-    /// have reached their owners.
-    pub async fn catch_up(&self, m: CatchUpMark) {
-        let deadline = Instant::now() + CATCH_UP_WAIT_MAX;
-        if !self.handed_before(m.upto) {
-            loop {
-                let progressed = self.progress.notified();
-                if self.handed_before(m.upto) {
-                    break;
-                }
-                if rt::timeout_at(deadline, progressed).await.is_err() {
-                    return;
-                }
-            }
-        }
-        // The other shards' hand-offs (see the module doc).
-        while NODE_HANDED.load(Ordering::Acquire) < m.node_accepted && Instant::now() < deadline {
-            rt::sleep(NODE_CATCH_UP_POLL).await;
-        }
-    }
-
-    /// Graceful stop: no new transit records; waits until the queues are empty or `deadline`.
-    /// Returns how many records are left (they stay in the WAL and are handed over after the
-    /// restart).
-    pub async fn drain(&self, deadline: Instant) -> usize {
-        self.closing.set(true);
-        loop {
-            let progressed = self.progress.notified();
-            let left = self.pending();
-            if left == 0 {
-                return 0;
-            }
-            if rt::timeout_at(deadline, progressed).await.is_err() {
-                return self.pending();
-            }
-        }
-    }
-
-    /// Removes the first `n` records of `dest`'s queue and releases their WAL holds.
-    async fn finish(&self, node: &Node, dest: ShardId, n: usize) {
-        let done: Vec<Queued> = self.queues[dest.0 as usize]
-            .borrow_mut()
-            .drain(..n)
-            .collect();
-        self.forget(node, done).await;
-    }
-
-    async fn forget(&self, node: &Node, done: Vec<Queued>) {
-        NODE_HANDED.fetch_add(done.len() as u64, Ordering::AcqRel);
-        let bytes: usize = done.iter().map(|q| weight(&q.rec)).sum();
-        self.pending_bytes
-            .set(self.pending_bytes.get().saturating_sub(bytes));
-        self.progress.notify_waiters();
-        let holds: Vec<TransitHold> = done.iter().map(|q| q.hold).collect();
-        node.host.log().transit_handed(&holds).await;
-    }
-}
 
 /// Starts one dispatcher per shard (this one's own queue only ever holds recovered records of
 /// its own partitions, never expected: the layout is fixed per data directory), and queues the
@@ -245,21 +53,10 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
     let mut backoff = RETRY_FIRST;
     let t = &node.transit;
     loop {
-        let work = t.work[dest.0 as usize].notified();
-        let batch: Vec<AppendRecord> = {
-            let q = t.queues[dest.0 as usize].borrow();
-            let mut bytes = 0;
-            q.iter()
-                .take(HANDOFF_RECORDS_MAX)
-                .take_while(|e| {
-                    bytes += weight(&e.rec);
-                    bytes <= HANDOFF_BYTES_MAX || bytes == weight(&e.rec)
-                })
-                .map(|e| e.rec.clone())
-                .collect()
-        };
+        let work = t.work(dest);
+        let batch = t.next_batch(dest);
         if batch.is_empty() {
-            if node.shutting_down() && t.closing.get() {
+            if node.shutting_down() && t.closing() {
                 return;
             }
             // Wake at least once a second to notice the end of the shard.
@@ -274,7 +71,7 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
         match r {
             Ok(()) => {
                 backoff = RETRY_FIRST;
-                t.finish(&node, dest, n).await;
+                t.finish(node.host.log(), dest, n).await;
             }
             Err(e) => {
                 if matches!(e, crate::node::StoreError::Stopped(_)) {
@@ -287,7 +84,7 @@ async fn dispatch(node: Rc<Node>, dest: ShardId, delay: Option<Duration>) {
                     // Retry at once with what is left.
                     continue;
                 }
-                tracing::warn!(shard = t.me.0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
+                tracing::warn!(shard = t.me().0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
                 rt::sleep(backoff).await;
                 backoff = (backoff * 2).min(RETRY_MAX);
             }
@@ -306,23 +103,15 @@ async fn drop_vanished(node: &Node, dest: ShardId) -> usize {
             .values()
             .any(|m| m.id == r.key.topic && r.key.partition.0 < m.partitions)
     };
-    let vanished: Vec<Queued> = {
-        let mut q = t.queues[dest.0 as usize].borrow_mut();
-        if !q.iter().any(|e| gone(&e.rec)) {
-            return 0;
-        }
-        let (keep, gone): (VecDeque<Queued>, VecDeque<Queued>) =
-            q.drain(..).partition(|e| !gone(&e.rec));
-        *q = keep;
-        gone.into_iter().collect()
-    };
-    let n = vanished.len();
+    let n = t.drop_where(node.host.log(), dest, gone).await;
+    if n == 0 {
+        return 0;
+    }
     tracing::info!(
-        shard = t.me.0,
+        shard = t.me().0,
         to = dest.0,
         records = n,
         "accepted records dropped before their hand-off: their topic or partition was deleted"
     );
-    t.forget(node, vanished).await;
     n
 }

@@ -13,10 +13,11 @@ use super::params::Params;
 use super::{error, BODY_BYTES_MAX};
 use crate::http::{Request, Response};
 use crate::node::{Node, ReadFailure, SettleFailure, StoreError};
-use crate::transit::CatchUpMark;
+use crate::schema::{Rejection, RejectionKind};
 use crate::wire;
 use crate::wire::duration::GoDuration;
 use crate::wire::receipt::{MalformedHandle, ReceiptHandle};
+use narad_shard::transit::CatchUpMark;
 
 /// One lease named by a receipt handle.
 type Lease = (PartitionId, Offset, Nonce);
@@ -63,12 +64,19 @@ fn produce_failure(node: &Rc<Node>, e: StoreError) -> Response {
     store_failure(e)
 }
 
-/// Counts a schema refusal (a 4xx; `503` busy is capacity, not a rejection of the payload).
-fn schema_rejected(node: &Node, t: &TopicMeta, status: u16) {
-    if status < 500 {
-        node.metrics
-            .produce_rejected(t.id, crate::metrics::ProduceRejection::Schema);
-    }
+/// Counts a schema refusal (only of the payload: busy capacity and a schema this build cannot
+/// compile are not rejections of the payload) and answers it: `400`, `503` busy, `500`.
+fn schema_rejected(node: &Node, t: &TopicMeta, r: &Rejection) -> Response {
+    let status = match r.kind {
+        RejectionKind::Invalid => {
+            node.metrics
+                .produce_rejected(t.id, crate::metrics::ProduceRejection::Schema);
+            400
+        }
+        RejectionKind::Busy => 503,
+        RejectionKind::Uncompilable => 500,
+    };
+    error(status, &r.message)
 }
 
 /// Refusals shared by single and batch produce once the topic is known.
@@ -166,8 +174,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
         return r;
     }
     if let Err(r) = crate::schema::check_produce(t, &req.body).await {
-        schema_rejected(node, t, r.status);
-        return r.response();
+        return schema_rejected(node, t, &r);
     }
     if pinned.is_some_and(|p| p >= t.partitions) {
         return error(400, "invalid argument: partition out of range");
@@ -227,7 +234,7 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     }
     // Pass two: schema, then partition range, per message; then every record goes to the log in
     // one append per shard.
-    let schema = tri!(crate::schema::for_topic(t).map_err(|r| r.response()));
+    let schema = tri!(crate::schema::for_topic(t).map_err(|r| schema_rejected(node, t, &r)));
     let mut records = Vec::with_capacity(msgs.len());
     // The keyless messages take consecutive turns of the topic's rotation, reserved at once.
     let keyless = msgs
@@ -241,10 +248,10 @@ pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> R
     };
     for (i, m) in msgs.into_iter().enumerate() {
         if let Some(s) = &schema {
-            tri!(s.check(m.payload.bytes(&from_base64)).await.map_err(|r| {
-                schema_rejected(node, t, r.status);
-                r.at(i).response()
-            }));
+            tri!(s
+                .check(m.payload.bytes(&from_base64))
+                .await
+                .map_err(|r| schema_rejected(node, t, &r.at(i))));
         }
         if let Some(p) = m.partition {
             if p.0 >= t.partitions {
@@ -308,7 +315,7 @@ fn write_message(
 }
 
 /// `catch_up`: the single produces accepted before this request that were not yet at their
-/// owners ([`crate::transit::Transit::mark`]); the read waits for them only if it comes up short.
+/// owners ([`narad_shard::transit::Transit::mark`]); the read waits for them only if it comes up short.
 pub async fn consume(
     node: &Rc<Node>,
     req: &Request,

@@ -7,11 +7,12 @@ macro_rules! tri {
     ($e:expr) => {
         match $e {
             Ok(v) => v,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         }
     };
 }
 
+pub mod admission;
 pub mod children;
 pub mod cluster;
 pub mod messages;
@@ -36,6 +37,26 @@ const GUARD_ERROR: &str = "state-changing requests must send Content-Type: appli
 /// A JSON error answer: `{"error":"..."}` and a newline.
 pub fn error(status: u16, msg: &str) -> Response {
     Response::json(status, crate::wire::json::error_body(msg))
+}
+
+/// The answer to a failed authentication or password operation (API.md §2).
+impl From<auth::AuthError> for Response {
+    fn from(e: auth::AuthError) -> Response {
+        let status = match e {
+            auth::AuthError::Unauthorized => 401,
+            auth::AuthError::Throttled => 429,
+            auth::AuthError::Busy => 503,
+            auth::AuthError::Unavailable | auth::AuthError::HashFailed => 500,
+        };
+        let r = error(status, &e.to_string());
+        match e {
+            auth::AuthError::Unauthorized => {
+                r.with_header("WWW-Authenticate", "Basic realm=\"narad\"")
+            }
+            auth::AuthError::Busy => r.with_header("Retry-After", "1"),
+            _ => r,
+        }
+    }
 }
 
 /// A JSON answer from a serialisable value.
@@ -415,7 +436,7 @@ pub fn body_limit(head: &RequestHead) -> Result<usize, Response> {
     // the largest cap when the route is unknown.
     let caller = match auth::precheck(&head.headers, &head.path) {
         auth::Pre::Pass(caller) => caller,
-        auth::Pre::Deny(r) => return Err(r),
+        auth::Pre::Deny(e) => return Err(e.into()),
         auth::Pre::Pending => {
             return Ok(match route(head.method.as_str(), &head.path) {
                 Match::Found(r, _) => route_body_cap(r),
@@ -570,7 +591,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             Ok(()) => json(200, &serde_json::json!({"status":"ready"})),
             Err(reason) => error(503, &reason),
         },
-        Route::Metrics => crate::metrics::api_port_response(node).await,
+        Route::Metrics => crate::scrape::api_port_response(node).await,
         Route::OpenApi => openapi::response(),
         Route::TopicsCreate => {
             topics::create(node, &req, caller.username().map(String::from)).await
@@ -639,9 +660,9 @@ fn identity_cap(
     use auth::caps::Kind;
     let h = &node.config.http;
     // A produce whose caller was known from the head took its unit before the body was read
-    // (`service::ApiService::reserve_body`): a single produce keeps it; a batch gives it back
+    // (`crate::service::ApiService::reserve_body`): a single produce keeps it; a batch gives it back
     // for its message count below.
-    let held = crate::service::BodyHold::take_produce_slot(req);
+    let held = admission::BodyHold::take_produce_slot(req);
     if r == Route::Produce && held.is_some() {
         return Ok(held);
     }

@@ -189,7 +189,7 @@ async fn create_inner(
     let hash = auth::node_auth()
         .hash_password(password.into_bytes())
         .await
-        .map_err(fail)?;
+        .map_err(|e| fail(e.into()))?;
     let now = now_ms();
     let cmd = MetaCommand::CreateUser(UserMeta {
         username: username.clone(),

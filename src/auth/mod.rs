@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use narad_raft::{MetaState, TopicMeta, UserMeta};
 
-use crate::http::{Headers, Response};
+use crate::http::Headers;
 use crate::node::Node;
 
 /// How long a wrong password gets an instant `401` without a new check (API.md §2).
@@ -45,21 +45,36 @@ pub const NODE_OK_CACHE_MAX: usize = 16_384;
 pub const NODE_BAD_CACHE_MAX: usize = 16_384;
 /// Entries of each shard's positive cache.
 pub const SHARD_OK_CACHE_MAX: usize = 4096;
-/// Longest password accepted (bcrypt's limit, API.md §2).
-pub const PASSWORD_BYTES_MAX: usize = 72;
+pub use crate::config::PASSWORD_BYTES_MAX;
 /// Longest `Authorization` header value looked at.
 const AUTH_HEADER_BYTES_MAX: usize = 1024;
 
-pub const UNAUTHORIZED: &str = "authentication required";
-pub const THROTTLED: &str = "too many failed authentication attempts";
-pub const UNAVAILABLE: &str = "authentication unavailable";
+/// Why a request was not authenticated, or a password not hashed or checked. The API layer
+/// answers each (`401` with the Basic challenge, `429`, `503` + `Retry-After`, `500`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthError {
+    /// No usable credential, an unknown user or a wrong password (API.md §2).
+    Unauthorized,
+    /// Too many failed attempts for this username lately.
+    Throttled,
+    /// The bcrypt queue is full: refused at once, retry.
+    Busy,
+    /// The check could not be run (a stored hash unusable, a helper thread lost).
+    Unavailable,
+    /// Hashing a new password failed.
+    HashFailed,
+}
 
-/// `401` with the challenge header of API.md §2.
-pub fn unauthorized() -> Response {
-    let mut r = crate::api::error(401, UNAUTHORIZED);
-    r.headers
-        .push(("WWW-Authenticate".into(), "Basic realm=\"narad\"".into()));
-    r
+impl std::fmt::Display for AuthError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AuthError::Unauthorized => "authentication required",
+            AuthError::Throttled => "too many failed authentication attempts",
+            AuthError::Busy => "authentication busy; retry later",
+            AuthError::Unavailable => "authentication unavailable",
+            AuthError::HashFailed => "hashing the password failed",
+        })
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -108,7 +123,7 @@ pub fn node_auth() -> &'static NodeAuth {
             inflight: HashMap::new(),
             throttle: throttle::Throttle::new(Instant::now()),
         }),
-        pool: verify::Pool::new(),
+        pool: verify::bcrypt_pool(),
         caps: Arc::new(caps::Caps::default()),
         keys: (std::hash::RandomState::new(), std::hash::RandomState::new()),
     })
@@ -127,14 +142,14 @@ impl NodeAuth {
     }
 
     /// Hashes a password on a helper thread.
-    pub async fn hash_password(&'static self, password: Vec<u8>) -> Result<String, Response> {
+    pub async fn hash_password(&'static self, password: Vec<u8>) -> Result<String, AuthError> {
         let slot = self
             .pool
             .submit(move || verify::hash_blocking(&password))
-            .map_err(|_| busy())?;
+            .map_err(|_| AuthError::Busy)?;
         match slot.wait_bounded().await {
             Some(Ok(h)) => Ok(h),
-            _ => Err(crate::api::error(500, "hashing the password failed")),
+            _ => Err(AuthError::HashFailed),
         }
     }
 
@@ -144,26 +159,26 @@ impl NodeAuth {
         &'static self,
         password: Vec<u8>,
         hash: String,
-    ) -> Result<bool, Response> {
+    ) -> Result<bool, AuthError> {
         let slot = self
             .pool
             .submit(move || verify::verify_blocking(&password, &hash))
-            .map_err(|_| busy())?;
+            .map_err(|_| AuthError::Busy)?;
         match slot.wait_bounded().await {
             Some(Ok(ok)) => Ok(ok),
-            _ => Err(crate::api::error(500, UNAVAILABLE)),
+            _ => Err(AuthError::Unavailable),
         }
     }
 
     /// Checks a password against `hash` on a helper thread, through the throttle and caches.
-    /// Answers `Ok(true)`/`Ok(false)` or the refusal to send (`429`, `500`, `503`).
+    /// Answers `Ok(true)`/`Ok(false)` or why no verdict (throttled, busy, unavailable).
     async fn check(
         &'static self,
         tag: Tag,
         user: &str,
         password: Vec<u8>,
         hash: &str,
-    ) -> Result<bool, Response> {
+    ) -> Result<bool, AuthError> {
         let now = Instant::now();
         let slot = {
             let mut s = lock(&self.state);
@@ -184,7 +199,7 @@ impl NodeAuth {
                     if s.throttle.take(user, now).is_err() {
                         drop(s);
                         audit_login_failure(user, "throttled");
-                        return Err(crate::api::error(429, THROTTLED));
+                        return Err(AuthError::Throttled);
                     }
                     let slot = Arc::new(verify::Slot::new());
                     let (s2, u2, h2) = (slot.clone(), user.to_string(), hash.to_string());
@@ -196,7 +211,7 @@ impl NodeAuth {
                     });
                     if self.pool.submit_job(urgent, job).is_err() {
                         s.throttle.give_back(user, now);
-                        return Err(busy());
+                        return Err(AuthError::Busy);
                     }
                     s.inflight.insert(tag, slot.clone());
                     slot
@@ -206,7 +221,7 @@ impl NodeAuth {
         match slot.wait_bounded().await {
             Some(Outcome::Ok) => Ok(true),
             Some(Outcome::Bad) => Ok(false),
-            Some(Outcome::Unavailable) | None => Err(crate::api::error(500, UNAVAILABLE)),
+            Some(Outcome::Unavailable) | None => Err(AuthError::Unavailable),
         }
     }
 
@@ -275,12 +290,6 @@ impl NodeAuth {
     }
 }
 
-fn busy() -> Response {
-    let mut r = crate::api::error(503, "authentication busy; retry later");
-    r.headers.push(("Retry-After".into(), "1".into()));
-    r
-}
-
 fn audit_login_failure(user: &str, outcome: &str) {
     tracing::warn!(
         component = "audit",
@@ -292,18 +301,7 @@ fn audit_login_failure(user: &str, outcome: &str) {
     );
 }
 
-/// Writes an audit line for a user or grant change (SEMANTICS.md §15).
-pub fn audit(event: &str, actor: &str, target: &str, status: u16, outcome: &str) {
-    tracing::info!(
-        component = "audit",
-        event,
-        actor,
-        target,
-        status,
-        outcome,
-        "audit"
-    );
-}
+pub use crate::logging::audit;
 
 // ---------------------------------------------------------------------------------------------
 // Per shard
@@ -449,8 +447,8 @@ impl HeadCaller {
 pub enum Pre {
     /// No credentials needed (security off, exempt path) or already verified.
     Pass(HeadCaller),
-    /// Answer now.
-    Deny(Response),
+    /// Refuse now.
+    Deny(AuthError),
     /// A bcrypt check is needed: read the body, then [`authenticate`].
     Pending,
 }
@@ -458,7 +456,7 @@ pub enum Pre {
 enum Fast {
     Open,
     Verified(String, Arc<MetaState>),
-    Deny(Response),
+    Deny(AuthError),
     Slow {
         basic: Basic,
         hash: String,
@@ -471,7 +469,7 @@ enum Fast {
 fn exempt(node: &Node, path: &str) -> bool {
     match path {
         "/healthz" | "/readyz" => true,
-        "/metrics" => !crate::metrics::api_port_needs_credentials(&node.config),
+        "/metrics" => !node.config.http.metrics_need_credentials(),
         _ => false,
     }
 }
@@ -481,15 +479,15 @@ fn fast(node: &Node, headers: &Headers, path: &str) -> Fast {
         return Fast::Open;
     }
     let Some(basic) = parse_basic(headers) else {
-        return Fast::Deny(unauthorized());
+        return Fast::Deny(AuthError::Unauthorized);
     };
     let meta = node.meta();
     // Unknown usernames: an instant 401, never throttled, indistinguishable from a wrong password.
     let Some(user) = meta.user(&basic.user) else {
-        return Fast::Deny(unauthorized());
+        return Fast::Deny(AuthError::Unauthorized);
     };
     if basic.password.is_empty() || basic.password.len() > PASSWORD_BYTES_MAX {
-        return Fast::Deny(unauthorized());
+        return Fast::Deny(AuthError::Unauthorized);
     }
     let na = node_auth();
     let tag = na.tag(&basic.user, &basic.password);
@@ -501,7 +499,7 @@ fn fast(node: &Node, headers: &Headers, path: &str) -> Fast {
             shard_remember(tag, &basic.user, &user.password_hash);
             Fast::Verified(basic.user, meta.clone())
         }
-        Some(false) => Fast::Deny(unauthorized()),
+        Some(false) => Fast::Deny(AuthError::Unauthorized),
         None => {
             let hash = user.password_hash.clone();
             Fast::Slow {
@@ -518,7 +516,7 @@ fn fast(node: &Node, headers: &Headers, path: &str) -> Fast {
 /// (exempt paths need no credentials).
 pub fn precheck(headers: &Headers, path: &str) -> Pre {
     let Some(node) = shard_node() else {
-        return Pre::Deny(crate::api::error(500, UNAVAILABLE));
+        return Pre::Deny(AuthError::Unavailable);
     };
     match fast(&node, headers, path) {
         Fast::Open => Pre::Pass(HeadCaller(None)),
@@ -547,7 +545,7 @@ pub async fn authenticate(
     headers: &Headers,
     peer: std::net::SocketAddr,
     path: &str,
-) -> Result<Caller, Response> {
+) -> Result<Caller, AuthError> {
     match fast(node, headers, path) {
         Fast::Open => Ok(Caller {
             identity: peer.ip().to_string(),
@@ -575,7 +573,7 @@ pub async fn authenticate(
                     meta,
                 })
             } else {
-                Err(unauthorized())
+                Err(AuthError::Unauthorized)
             }
         }
     }

@@ -16,8 +16,7 @@ use narad_raft::{MetaCommand, MetaErrorKind, ProposeError};
 
 use crate::node::Node;
 
-/// The environment variable with the root admin's first password.
-pub const ADMIN_PASSWORD_ENV: &str = "NARAD_ADMIN_PASSWORD";
+pub use crate::config::ADMIN_PASSWORD_ENV;
 /// The file a generated password is written to.
 pub const ADMIN_PASSWORD_FILE: &str = "admin-password";
 /// Random bytes of a generated password (rendered as 32 base64url characters).

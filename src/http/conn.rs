@@ -675,17 +675,14 @@ pub async fn serve<S: Service>(
                 .detach();
             }
             Some(Err(e)) => {
-                match e.raw_os_error() {
-                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                        tracing::warn!(error = %e, "accept failed, backing off");
-                        rt::sleep(ACCEPT_BACKOFF).await;
-                    }
+                if rt::accept_out_of_resources(&e) {
+                    tracing::warn!(error = %e, "accept failed, backing off");
+                    rt::sleep(ACCEPT_BACKOFF).await;
+                } else {
                     // Mostly a client that gave up before we accepted it; the short pause keeps a
                     // persistent error from turning into a busy loop.
-                    _ => {
-                        tracing::debug!(error = %e, "accept failed");
-                        rt::sleep(Duration::from_millis(1)).await;
-                    }
+                    tracing::debug!(error = %e, "accept failed");
+                    rt::sleep(Duration::from_millis(1)).await;
                 }
             }
         }

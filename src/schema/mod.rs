@@ -67,17 +67,28 @@ pub const BUSY_MESSAGE: &str =
 /// The `400` text for over-deep payloads (§8.2).
 pub const TOO_DEEP_MESSAGE: &str = "payload nests deeper than 256 levels";
 
-/// A refused produce: status and the error text (without the batch `message <i>: ` prefix).
+/// Why a produce was refused; the API layer picks the status for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RejectionKind {
+    /// The payload does not match the schema (or is too deep to check): the client's fault.
+    Invalid,
+    /// No validation capacity within [`SLOT_WAIT`]: nothing was stored, retry.
+    Busy,
+    /// The topic's stored schema cannot be compiled by this build: the broker's fault.
+    Uncompilable,
+}
+
+/// A refused produce: why, and the error text (without the batch `message <i>: ` prefix).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
-    pub status: u16,
+    pub kind: RejectionKind,
     pub message: String,
 }
 
 impl Rejection {
     fn bad(message: String) -> Rejection {
         Rejection {
-            status: 400,
+            kind: RejectionKind::Invalid,
             message,
         }
     }
@@ -85,14 +96,9 @@ impl Rejection {
     /// The same rejection for message `i` of a batch (API.md §10.2).
     pub fn at(self, i: usize) -> Rejection {
         Rejection {
-            status: self.status,
+            kind: self.kind,
             message: format!("message {i}: {}", self.message),
         }
-    }
-
-    /// The HTTP answer.
-    pub fn response(&self) -> crate::http::Response {
-        crate::api::error(self.status, &self.message)
     }
 }
 
@@ -296,7 +302,7 @@ impl Compiled {
         };
         let verdict = match validation_pool().submit(job) {
             Ok(slot) => slot.wait().await,
-            Err(crate::auth::verify::Busy) => None,
+            Err(narad_io::rt::pool::Busy) => None,
         };
         count(|c| {
             c.in_flight -= 1;
@@ -308,7 +314,7 @@ impl Compiled {
             None => {
                 count(|c| c.rejected_busy += 1);
                 Err(Rejection {
-                    status: 503,
+                    kind: RejectionKind::Busy,
                     message: BUSY_MESSAGE.into(),
                 })
             }
@@ -395,11 +401,11 @@ fn settle(v: Verdict) -> Result<(), Rejection> {
 
 /// The node's schema validation helper threads: one per core (SEMANTICS.md §8.3's per-node
 /// bound; each shard's slot admits one job at a time).
-fn validation_pool() -> &'static crate::auth::verify::Pool {
-    static POOL: std::sync::OnceLock<crate::auth::verify::Pool> = std::sync::OnceLock::new();
+fn validation_pool() -> &'static narad_io::rt::pool::Pool {
+    static POOL: std::sync::OnceLock<narad_io::rt::pool::Pool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        crate::auth::verify::Pool::with_threads(cores, "narad-schema")
+        narad_io::rt::pool::Pool::with_threads(cores, "narad-schema")
     })
 }
 
@@ -546,7 +552,7 @@ pub fn for_topic(t: &TopicMeta) -> Result<Option<Arc<Compiled>>, Rejection> {
         Err(e) => {
             tracing::error!(topic = %t.name, version, error = %e, "stored schema does not compile");
             Err(Rejection {
-                status: 500,
+                kind: RejectionKind::Uncompilable,
                 message: format!("schema: version {version} cannot be compiled by this build"),
             })
         }
@@ -585,7 +591,7 @@ async fn acquire_slot(wait: Duration) -> Result<SemaphorePermit, Rejection> {
         Err(_) => {
             count(|c| c.rejected_busy += 1);
             Err(Rejection {
-                status: 503,
+                kind: RejectionKind::Busy,
                 message: BUSY_MESSAGE.into(),
             })
         }
@@ -617,7 +623,7 @@ mod tests {
             "invalid argument: schema: jsonschema validation failed with 'narad://schema/payments/1#'\n- at '/amount': got string, want integer"
         );
         let r = c.check_now(b"not json").unwrap_err();
-        assert_eq!(r.status, 400);
+        assert_eq!(r.kind, RejectionKind::Invalid);
         assert!(r
             .message
             .starts_with("invalid argument: schema: payload is not one valid JSON text"));
@@ -800,7 +806,10 @@ mod tests {
                 .check_within(&big, Duration::from_millis(20))
                 .await
                 .unwrap_err();
-            assert_eq!((r.status, r.message.as_str()), (503, BUSY_MESSAGE));
+            assert_eq!(
+                (r.kind, r.message.as_str()),
+                (RejectionKind::Busy, BUSY_MESSAGE)
+            );
             assert!(
                 r.message
                     .contains("schema: validation capacity busy, retry")

@@ -17,17 +17,22 @@ use crate::types::ShardId;
 
 mod mesh;
 mod net;
+pub mod pool;
 mod signal;
 mod sync;
 
 pub use mesh::{
     Mesh, MeshError, MeshSetup, MESH_CALLS_IN_FLIGHT_PER_PEER_MAX, MESH_CHANNEL_CAPACITY_DEFAULT,
 };
-pub use net::{PeerProbe, TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT};
+pub use net::{accept_out_of_resources, PeerProbe, TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT};
 pub use signal::{install_termination_handler, ShutdownSignal, ShutdownWait, SignalListener};
 pub use sync::{
     oneshot, timeout, timeout_at, Elapsed, Notified, Notify, Semaphore, SemaphorePermit,
 };
+
+/// The log target of the runtime's io_uring set-up messages (glommio's), which the log writer
+/// explains in plain words.
+pub const URING_LOG_TARGET: &str = "glommio::sys::uring";
 
 /// io_uring registered-buffer memory per executor.
 pub const IO_MEMORY_BYTES_DEFAULT: usize = 1 << 20;

@@ -23,6 +23,15 @@ fn gerr<T>(e: glommio::GlommioError<T>) -> io::Error {
     io::Error::from(e)
 }
 
+/// Whether a failed accept means the process or the system ran out of a resource (descriptors,
+/// buffers, memory): the accept loop then backs off instead of retrying at once.
+pub fn accept_out_of_resources(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 /// A listening socket of this shard.
 pub struct TcpListener(glommio::net::TcpListener, RawFd);
 

@@ -2,7 +2,7 @@
 //! API.md §15.3): serves `GET /metrics`, `/healthz` and `/readyz` without credentials and nothing
 //! else (`404`). Every shard accepts on it (SO_REUSEPORT), as on the API port; a scrape is
 //! answered node-wide by whichever shard took the connection. When it is configured the API
-//! port answers `/metrics` with `404` ([`super::api_port_response`]).
+//! port answers `/metrics` with `404` (`crate::scrape::api_port_response`).
 //!
 //! Owns: that listener's routing. Never serves an API route, never reads a body.
 
@@ -58,7 +58,7 @@ impl Service for MetricsService {
         let node = self.node.clone();
         async move {
             match target(req.method.as_str(), &req.path) {
-                Ok(Target::Metrics) => node.metrics_response().await,
+                Ok(Target::Metrics) => crate::scrape::document(&node).await,
                 // The API's own health answers (same texts, same readiness rules).
                 Ok(Target::Health) => crate::api::handle(&node, req).await,
                 Err(r) => r,

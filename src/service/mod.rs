@@ -4,63 +4,18 @@
 
 use std::future::Future;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::api::admission::{BodyBudget, BodyHold, BodyPermit};
 use crate::auth::caps::{CapGuard, Kind};
 use crate::config::Config;
 use crate::http::{Limits, Request, RequestHead, Reservation, Response, Service};
 use crate::node::Node;
 
+pub mod metrics_listener;
+
 /// The answer when the batch-body budget is spent (API.md §4, §10.2).
 const BUDGET_FULL: &str = "too many large batch bodies in flight on this node; retry later";
-
-/// `http.max_batch_body_bytes_in_flight` (API.md §4): bytes of batch bodies over 1 MiB being
-/// read at once on the node. One counter shared by every shard, so the limit is the node's
-/// whatever shard a connection lands on (a per-shard split refused bodies that fit the node,
-/// and could not hold a body larger than one share). Only bodies over 1 MiB touch it, so it is
-/// never on a hot path; a compare-and-swap, never a lock.
-pub struct BodyBudget {
-    remaining: AtomicUsize,
-}
-
-impl BodyBudget {
-    pub fn new(total_bytes: usize) -> Arc<BodyBudget> {
-        Arc::new(BodyBudget {
-            remaining: AtomicUsize::new(total_bytes),
-        })
-    }
-
-    /// Takes `n` bytes if that many remain; they come back when the permit is dropped.
-    fn try_take(self: &Arc<Self>, n: usize) -> Option<BodyPermit> {
-        self.remaining
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| r.checked_sub(n))
-            .ok()?;
-        Some(BodyPermit {
-            budget: self.clone(),
-            bytes: n,
-        })
-    }
-
-    #[cfg(test)]
-    fn remaining_bytes(&self) -> usize {
-        self.remaining.load(Ordering::Acquire)
-    }
-}
-
-/// Bytes held from a [`BodyBudget`] while one body is read and handled.
-struct BodyPermit {
-    budget: Arc<BodyBudget>,
-    bytes: usize,
-}
-
-impl Drop for BodyPermit {
-    fn drop(&mut self) {
-        self.budget
-            .remaining
-            .fetch_add(self.bytes, Ordering::AcqRel);
-    }
-}
 
 pub struct ApiService {
     node: Rc<Node>,
@@ -72,23 +27,11 @@ impl ApiService {
     pub fn new(node: Rc<Node>, batch_budget: Option<Arc<BodyBudget>>) -> ApiService {
         ApiService { node, batch_budget }
     }
-}
 
-/// What a request holds while its body is read and handled: a unit of its identity's produce
-/// cap (taken over by the handler, see [`BodyHold::take_produce_slot`]) and batch-body bytes.
-pub struct BodyHold {
-    produce_slot: Option<CapGuard>,
-    budget: Option<BodyPermit>,
-}
-
-impl BodyHold {
-    /// The produce-cap unit taken before the body was read, if any.
-    pub fn take_produce_slot(req: &mut Request) -> Option<CapGuard> {
-        req.reservation
-            .as_mut()?
-            .downcast_mut::<BodyHold>()?
-            .produce_slot
-            .take()
+    /// Records an answer decided before the handler ran, under the head's route.
+    fn early_answer(&self, head: &RequestHead, status: u16) {
+        let route = crate::api::route_label(head.method.as_str(), &head.path);
+        self.node.metrics.early_answer(route, head, status);
     }
 }
 
@@ -108,7 +51,7 @@ impl ApiService {
             .acquire(Kind::Produce, &identity, 1, cap)
             .map_err(|_| {
                 let r = crate::api::error(429, &crate::auth::caps::refusal(Kind::Produce, cap));
-                self.node.metrics.early_answer(head, r.status);
+                self.early_answer(head, r.status);
                 r
             })
     }
@@ -146,7 +89,7 @@ impl ApiService {
             Some(p) => Ok(Some(p)),
             None => {
                 let r = crate::api::error(503, BUDGET_FULL).with_header("Retry-After", "1");
-                self.node.metrics.early_answer(head, r.status);
+                self.early_answer(head, r.status);
                 self.node.metrics.budget_rejected();
                 Err(r)
             }
@@ -156,7 +99,7 @@ impl ApiService {
 
 impl Service for ApiService {
     fn body_limit(&self, head: &RequestHead) -> Result<usize, Response> {
-        crate::api::body_limit(head).inspect_err(|r| self.node.metrics.early_answer(head, r.status))
+        crate::api::body_limit(head).inspect_err(|r| self.early_answer(head, r.status))
     }
 
     /// A body that may take batch-body budget (declared over 1 MiB, or chunked on a route
@@ -182,6 +125,7 @@ impl Service for ApiService {
             crate::auth::authenticate(&node, &headers, peer, &path)
                 .await
                 .err()
+                .map(Response::from)
         }))
     }
 
@@ -201,10 +145,7 @@ impl Service for ApiService {
         if produce_slot.is_none() && budget.is_none() {
             return Ok(None);
         }
-        Ok(Some(Box::new(BodyHold {
-            produce_slot,
-            budget,
-        })))
+        Ok(Some(Box::new(BodyHold::new(produce_slot, budget))))
     }
 
     /// A chunked body of a route allowing more than 1 MiB takes the route's cap from the batch-
@@ -223,17 +164,12 @@ impl Service for ApiService {
         if len <= crate::api::BODY_BYTES_MAX {
             return Ok(());
         }
-        let hold = reservation.get_or_insert_with(|| {
-            Box::new(BodyHold {
-                produce_slot: None,
-                budget: None,
-            })
-        });
+        let hold = reservation.get_or_insert_with(|| Box::new(BodyHold::new(None, None)));
         let Some(hold) = hold.downcast_mut::<BodyHold>() else {
             return Ok(());
         };
-        if hold.budget.is_none() {
-            hold.budget = self.take_budget(budget, head, limit)?;
+        if !hold.holds_budget() {
+            hold.hold_budget(self.take_budget(budget, head, limit)?);
         }
         Ok(())
     }
@@ -243,7 +179,7 @@ impl Service for ApiService {
     }
 
     fn on_refused_after_head(&self, head: &RequestHead, status: u16) {
-        self.node.metrics.early_answer(head, status);
+        self.early_answer(head, status);
     }
 
     fn body_too_large(&self, head: &RequestHead) -> impl Future<Output = Response> {
@@ -252,7 +188,10 @@ impl Service for ApiService {
 
     fn call(&self, req: Request) -> impl Future<Output = Response> {
         // The server catches a panic inside and answers 500 {"error":"internal server panic"}.
-        crate::metrics::observe(&self.node, req, |req| crate::api::handle(&self.node, req))
+        let route = crate::api::route_label(req.method.as_str(), &req.path);
+        crate::metrics::observe(&self.node.metrics, self.node.shard.0, route, req, |req| {
+            crate::api::handle(&self.node, req)
+        })
     }
 }
 
@@ -268,30 +207,5 @@ pub fn limits(config: &Config, connections: Arc<crate::http::ConnectionBudget>) 
         write_timeout: h.write_timeout,
         connections,
         ..Limits::default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn body_budget_takes_refuses_and_returns() {
-        // Proves the node budget admits bodies while bytes remain, refuses one that does not fit
-        // (also one larger than the whole budget), and gets the bytes back when a permit drops,
-        // from any thread.
-        let b = BodyBudget::new(24 << 20);
-        let first = b.try_take(10 << 20).expect("fits");
-        let second = b.try_take(10 << 20).expect("fits");
-        assert!(b.try_take(10 << 20).is_none(), "4 MiB left");
-        assert!(BodyBudget::new(2 << 20).try_take(3 << 20).is_none());
-        assert_eq!(b.remaining_bytes(), 4 << 20);
-        std::thread::spawn(move || drop(first)).join().unwrap();
-        assert!(
-            b.try_take(10 << 20).is_some(),
-            "returned by the other thread"
-        );
-        drop(second);
-        assert_eq!(b.remaining_bytes(), 24 << 20);
     }
 }

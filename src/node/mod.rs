@@ -28,7 +28,8 @@ use narad_shard::fanout::{ChildLag, Fanout, Link};
 use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleError, SettleKind};
 
 use crate::config::Config;
-use crate::http::Response;
+
+mod snapshot;
 
 /// A message between shards of this process.
 pub enum ShardReq {
@@ -168,7 +169,7 @@ pub struct Node {
     fanout: RefCell<Option<Rc<Fanout>>>,
     pub metrics: crate::metrics::Metrics,
     /// Single produces accepted here for other shards' partitions, until handed over.
-    pub transit: crate::transit::Transit,
+    pub transit: narad_shard::transit::Transit,
 }
 
 impl Node {
@@ -201,7 +202,7 @@ impl Node {
             ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
-            transit: crate::transit::Transit::new(shard, shards),
+            transit: narad_shard::transit::Transit::new(shard, shards),
         })
     }
 
@@ -967,29 +968,26 @@ impl Node {
             }
             ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),
             ShardReq::FanoutLag { parent } => ShardResp::FanoutLag(self.local_fanout_lag(parent)),
-            ShardReq::Metrics => ShardResp::Metrics(Box::new(crate::metrics::shard_snapshot(
-                &self,
-                self.mesh.pending_calls(),
-            ))),
+            ShardReq::Metrics => ShardResp::Metrics(Box::new(self.metrics_snapshot())),
         }
     }
 
-    /// The node-wide `/metrics` document: every shard's snapshot, one mesh call each.
-    pub async fn metrics_response(&self) -> Response {
+    /// Every shard's metrics snapshot for a node-wide scrape, one mesh call each (a shard that
+    /// does not answer is left out).
+    pub async fn metrics_snapshots(&self) -> Vec<crate::metrics::ShardMetrics> {
         // The counts include every single produce this shard answered (crate::transit).
         self.transit.caught_up().await;
         let mut shards = Vec::with_capacity(self.shards as usize);
         for s in 0..self.shards {
             if s == self.shard.0 {
-                let pending = self.mesh.pending_calls();
-                shards.push(crate::metrics::shard_snapshot(self, pending));
+                shards.push(self.metrics_snapshot());
             } else if let Ok(ShardResp::Metrics(m)) =
                 self.mesh.call(ShardId(s), ShardReq::Metrics).await
             {
                 shards.push(*m);
             }
         }
-        crate::metrics::response(crate::metrics::render(self, shards))
+        shards
     }
 }
 

@@ -1,0 +1,263 @@
+//! Transit state: a single produce for a partition of another shard is accepted with one local
+//! fsync.
+//!
+//! The accepting shard writes the record to its own WAL as a transit record (its group commit,
+//! one fdatasync, read back and verified), answers `202`, and then hands the record to the owner
+//! shard in batches over the mesh (DESIGN.md §2.3 within a node; CLUSTER.md §4.1-4.2). The owner
+//! appends it like any produce: its own group commit, then the record is readable. Only when the
+//! owner answered is the transit record released, so checkpoints keep it in the WAL until then
+//! and a crash brings it back (recovery hands it over again: a duplicate when the owner already
+//! had it, which SEMANTICS.md §1 allows: "a commit whose reply was lost").
+//!
+//! Owns, per shard: one queue per other shard, in accept order, the hand-off batches cut from
+//! it, and the read-your-writes marks. The dispatcher tasks that hand the batches over (one per
+//! queue, at most one hand-off in flight, so records reach their owner in accept order) live
+//! with the node's routing (`narad::transit`). The queued bytes are bounded
+//! ([`TRANSIT_PENDING_BYTES_MAX`]): past it, produces take the direct path (a mesh call that
+//! waits for the owner's commit), so memory and the held WAL stay bounded.
+//!
+//! Read-your-writes: every request but produces, acks and probes first waits until every record
+//! this shard accepted before it has been handed over, so a client that got `202` on a
+//! connection reads its message on that connection. A queue consume looks first and waits only
+//! when it found fewer records than it asked for (then looks again for the rest): any available
+//! record may answer it, and under steady single produces the wait is a hand-off and an owner
+//! commit, which a consumer asking for one message at a time paid on every request. A replay
+//! waits only before answering `204` (end of the log). Then, for the other shards (a client that
+//! reads on a new connection, which the kernel may give to another shard), it waits until the
+//! node has handed over as many records as it had accepted when the request began: two
+//! node-wide counters (atomics, like the keyless rotation), looked at every
+//! [`NODE_CATCH_UP_POLL`]. Exact when producers are quiet; under concurrent single produces a
+//! later record handed over early can end the wait before an earlier one. Both waits end after
+//! [`CATCH_UP_WAIT_MAX`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use narad_io::log::{AppendRecord, ShardLog, TransitHold};
+use narad_io::rt::{self, Notified, Notify};
+use narad_io::types::ShardId;
+
+/// Bytes of queued transit records per shard before produces take the direct path.
+pub const TRANSIT_PENDING_BYTES_MAX: usize = 8 << 20;
+/// Records per hand-off (one mesh call, one append on the owner).
+pub const HANDOFF_RECORDS_MAX: usize = 1024;
+/// Payload and key bytes per hand-off (well under the owner's WAL append limit).
+pub const HANDOFF_BYTES_MAX: usize = 256 << 10;
+/// Longest a read waits for earlier transit records to reach their owners.
+const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
+/// How often a read looks at the node-wide counters while other shards hand over.
+const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
+
+/// Transit records accepted, and handed over (or dropped), by all shards of this process.
+static NODE_ACCEPTED: AtomicU64 = AtomicU64::new(0);
+static NODE_HANDED: AtomicU64 = AtomicU64::new(0);
+
+/// The transit records a read must see: those this shard queued before sequence `upto`, and
+/// as many as the node had accepted (see [`Transit::mark`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CatchUpMark {
+    upto: u64,
+    node_accepted: u64,
+}
+
+struct Queued {
+    seq: u64,
+    hold: TransitHold,
+    rec: AppendRecord,
+}
+
+fn weight(r: &AppendRecord) -> usize {
+    r.payload.len() + r.msg_key.as_ref().map_or(0, Vec::len) + 64
+}
+
+pub struct Transit {
+    me: ShardId,
+    /// Indexed by destination shard (this shard's own queue stays empty).
+    queues: Vec<RefCell<VecDeque<Queued>>>,
+    work: Vec<Notify>,
+    /// Something was handed over (or dropped).
+    progress: Notify,
+    next_seq: Cell<u64>,
+    pending_bytes: Cell<usize>,
+    closing: Cell<bool>,
+}
+
+impl Transit {
+    pub fn new(me: ShardId, shards: u32) -> Transit {
+        Transit {
+            me,
+            queues: (0..shards).map(|_| RefCell::new(VecDeque::new())).collect(),
+            work: (0..shards).map(|_| Notify::new()).collect(),
+            progress: Notify::new(),
+            next_seq: Cell::new(0),
+            pending_bytes: Cell::new(0),
+            closing: Cell::new(false),
+        }
+    }
+
+    /// Whether a new record may take the transit path (queue under its bound, not closing).
+    pub fn has_room(&self) -> bool {
+        !self.closing.get() && self.pending_bytes.get() < TRANSIT_PENDING_BYTES_MAX
+    }
+
+    /// Queues a durable transit record for its owner `dest`.
+    pub fn push(&self, dest: ShardId, hold: TransitHold, rec: AppendRecord) {
+        let seq = self.next_seq.get();
+        self.next_seq.set(seq + 1);
+        self.pending_bytes
+            .set(self.pending_bytes.get() + weight(&rec));
+        self.queues[dest.0 as usize]
+            .borrow_mut()
+            .push_back(Queued { seq, hold, rec });
+        NODE_ACCEPTED.fetch_add(1, Ordering::AcqRel);
+        self.work[dest.0 as usize].notify_waiters();
+    }
+
+    /// Records queued and not yet handed over.
+    pub fn pending(&self) -> usize {
+        self.queues.iter().map(|q| q.borrow().len()).sum()
+    }
+
+    /// Whether every record queued before sequence `upto` has left its queue.
+    fn handed_before(&self, upto: u64) -> bool {
+        self.queues
+            .iter()
+            .all(|q| q.borrow().front().is_none_or(|e| e.seq >= upto))
+    }
+
+    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
+    /// reached its owner.
+    pub async fn caught_up(&self) {
+        if let Some(m) = self.mark() {
+            self.catch_up(m).await;
+        }
+    }
+
+    /// What [`Transit::caught_up`] would wait for if called now, or `None` when every record
+    /// this shard and the node accepted so far has already been handed over. A read that may
+    /// answer without them (a queue consume that fills its `max`) takes the mark first and
+    /// waits only when it comes up short.
+    pub fn mark(&self) -> Option<CatchUpMark> {
+        let m = CatchUpMark {
+            upto: self.next_seq.get(),
+            node_accepted: NODE_ACCEPTED.load(Ordering::Acquire),
+        };
+        let pending =
+            !self.handed_before(m.upto) || NODE_HANDED.load(Ordering::Acquire) < m.node_accepted;
+        pending.then_some(m)
+    }
+
+    /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until the records accepted before `m` was taken
+    /// have reached their owners.
+    pub async fn catch_up(&self, m: CatchUpMark) {
+        let deadline = Instant::now() + CATCH_UP_WAIT_MAX;
+        if !self.handed_before(m.upto) {
+            loop {
+                let progressed = self.progress.notified();
+                if self.handed_before(m.upto) {
+                    break;
+                }
+                if rt::timeout_at(deadline, progressed).await.is_err() {
+                    return;
+                }
+            }
+        }
+        // The other shards' hand-offs (see the module doc).
+        while NODE_HANDED.load(Ordering::Acquire) < m.node_accepted && Instant::now() < deadline {
+            rt::sleep(NODE_CATCH_UP_POLL).await;
+        }
+    }
+
+    /// Graceful stop: no new transit records; waits until the queues are empty or `deadline`.
+    /// Returns how many records are left (they stay in the WAL and are handed over after the
+    /// restart).
+    pub async fn drain(&self, deadline: Instant) -> usize {
+        self.closing.set(true);
+        loop {
+            let progressed = self.progress.notified();
+            let left = self.pending();
+            if left == 0 {
+                return 0;
+            }
+            if rt::timeout_at(deadline, progressed).await.is_err() {
+                return self.pending();
+            }
+        }
+    }
+
+    /// The shard this transit state belongs to.
+    pub fn me(&self) -> ShardId {
+        self.me
+    }
+
+    /// Whether a graceful stop began ([`Transit::drain`]).
+    pub fn closing(&self) -> bool {
+        self.closing.get()
+    }
+
+    /// Fires when a record is queued for `dest`.
+    pub fn work(&self, dest: ShardId) -> Notified<'_> {
+        self.work[dest.0 as usize].notified()
+    }
+
+    /// The next hand-off to `dest`: its oldest records, at most [`HANDOFF_RECORDS_MAX`] and
+    /// [`HANDOFF_BYTES_MAX`] (one record however large). They stay queued until
+    /// [`Transit::finish`].
+    pub fn next_batch(&self, dest: ShardId) -> Vec<AppendRecord> {
+        let q = self.queues[dest.0 as usize].borrow();
+        let mut bytes = 0;
+        q.iter()
+            .take(HANDOFF_RECORDS_MAX)
+            .take_while(|e| {
+                bytes += weight(&e.rec);
+                bytes <= HANDOFF_BYTES_MAX || bytes == weight(&e.rec)
+            })
+            .map(|e| e.rec.clone())
+            .collect()
+    }
+
+    /// The owner committed the first `n` records of `dest`'s queue: removes them and releases
+    /// their WAL holds.
+    pub async fn finish(&self, log: &ShardLog, dest: ShardId, n: usize) {
+        let done: Vec<Queued> = self.queues[dest.0 as usize]
+            .borrow_mut()
+            .drain(..n)
+            .collect();
+        self.forget(log, done).await;
+    }
+
+    /// Drops (and releases) the records queued for `dest` that are `gone` (their topic or
+    /// partition no longer exists); returns how many.
+    pub async fn drop_where(
+        &self,
+        log: &ShardLog,
+        dest: ShardId,
+        gone: impl Fn(&AppendRecord) -> bool,
+    ) -> usize {
+        let vanished: Vec<Queued> = {
+            let mut q = self.queues[dest.0 as usize].borrow_mut();
+            if !q.iter().any(|e| gone(&e.rec)) {
+                return 0;
+            }
+            let (keep, gone): (VecDeque<Queued>, VecDeque<Queued>) =
+                q.drain(..).partition(|e| !gone(&e.rec));
+            *q = keep;
+            gone.into_iter().collect()
+        };
+        let n = vanished.len();
+        self.forget(log, vanished).await;
+        n
+    }
+
+    async fn forget(&self, log: &ShardLog, done: Vec<Queued>) {
+        NODE_HANDED.fetch_add(done.len() as u64, Ordering::AcqRel);
+        let bytes: usize = done.iter().map(|q| weight(&q.rec)).sum();
+        self.pending_bytes
+            .set(self.pending_bytes.get().saturating_sub(bytes));
+        self.progress.notify_waiters();
+        let holds: Vec<TransitHold> = done.iter().map(|q| q.hold).collect();
+        log.transit_handed(&holds).await;
+    }
+}
