@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use narad_io::log::AppendRecord;
 use narad_io::rt;
-use narad_io::types::ShardId;
+use narad_io::types::{Destination, ShardId};
 
 use crate::node::Node;
 
@@ -25,12 +25,13 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 pub fn start(node: &Rc<Node>) {
     let t = &node.transit;
     for (hold, rec) in node.host.log().take_recovered_transit() {
-        t.push(node.owner(rec.key), hold, rec);
+        t.push(dest_shard(node, hold.dest, &rec), hold, rec);
     }
     let weak = Rc::downgrade(node);
     node.host.log().on_transit(Box::new(move |hold, rec| {
         if let Some(n) = weak.upgrade() {
-            n.transit.push(n.owner(rec.key), hold, rec);
+            let to = dest_shard(&n, hold.dest, &rec);
+            n.transit.push(to, hold, rec);
         }
     }));
     // Test knob: accept through transit but never hand over, so a test can kill the process
@@ -45,6 +46,16 @@ pub fn start(node: &Rc<Node>) {
         .map(Duration::from_millis);
     for d in 0..node.shards {
         rt::spawn(dispatch(node.clone(), ShardId(d), delay)).detach();
+    }
+}
+
+/// The shard whose queue takes a transit record for `dest`. A node is its whole cluster today,
+/// so a record naming another node (only a cluster build writes them) goes to the owner
+/// shard of its partition here.
+fn dest_shard(node: &Node, dest: Destination, rec: &AppendRecord) -> ShardId {
+    match dest {
+        Destination::Shard(s) if s.0 < node.shards => s,
+        _ => node.owner(rec.key),
     }
 }
 

@@ -9,7 +9,10 @@
 //! Checksums are CRC-32 as computed by `crc32fast` (the IEEE polynomial; the crate offers no
 //! Castagnoli variant). All integers are little-endian.
 
-use crate::types::{Offset, PartitionId, PartitionKey, SharedBytes, TopicId, UnixMillis};
+use crate::types::{
+    Destination, MemberId, Offset, PartitionId, PartitionKey, ShardId, SharedBytes, TopicId,
+    UnixMillis,
+};
 
 /// Position in the WAL: segment sequence number and byte offset inside that segment.
 /// Ordered first by segment, then by byte, which is log order.
@@ -30,8 +33,11 @@ pub enum WalRecord {
         payload: SharedBytes,
     },
     /// Accepted here for a partition owned by another shard (or node), until handed over.
-    /// `seq` counts the transit records of one destination shard in WAL order.
+    /// `seq` counts the transit records of one destination in WAL order. `dest` is `None` only
+    /// in a version-1 record (written before destinations were stored): its destination is the
+    /// owner shard of `key` on this node, which the reader works out.
     Transit {
+        dest: Option<Destination>,
         key: PartitionKey,
         seq: u64,
         commit_ms: UnixMillis,
@@ -52,12 +58,21 @@ pub enum WalRecord {
         upto: WalPosition,
         marks: Vec<(PartitionKey, Offset)>,
     },
-    /// Every transit record for shard `dest` with `seq < upto` reached its owner.
-    Handed { dest: u32, upto: u64 },
+    /// Every transit record for `dest` with `seq < upto` reached its owner.
+    Handed { dest: Destination, upto: u64 },
 }
 
 pub const RECORD_MAGIC: [u8; 2] = *b"NR";
+/// The version of Message, Settle and Checkpoint frames, and of Transit frames without a
+/// destination.
 pub const RECORD_VERSION: u8 = 1;
+/// The version of Transit and Handed frames that carry a [`Destination`] (written since the
+/// destination could name a node; version 1 of both is still read).
+pub const RECORD_VERSION_DEST: u8 = 2;
+/// A stored destination: kind(1) then id(8).
+const DEST_BYTES: usize = 9;
+const DEST_SHARD: u8 = 0;
+const DEST_NODE: u8 = 1;
 /// magic(2) type(1) version(1) body_len(4) crc(4).
 pub const RECORD_HEADER_BYTES: usize = 12;
 /// Hard bound on one record body, checked before the length is used for anything.
@@ -140,11 +155,16 @@ fn body_len(r: &WalRecord) -> usize {
             msg_key, payload, ..
         } => 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len(),
         WalRecord::Transit {
-            msg_key, payload, ..
-        } => 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len(),
+            dest,
+            msg_key,
+            payload,
+            ..
+        } => {
+            dest.map_or(0, |_| DEST_BYTES) + 8 + 4 + 8 + 8 + key_bytes(msg_key) + 4 + payload.len()
+        }
         WalRecord::Settle { offsets, .. } => 8 + 4 + 4 + 8 * offsets.len(),
         WalRecord::Checkpoint { marks, .. } => 16 + 4 + MARK_BYTES * marks.len(),
-        WalRecord::Handed { .. } => 12,
+        WalRecord::Handed { .. } => DEST_BYTES + 8,
     }
 }
 
@@ -174,8 +194,12 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
         WalRecord::Checkpoint { .. } => TYPE_CHECKPOINT,
         WalRecord::Handed { .. } => TYPE_HANDED,
     };
+    let version = match r {
+        WalRecord::Transit { dest: Some(_), .. } | WalRecord::Handed { .. } => RECORD_VERSION_DEST,
+        _ => RECORD_VERSION,
+    };
     out.push(ty);
-    out.push(RECORD_VERSION);
+    out.push(version);
     out.extend_from_slice(&(body as u32).to_le_bytes());
     out.extend_from_slice(&[0; 4]); // crc, filled below
     match r {
@@ -193,12 +217,16 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
             put_bytes(out, payload);
         }
         WalRecord::Transit {
+            dest,
             key,
             seq,
             commit_ms,
             msg_key,
             payload,
         } => {
+            if let Some(d) = dest {
+                put_dest(out, *d);
+            }
             put_key(out, *key);
             out.extend_from_slice(&seq.to_le_bytes());
             out.extend_from_slice(&commit_ms.0.to_le_bytes());
@@ -222,7 +250,7 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
             }
         }
         WalRecord::Handed { dest, upto } => {
-            out.extend_from_slice(&dest.to_le_bytes());
+            put_dest(out, *dest);
             out.extend_from_slice(&upto.to_le_bytes());
         }
     }
@@ -238,6 +266,15 @@ fn record_crc(frame: &[u8]) -> u32 {
     h.update(&frame[..8]);
     h.update(&frame[RECORD_HEADER_BYTES..]);
     h.finalize()
+}
+
+fn put_dest(out: &mut Vec<u8>, d: Destination) {
+    let (kind, id) = match d {
+        Destination::Shard(s) => (DEST_SHARD, u64::from(s.0)),
+        Destination::Node(m) => (DEST_NODE, m.0),
+    };
+    out.push(kind);
+    out.extend_from_slice(&id.to_le_bytes());
 }
 
 fn put_key(out: &mut Vec<u8>, k: PartitionKey) {
@@ -283,9 +320,11 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
     }
     // Version and type are covered by the checksum; check them after it so that a flipped bit
     // reports as a checksum error, the common case.
-    if version != RECORD_VERSION {
-        return Err(DecodeError::BadVersion(version));
-    }
+    let with_dest = match (ty, version) {
+        (TYPE_TRANSIT | TYPE_HANDED, RECORD_VERSION_DEST) => true,
+        (_, RECORD_VERSION) => false,
+        _ => return Err(DecodeError::BadVersion(version)),
+    };
     let mut r = Reader {
         b: &frame[RECORD_HEADER_BYTES..],
     };
@@ -305,12 +344,14 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
             }
         }
         TYPE_TRANSIT => {
+            let dest = if with_dest { Some(r.dest()?) } else { None };
             let key = r.key()?;
             let seq = r.u64()?;
             let commit_ms = UnixMillis(r.u64()?);
             let msg_key = r.bytes_opt()?;
             let payload = SharedBytes::from(r.bytes()?.to_vec());
             WalRecord::Transit {
+                dest,
                 key,
                 seq,
                 commit_ms,
@@ -354,7 +395,12 @@ pub fn decode_record(buf: &[u8]) -> Result<(WalRecord, usize), DecodeError> {
             }
         }
         TYPE_HANDED => {
-            let dest = r.u32()?;
+            // Version 1 named a shard of this node as a bare u32.
+            let dest = if with_dest {
+                r.dest()?
+            } else {
+                Destination::Shard(ShardId(r.u32()?))
+            };
             let upto = r.u64()?;
             WalRecord::Handed { dest, upto }
         }
@@ -388,6 +434,17 @@ impl<'a> Reader<'a> {
         let mut a = [0u8; 8];
         a.copy_from_slice(s);
         Ok(u64::from_le_bytes(a))
+    }
+    fn dest(&mut self) -> Result<Destination, DecodeError> {
+        let kind = self.take(1)?[0];
+        let id = self.u64()?;
+        match kind {
+            DEST_SHARD => u32::try_from(id)
+                .map(|s| Destination::Shard(ShardId(s)))
+                .map_err(|_| DecodeError::Malformed("destination shard out of range")),
+            DEST_NODE => Ok(Destination::Node(MemberId(id))),
+            _ => Err(DecodeError::Malformed("unknown destination kind")),
+        }
     }
     fn key(&mut self) -> Result<PartitionKey, DecodeError> {
         let topic = TopicId(self.u64()?);
@@ -628,6 +685,15 @@ pub(crate) mod tests {
         }
     }
 
+    /// A destination of every stored form, or none (a version-1 transit record).
+    fn random_dest(rng: &mut Rng) -> Option<Destination> {
+        match rng.below(3) {
+            0 => None,
+            1 => Some(Destination::Shard(ShardId(rng.next() as u32))),
+            _ => Some(Destination::Node(MemberId(rng.next()))),
+        }
+    }
+
     pub fn random_record(rng: &mut Rng) -> WalRecord {
         let key = PartitionKey {
             topic: TopicId(rng.next()),
@@ -653,6 +719,7 @@ pub(crate) mod tests {
                 payload: small(rng).into(),
             },
             1 => WalRecord::Transit {
+                dest: random_dest(rng),
                 key,
                 seq: rng.next(),
                 commit_ms: UnixMillis(rng.next()),
@@ -660,7 +727,7 @@ pub(crate) mod tests {
                 payload: small(rng).into(),
             },
             4 => WalRecord::Handed {
-                dest: rng.next() as u32,
+                dest: random_dest(rng).unwrap_or(Destination::Shard(ShardId(0))),
                 upto: rng.next(),
             },
             2 => {
@@ -693,6 +760,72 @@ pub(crate) mod tests {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0x5eed_c0de)
+    }
+
+    #[test]
+    fn version_one_transit_and_handed_frames_still_decode() {
+        // Proves data directories written before destinations were stored still open: a
+        // version-1 Transit frame (no destination) decodes with `dest: None`, a version-1 Handed
+        // frame (a bare u32 shard) as that shard; new frames of both are version 2, and a
+        // Message frame claiming version 2 is refused by its version.
+        let key = PartitionKey {
+            topic: TopicId(7),
+            partition: PartitionId(3),
+        };
+        let transit = WalRecord::Transit {
+            dest: None,
+            key,
+            seq: 5,
+            commit_ms: UnixMillis(9),
+            msg_key: None,
+            payload: b"p".to_vec().into(),
+        };
+        let mut out = Vec::new();
+        encode_record(&transit, &mut out).unwrap();
+        assert_eq!(out[3], RECORD_VERSION);
+        assert_eq!(decode_record(&out).unwrap().0, transit);
+        // A version-1 Handed frame as the old writer laid it out: dest u32, upto u64.
+        let mut old = Vec::new();
+        old.extend_from_slice(&RECORD_MAGIC);
+        old.push(TYPE_HANDED);
+        old.push(RECORD_VERSION);
+        old.extend_from_slice(&12u32.to_le_bytes());
+        old.extend_from_slice(&[0; 4]);
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.extend_from_slice(&40u64.to_le_bytes());
+        let crc = record_crc(&old);
+        old[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode_record(&old).unwrap().0,
+            WalRecord::Handed {
+                dest: Destination::Shard(ShardId(1)),
+                upto: 40
+            }
+        );
+        let handed = WalRecord::Handed {
+            dest: Destination::Node(MemberId(2)),
+            upto: 40,
+        };
+        let mut out = Vec::new();
+        encode_record(&handed, &mut out).unwrap();
+        assert_eq!(out[3], RECORD_VERSION_DEST);
+        assert_eq!(decode_record(&out).unwrap().0, handed);
+        let mut msg = Vec::new();
+        encode_record(
+            &WalRecord::Settle {
+                key,
+                offsets: vec![Offset(1)],
+            },
+            &mut msg,
+        )
+        .unwrap();
+        msg[3] = RECORD_VERSION_DEST;
+        let crc = record_crc(&msg);
+        msg[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode_record(&msg).unwrap_err(),
+            DecodeError::BadVersion(RECORD_VERSION_DEST)
+        );
     }
 
     #[test]

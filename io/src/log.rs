@@ -67,7 +67,8 @@ use crate::partition::{
 };
 use crate::rt::{oneshot, Notify, Task};
 use crate::types::{
-    owner_shard, FastMap, Offset, PartitionKey, ShardId, SharedBytes, TopicId, UnixMillis,
+    owner_shard, Destination, FastMap, Offset, PartitionKey, ShardId, SharedBytes, TopicId,
+    UnixMillis,
 };
 use crate::wal::{Wal, WalConfig, WalError, WalRecoveryStats};
 
@@ -279,12 +280,19 @@ enum Kind {
     Checkpoint,
 }
 
-/// A transit record's claim on the WAL (its destination shard and its `seq` there):
-/// checkpoints stop before it until [`ShardLog::transit_handed`] lets it go.
+/// A transit record's claim on the WAL (its destination and its `seq` there): checkpoints stop
+/// before it until [`ShardLog::transit_handed`] lets it go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TransitHold {
-    pub dest: u32,
+    pub dest: Destination,
     pub seq: u64,
+}
+
+/// The destination of a version-1 transit record, which did not store one: the owner shard of
+/// its partition on this node (the only destination such records had). Everything written
+/// since names its destination, decided by the caller of [`ShardLog::append_transit`].
+fn legacy_destination(key: PartitionKey, shard_count: u32) -> Destination {
+    Destination::Shard(owner_shard(key, shard_count))
 }
 
 /// One queued call: its WAL records (message offsets and times are filled in by the committer).
@@ -322,12 +330,12 @@ struct State {
     /// Transit records durable and not yet handed over, by hold: a WAL position at or before
     /// the record. A checkpoint's `upto` never passes the smallest, so recovery replays them.
     transit_holds: BTreeMap<TransitHold, WalPosition>,
-    /// Per destination shard: the next transit `seq` to assign (in WAL order, at planning)...
-    transit_next: HashMap<u32, u64>,
+    /// Per destination: the next transit `seq` to assign (in WAL order, at planning)...
+    transit_next: HashMap<Destination, u64>,
     /// ...one past the highest made durable...
-    transit_durable: HashMap<u32, u64>,
+    transit_durable: HashMap<Destination, u64>,
     /// ...and the last `Handed` marker queued.
-    transit_marked: HashMap<u32, u64>,
+    transit_marked: HashMap<Destination, u64>,
     /// Where the WAL stood at open: at or before every batch written since.
     open_pos: WalPosition,
     /// Transit records found by recovery, until the owner of the log takes them.
@@ -436,7 +444,7 @@ fn replay(
     records: Vec<(WalPosition, WalRecord)>,
     report: &mut RecoveryReport,
     transit: &mut Vec<(WalPosition, TransitHold, AppendRecord)>,
-    handed: &mut HashMap<u32, u64>,
+    handed: &mut HashMap<Destination, u64>,
 ) -> Result<(), LogError> {
     // Everything at or after a partition's first offset in the WAL is in the WAL. A partition
     // whose files are damaged in that range (pages lost at a power failure, a segment file
@@ -518,13 +526,14 @@ fn replay(
                 }
             }
             WalRecord::Transit {
+                dest,
                 key,
                 seq,
                 msg_key,
                 payload,
                 ..
             } => {
-                let dest = owner_shard(key, cfg.shard_count).0;
+                let dest = dest.unwrap_or_else(|| legacy_destination(key, cfg.shard_count));
                 transit.push((
                     pos,
                     TransitHold { dest, seq },
@@ -776,13 +785,18 @@ impl ShardLog {
         self.submit(Kind::Append, wal_records).await
     }
 
-    /// Writes records for partitions owned by another shard as transit records, in the next
+    /// Writes a record for `dest` (a partition owned by another shard or node) as a transit
+    /// record, in the next
     /// group commit, and resolves once that batch is durable and verified: the accept of
     /// DESIGN.md §2.3, one local fsync. The record is not readable here. Once durable it goes
     /// to the [`ShardLog::on_transit`] sink, which hands it to its owner and then calls
     /// [`ShardLog::transit_handed`]; until then checkpoints keep it in the WAL, so a restart
     /// finds it again ([`ShardLog::take_recovered_transit`]).
-    pub async fn append_transit(&self, r: AppendRecord) -> Result<TransitHold, LogError> {
+    pub async fn append_transit(
+        &self,
+        dest: Destination,
+        r: AppendRecord,
+    ) -> Result<TransitHold, LogError> {
         if let Some(e) = self.refuse() {
             return Err(e);
         }
@@ -790,6 +804,7 @@ impl ShardLog {
             return Err(LogError::TooLarge);
         }
         let rec = WalRecord::Transit {
+            dest: Some(dest),
             key: r.key,
             seq: 0, // assigned at planning, in WAL order
             commit_ms: UnixMillis::now(),
@@ -797,12 +812,9 @@ impl ShardLog {
             payload: r.payload,
         };
         let offs = self.submit(Kind::Transit, vec![rec]).await?;
-        // `plan_batch` answers a transit request with (dest, seq) as its two "offsets".
+        // `plan_batch` answers a transit request with its seq as its one "offset".
         match offs.as_slice() {
-            [d, s] => Ok(TransitHold {
-                dest: d.0 as u32,
-                seq: s.0,
-            }),
+            [s] => Ok(TransitHold { dest, seq: s.0 }),
             _ => Err(LogError::Closed),
         }
     }
@@ -814,7 +826,7 @@ impl ShardLog {
         let mut marks = Vec::new();
         {
             let mut st = self.inner.state.borrow_mut();
-            let mut dests: Vec<u32> = Vec::new();
+            let mut dests: Vec<Destination> = Vec::new();
             for h in holds {
                 st.transit_holds.remove(h);
                 if !dests.contains(&h.dest) {
@@ -1614,13 +1626,13 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
                     *offset = run.push_message(now, msg_key.as_deref(), payload);
                     offs.push(*offset);
                 }
-                // `seq` in WAL order; the request learns (dest, seq) as its two "offsets".
-                WalRecord::Transit { key, seq, .. } => {
-                    let dest = owner_shard(*key, inner.cfg.shard_count).0;
+                // `seq` in WAL order per destination; the request learns it as its "offset".
+                WalRecord::Transit { dest, key, seq, .. } => {
+                    let dest =
+                        dest.unwrap_or_else(|| legacy_destination(*key, inner.cfg.shard_count));
                     let next = st.transit_next.entry(dest).or_insert(0);
                     *seq = *next;
                     *next += 1;
-                    offs.push(Offset(u64::from(dest)));
                     offs.push(Offset(*seq));
                 }
                 _ => {}
@@ -1673,6 +1685,7 @@ fn take_transit(records: Vec<WalRecord>, shard_count: u32) -> Vec<(TransitHold, 
         .into_iter()
         .filter_map(|r| match r {
             WalRecord::Transit {
+                dest,
                 key,
                 seq,
                 msg_key,
@@ -1680,7 +1693,7 @@ fn take_transit(records: Vec<WalRecord>, shard_count: u32) -> Vec<(TransitHold, 
                 ..
             } => Some((
                 TransitHold {
-                    dest: owner_shard(key, shard_count).0,
+                    dest: dest.unwrap_or_else(|| legacy_destination(key, shard_count)),
                     seq,
                 },
                 AppendRecord {

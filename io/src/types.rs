@@ -7,6 +7,20 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShardId(pub u32);
 
+/// A member of the cluster, as the metadata numbers it (a node's name maps to one number for
+/// the life of the cluster; numbers are never reused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberId(pub u64);
+
+/// Where an accepted record must be handed over: a shard of this node, or another node (which
+/// places it on one of its own shards). Stored in the WAL's transit records and `Handed`
+/// markers (`FORMAT.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Destination {
+    Shard(ShardId),
+    Node(MemberId),
+}
+
 /// Incarnation id of a topic: a topic deleted and recreated under the same name gets a new one.
 /// Rendered as 16 lowercase hex characters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

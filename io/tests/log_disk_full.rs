@@ -11,7 +11,7 @@ mod common_log;
 use common_log::*;
 use narad_io::log::{AppendRecord, LogConfig, LogError, ShardLog};
 use narad_io::rt;
-use narad_io::types::{Offset, PartitionKey, ShardId};
+use narad_io::types::{Destination, Offset, PartitionKey, ShardId};
 use std::rc::Rc;
 use std::time::Duration;
 use tmpfs::Mount;
@@ -263,7 +263,10 @@ fn batches_planned_behind_a_refused_one_never_become_durable_with_a_gap() {
                         if freed.get() {
                             break;
                         }
-                        match log.append_transit(record(away, i)).await {
+                        match log
+                            .append_transit(Destination::Shard(ShardId(1)), record(away, i))
+                            .await
+                        {
                             Ok(_) | Err(LogError::DiskFull) => {}
                             Err(e) => panic!("transit {i}: {e}"),
                         }

@@ -9,7 +9,7 @@ use common_log::*;
 use narad_io::log::{LogConfig, ReadError, Settled, ShardLog};
 use narad_io::partition;
 use narad_io::rt;
-use narad_io::types::{Offset, PartitionKey};
+use narad_io::types::{Destination, MemberId, Offset, PartitionKey, ShardId};
 
 /// Appends `n` records to each of `keys` (one call per record index, all keys in one call).
 async fn fill(log: &ShardLog, keys: &[PartitionKey], from: u64, n: u64) {
@@ -401,18 +401,21 @@ fn transit_records_are_held_until_handed_and_come_back_after_a_crash() {
     // readable here; while it is held, checkpoints (even ones that release WAL segments) keep
     // it, so a crash and a close both bring it back from recovery with its key and payload;
     // once handed, its `Handed` marker keeps the next recovery from returning it, even after a
-    // crash with no checkpoint since, while a record not handed still comes back.
+    // crash with no checkpoint since, while a record not handed still comes back. The
+    // destination is another node's: it is stored with the record and comes back with it.
     let dir = temp_dir("transit");
     let cfg = small_cfg(dir.clone());
     let own = [key(7, 0)];
     let away = key(8, 1);
+    let to = Destination::Node(MemberId(2));
     let c = cfg.clone();
     rt::block_on(async move {
         let (log, _, _) = ShardLog::open(c.clone()).await.unwrap();
         fill(&log, &own, 0, 10).await;
-        let h0 = log.append_transit(rec(away, 0)).await.unwrap();
-        let h1 = log.append_transit(rec(away, 1)).await.unwrap();
+        let h0 = log.append_transit(to, rec(away, 0)).await.unwrap();
+        let h1 = log.append_transit(to, rec(away, 1)).await.unwrap();
         assert_eq!((h0.seq, h1.seq), (0, 1));
+        assert_eq!((h0.dest, h1.dest), (to, to));
         assert_eq!(log.transit_held(), 2);
         assert_eq!(
             log.high_watermark(away),
@@ -433,6 +436,7 @@ fn transit_records_are_held_until_handed_and_come_back_after_a_crash() {
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].1, rec(away, 0));
         assert_eq!(got[1].1, rec(away, 1));
+        assert_eq!((got[0].0.dest, got[1].0.dest), (to, to));
         assert!(log.take_recovered_transit().is_empty(), "handed out once");
         assert_eq!(log.transit_held(), 2);
         check(&log, &own, 1510).await;
@@ -446,7 +450,7 @@ fn transit_records_are_held_until_handed_and_come_back_after_a_crash() {
         let got = log.take_recovered_transit();
         // The first reached its owner; the second did not. A new one continues the sequence.
         log.transit_handed(&[got[0].0]).await;
-        let h2 = log.append_transit(rec(away, 2)).await.unwrap();
+        let h2 = log.append_transit(to, rec(away, 2)).await.unwrap();
         assert_eq!(h2.seq, 2);
         assert_eq!(log.transit_held(), 2);
         fill(&log, &own, 1510, 5).await;
@@ -493,7 +497,7 @@ fn a_durable_transit_record_reaches_the_sink_even_when_its_caller_left() {
         let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
         let g = got.clone();
         log.on_transit(Box::new(move |hold, rec| g.borrow_mut().push((hold, rec))));
-        let mut fut = Box::pin(log.append_transit(rec(away, 0)));
+        let mut fut = Box::pin(log.append_transit(Destination::Shard(ShardId(1)), rec(away, 0)));
         assert!(futures_lite::future::poll_once(&mut fut).await.is_none());
         drop(fut);
         // Any later commit comes after that batch.

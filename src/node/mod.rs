@@ -627,7 +627,7 @@ impl Node {
         }
         self.host
             .log()
-            .append_transit(rec)
+            .append_transit(narad_io::types::Destination::Shard(dest), rec)
             .await
             .map(|_| ())
             .map_err(store_error)

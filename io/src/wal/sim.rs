@@ -32,7 +32,7 @@ use super::core::{BatchPlan, Core, CoreConfig, Outcome, Ticket};
 use super::recovery::{Recovered, Scanner};
 use super::{WalError, WalPosition, WalRecord};
 use crate::codec;
-use crate::types::{Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
+use crate::types::{Destination, MemberId, Offset, PartitionId, PartitionKey, TopicId, UnixMillis};
 
 /// xorshift64*: tiny, deterministic.
 #[derive(Clone)]
@@ -316,6 +316,7 @@ impl Sim {
                 offsets: (0..1 + self.rng.below(6)).map(|i| Offset(id + i)).collect(),
             },
             1 => WalRecord::Transit {
+                dest: Some(Destination::Node(MemberId(id % 3))),
                 key,
                 seq: id,
                 commit_ms: UnixMillis(id),
