@@ -2,22 +2,39 @@
 //! port and the kernel spreads connections over them) and a stream implementing futures-lite's
 //! `AsyncRead` + `AsyncWrite`.
 //!
-//! Owns socket set-up (options, backlog) and the mapping of glommio errors to `std::io::Error`.
-//! Never parses protocols and never moves a socket between shards.
+//! Owns socket set-up (options, backlog), host-name resolution and the mapping of glommio errors
+//! to `std::io::Error`. Never parses protocols, never moves a socket between shards, and never
+//! calls the system resolver on a shard thread: it blocks for as long as DNS takes (seconds when
+//! a server is down), and everything else on the shard would wait with it.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_lite::io::{AsyncRead, AsyncWrite};
 
 /// Default accept backlog per listening socket (per shard).
 pub const LISTEN_BACKLOG_DEFAULT: u32 = 1024;
+/// Longest [`TcpStream::connect_host`] waits for a host name to resolve. Above glibc's default
+/// (two tries of 5 s against the first name server), so that a slow but working resolver is not
+/// cut short.
+pub const RESOLVE_TIMEOUT_MS: u64 = 15_000;
+/// Host-name resolutions running at once in this process, each on a thread of its own: a
+/// resolver that hangs must not make every reconnect attempt leave one more thread behind.
+pub const RESOLVE_THREADS_MAX: usize = 8;
+
+/// Resolver threads running now (bounded by [`RESOLVE_THREADS_MAX`]).
+static RESOLVE_THREADS_RUNNING: AtomicUsize = AtomicUsize::new(0);
+/// Resolver threads ever started (tests check that a literal address starts none).
+static RESOLVE_THREADS_STARTED: AtomicUsize = AtomicUsize::new(0);
 
 fn gerr<T>(e: glommio::GlommioError<T>) -> io::Error {
     io::Error::from(e)
@@ -237,13 +254,20 @@ impl TcpStream {
             .map_err(gerr)
     }
 
-    /// Connects to a `host:port` string, resolving it with the system resolver (blocking).
+    /// Connects to a `host:port` string. A literal address (`10.0.0.7:7943`, `[::1]:7943`) is
+    /// used as it is; a host name is resolved with the system resolver on a thread of its own
+    /// (never this shard's), for at most [`RESOLVE_TIMEOUT_MS`], and its addresses are tried in
+    /// the resolver's order until one connects (as `std::net::TcpStream::connect` does).
     pub async fn connect_host(addr: &str) -> io::Result<TcpStream> {
-        let a = addr
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address"))?;
-        TcpStream::connect(a).await
+        let addrs = resolve(addr).await?;
+        let mut last = None;
+        for a in addrs {
+            match TcpStream::connect(a).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no address")))
     }
 
     /// Connects to `addr`, giving up after `timeout`.
@@ -309,6 +333,100 @@ impl TcpStream {
     }
 }
 
+/// The addresses of a `host:port` string: parsed at once when it is a literal address, else
+/// asked of the system resolver on a thread of its own, at most [`RESOLVE_THREADS_MAX`] at a time,
+/// waiting at most [`RESOLVE_TIMEOUT_MS`]. A resolver still busy at the deadline finishes on its
+/// thread and its answer is dropped.
+async fn resolve(addr: &str) -> io::Result<Vec<SocketAddr>> {
+    if let Ok(a) = addr.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let running = RESOLVE_THREADS_RUNNING.fetch_add(1, Ordering::SeqCst);
+    if running >= RESOLVE_THREADS_MAX {
+        RESOLVE_THREADS_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        return Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!("{RESOLVE_THREADS_MAX} host-name resolutions already running; retry later"),
+        ));
+    }
+    let answer = Arc::new(Handoff::new());
+    let name = addr.to_owned();
+    let tx = answer.clone();
+    let started = std::thread::Builder::new()
+        .name("narad-resolve".into())
+        .stack_size(256 << 10)
+        .spawn(move || {
+            tx.put(name.to_socket_addrs().map(Iterator::collect));
+            RESOLVE_THREADS_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = started {
+        RESOLVE_THREADS_RUNNING.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
+    }
+    RESOLVE_THREADS_STARTED.fetch_add(1, Ordering::SeqCst);
+    let within = Duration::from_millis(RESOLVE_TIMEOUT_MS);
+    match super::timeout(within, HandoffWait(&answer)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("resolving {addr} took longer than {within:?}"),
+        )),
+    }
+}
+
+/// One value handed from a helper thread to a task of a shard. glommio accepts a wake from a
+/// thread that is not an executor (it queues the waker to the task's executor).
+struct Handoff<T> {
+    slot: Mutex<(Option<T>, Option<Waker>)>,
+}
+
+impl<T> Handoff<T> {
+    fn new() -> Handoff<T> {
+        Handoff {
+            slot: Mutex::new((None, None)),
+        }
+    }
+
+    fn put(&self, v: T) {
+        let waker = {
+            let mut s = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            s.0 = Some(v);
+            s.1.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// Waits for a [`Handoff`]'s value. Dropping it (a deadline) forgets its waker, so that the
+/// helper thread never wakes a task that stopped waiting, perhaps on an executor that has ended.
+struct HandoffWait<'a, T>(&'a Handoff<T>);
+
+impl<T> Drop for HandoffWait<'_, T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut s = self.0.slot.lock().unwrap_or_else(|p| p.into_inner());
+            s.1.take()
+        };
+        drop(waker);
+    }
+}
+
+impl<T> Future for HandoffWait<'_, T> {
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let mut s = self.0.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match s.0.take() {
+            Some(v) => Poll::Ready(v),
+            None => {
+                s.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
 impl AsyncRead for TcpStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -334,5 +452,40 @@ impl AsyncWrite for TcpStream {
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.0).poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_lite::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn connect_host_takes_a_literal_address_without_a_resolver_thread_and_a_name_with_one() {
+        // Proves a literal `127.0.0.1:port` connects without starting a resolver thread (the
+        // shard never waits on DNS for it), that `localhost:port` connects through one (the name
+        // is resolved off the shard; its addresses are tried until one answers, whether
+        // localhost lists ::1 or 127.0.0.1 first), and that both reach the listener.
+        super::super::block_on(async {
+            let mut l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+            let port = l.local_addr().unwrap().port();
+            let before = RESOLVE_THREADS_STARTED.load(Ordering::SeqCst);
+            for (i, host) in ["127.0.0.1", "localhost"].into_iter().enumerate() {
+                let target = format!("{host}:{port}");
+                let accepted = super::super::spawn(async move {
+                    let (mut s, _) = l.accept().await.expect("accept");
+                    let mut b = [0u8; 1];
+                    s.read_exact(&mut b).await.expect("read");
+                    (l, b[0])
+                });
+                let mut c = TcpStream::connect_host(&target).await.expect(&target);
+                c.write_all(&[i as u8]).await.expect("write");
+                let (back, byte) = accepted.await;
+                assert_eq!(byte, i as u8, "{target} reached the listener");
+                let started = RESOLVE_THREADS_STARTED.load(Ordering::SeqCst) - before;
+                assert_eq!(started, i, "resolver threads after {target}");
+                l = back;
+            }
+        });
     }
 }
