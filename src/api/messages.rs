@@ -12,7 +12,7 @@ use narad_shard::host::{now_ms, Leased, QueueConf, SettleKind};
 use super::params::Params;
 use super::{error, BODY_BYTES_MAX};
 use crate::http::{Request, Response};
-use crate::node::{Node, ReadFailure, SettleFailure, StoreError};
+use crate::node::{Node, ReadFailure, SettleFailure, ShardCallError, StoreError};
 use crate::schema::{Rejection, RejectionKind};
 use crate::wire;
 use crate::wire::duration::GoDuration;
@@ -49,11 +49,27 @@ fn store_failure(e: StoreError) -> Response {
         StoreError::DiskFull => error(500, "produce failed: disk full; retry later"),
         // Deleted between the topic lookup and the append: as if the lookup had missed it.
         StoreError::TopicGone => error(404, "topic not found"),
+        StoreError::Shard(e @ ShardCallError::Timeout { .. }) => shard_timeout(e),
+        StoreError::Shard(e @ ShardCallError::Gone { .. }) => {
+            tracing::error!(error = %e, "produce failed");
+            error(500, "produce failed")
+        }
         StoreError::Failed(detail) | StoreError::Stopped(detail) => {
             tracing::error!(error = %detail, "produce failed");
             error(500, "produce failed")
         }
     }
+}
+
+/// The answer when the shard that owns a partition did not answer in time: `503` with
+/// `Retry-After: 1`, naming the shard and the deadline. What was asked may still have happened
+/// there (a produce may be stored, an ack applied: a retried ack then answers `410`).
+fn shard_timeout(e: ShardCallError) -> Response {
+    error(503, &shard_timeout_message(e)).with_header("Retry-After", "1")
+}
+
+fn shard_timeout_message(e: ShardCallError) -> String {
+    format!("{e}; retry")
 }
 
 /// [`store_failure`] of a produce; a stopped log makes the whole node refuse produces.
@@ -448,6 +464,11 @@ async fn replay(
         Err(ReadFailure::Unreadable) => {
             error(410, &format!("{GONE}: offset {offset} is unreadable"))
         }
+        Err(ReadFailure::Shard(e @ ShardCallError::Timeout { .. })) => shard_timeout(e),
+        Err(ReadFailure::Shard(e @ ShardCallError::Gone { .. })) => {
+            tracing::error!(error = %e, "partition read failed");
+            error(500, "partition unreadable")
+        }
         Err(ReadFailure::Failed(e)) => {
             tracing::error!(error = %e, "partition read failed");
             error(500, "partition unreadable")
@@ -492,8 +513,9 @@ async fn queue_consume(
     loop {
         // Before the look: a wake-up during it (the take awaits other shards) is seen below.
         let ticket = node.work_ticket(t.id);
-        let Some(mut leased) = take_logged(node, conf, &partitions, n).await else {
-            return error(500, "partition unreadable");
+        let mut leased = match take_logged(node, conf, &partitions, n).await {
+            Ok(l) => l,
+            Err(answer) => return answer,
         };
         if leased.len() < n {
             if let Some(m) = catch_up.take() {
@@ -501,9 +523,9 @@ async fn queue_consume(
                 // their way to their owners; wait for them and look for the rest once more.
                 node.transit.catch_up(m).await;
                 match take_logged(node, conf, &partitions, n - leased.len()).await {
-                    Some(more) => leased.extend(more),
-                    None if leased.is_empty() => return error(500, "partition unreadable"),
-                    None => {}
+                    Ok(more) => leased.extend(more),
+                    Err(answer) if leased.is_empty() => return answer,
+                    Err(_) => {}
                 }
             }
         }
@@ -543,17 +565,21 @@ async fn queue_consume(
     }
 }
 
-/// [`Node::take`], logging a failure (`None`).
+/// [`Node::take`]; a failure is logged and becomes its answer: `500 partition unreadable`, or
+/// the `503` of an owner shard that did not answer in time.
 async fn take_logged(
     node: &Rc<Node>,
     conf: QueueConf,
     partitions: &[PartitionId],
     n: usize,
-) -> Option<Vec<Leased>> {
-    node.take(conf, partitions, n)
-        .await
-        .inspect_err(|e| tracing::error!(error = ?e, "consume failed"))
-        .ok()
+) -> Result<Vec<Leased>, Response> {
+    node.take(conf, partitions, n).await.map_err(|e| {
+        tracing::error!(error = ?e, "consume failed");
+        match e {
+            StoreError::Shard(e @ ShardCallError::Timeout { .. }) => shard_timeout(e),
+            _ => error(500, "partition unreadable"),
+        }
+    })
 }
 
 async fn deliver(node: &Rc<Node>, t: &TopicMeta, leased: Vec<Leased>, batch: bool) -> Response {
@@ -644,33 +670,52 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     node.metrics
         .settled(t.id, kind, settled.iter().filter(|r| r.is_ok()).count());
     let mut results = settled.into_iter();
-    let outcome: Vec<(u16, Option<String>)> = parsed
+    // Per handle: status, error message, and whether the owner shard timed out (Retry-After).
+    let outcome: Vec<(u16, Option<String>, bool)> = parsed
         .iter()
         .map(|r| match r {
-            Err((s, m)) => (*s, Some((*m).to_string())),
+            Err((s, m)) => (*s, Some((*m).to_string()), false),
             Ok(_) => match results.next() {
-                Some(Ok(())) => (204, None),
-                Some(Err(SettleFailure::Gone)) | None => (410, Some(GONE.to_string())),
+                Some(Ok(())) => (204, None, false),
+                Some(Err(SettleFailure::Gone)) | None => (410, Some(GONE.to_string()), false),
+                Some(Err(SettleFailure::Shard(e @ ShardCallError::Timeout { .. }))) => {
+                    tracing::error!(error = %e, "ack got no answer from its shard");
+                    (503, Some(shard_timeout_message(e)), true)
+                }
+                Some(Err(SettleFailure::Shard(e @ ShardCallError::Gone { .. }))) => {
+                    tracing::error!(error = %e, "ack could not be made durable");
+                    (
+                        503,
+                        Some("ack could not be made durable; retry".to_string()),
+                        false,
+                    )
+                }
                 Some(Err(SettleFailure::Failed(e))) => {
                     tracing::error!(error = %e, "ack could not be made durable");
                     (
                         503,
                         Some("ack could not be made durable; retry".to_string()),
+                        false,
                     )
                 }
             },
         })
         .collect();
     if single.is_some() {
-        let (status, msg) = &outcome[0];
-        return match msg {
+        let (status, msg, timed_out) = &outcome[0];
+        let r = match msg {
             None => Response::empty(*status),
             Some(m) => error(*status, m),
+        };
+        return if *timed_out {
+            r.with_header("Retry-After", "1")
+        } else {
+            r
         };
     }
     let mut body = Vec::with_capacity(outcome.len() * 24 + 16);
     body.extend_from_slice(b"{\"results\":[");
-    for (i, (status, msg)) in outcome.iter().enumerate() {
+    for (i, (status, msg, _)) in outcome.iter().enumerate() {
         if i > 0 {
             body.push(b',');
         }
@@ -707,5 +752,29 @@ mod tests {
         let gone = store_failure(StoreError::TopicGone);
         assert_eq!(gone.status, 404);
         assert_eq!(&gone.body[..], &b"{\"error\":\"topic not found\"}\n"[..]);
+    }
+
+    #[test]
+    fn an_owner_shard_that_times_out_answers_503_retry_after_and_a_gone_one_500() {
+        // Proves the API layer's choice for a produce whose owner shard did not answer: a
+        // timeout is a 503 with Retry-After: 1 naming the shard and the deadline (the record may
+        // still be stored: retry), while a shard that left keeps today's 500 "produce failed".
+        use narad_io::types::ShardId;
+        let timeout = store_failure(StoreError::Shard(ShardCallError::Timeout {
+            shard: ShardId(1),
+            after: std::time::Duration::from_millis(crate::node::MESH_DATA_CALL_TIMEOUT_MS),
+        }));
+        assert_eq!(timeout.status, 503);
+        assert_eq!(timeout.header("Retry-After"), Some("1"));
+        assert_eq!(
+            &timeout.body[..],
+            &b"{\"error\":\"shard 1 did not answer within 30s; retry\"}\n"[..]
+        );
+        let gone = store_failure(StoreError::Shard(ShardCallError::Gone {
+            shard: ShardId(1),
+        }));
+        assert_eq!(gone.status, 500);
+        assert_eq!(gone.header("Retry-After"), None);
+        assert_eq!(&gone.body[..], &b"{\"error\":\"produce failed\"}\n"[..]);
     }
 }

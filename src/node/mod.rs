@@ -106,20 +106,61 @@ pub enum StoreError {
     Stopped(String),
     /// The topic was deleted while the produce was on its way (nothing stored).
     TopicGone,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
     Failed(String),
 }
 
 #[derive(Debug, Clone)]
 pub enum SettleFailure {
     Gone,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
     Failed(String),
 }
 
 #[derive(Debug, Clone)]
 pub enum ReadFailure {
-    BelowRetention { oldest: Offset },
+    BelowRetention {
+        oldest: Offset,
+    },
     Unreadable,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
     Failed(String),
+}
+
+/// Why a call to another shard of this node got no answer. The API layer picks the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardCallError {
+    /// The shard has left the mesh (it stopped, or the node is stopping) or does not serve.
+    Gone { shard: ShardId },
+    /// The shard did not answer within `after`: what was asked may still happen there.
+    Timeout { shard: ShardId, after: Duration },
+}
+
+impl From<rt::MeshError> for ShardCallError {
+    fn from(e: rt::MeshError) -> ShardCallError {
+        use rt::MeshError;
+        match e {
+            MeshError::Timeout { shard, after } => ShardCallError::Timeout { shard, after },
+            MeshError::NoSuchShard(shard)
+            | MeshError::Disconnected(shard)
+            | MeshError::NotServing(shard)
+            | MeshError::AlreadyJoined(shard) => ShardCallError::Gone { shard },
+        }
+    }
+}
+
+impl std::fmt::Display for ShardCallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardCallError::Gone { shard } => write!(f, "shard {} unavailable", shard.0),
+            ShardCallError::Timeout { shard, after } => {
+                write!(f, "shard {} did not answer within {after:?}", shard.0)
+            }
+        }
+    }
 }
 
 fn store_error(e: LogError) -> StoreError {
@@ -132,6 +173,60 @@ fn store_error(e: LogError) -> StoreError {
 }
 
 pub type NodeMesh = Mesh<ShardReq, ShardResp>;
+
+/// Deadline of a data-path call to another shard: append, take, settle, read, release, stats,
+/// long-poll interest and wake-ups. An append or an ack waits for the owner's group commit, whose
+/// fsync may take a second under load: a shard that has not answered in thirty is stuck, not
+/// slow. No mesh call waits out a long-poll's `wait` (up to 20 s): a long-poll parks on the shard
+/// that took it ([`Node::wait_for_work`]); a call that ever does must add that `wait` to this.
+pub const MESH_DATA_CALL_TIMEOUT_MS: u64 = 30_000;
+/// Deadline of a read of another shard's counters (a `/metrics` scrape, the fan-out lag route):
+/// memory only, and Prometheus gives a whole scrape 10 s by default.
+pub const MESH_COUNTERS_CALL_TIMEOUT_MS: u64 = 10_000;
+/// Deadline of control messages (metadata installs, start-up release and purge, stop notices)
+/// and of a metadata change forwarded to shard 0, which waits for Raft (itself bounded by
+/// `propose_timeout_ms`, 10 s) and for every shard to install the result; a purge deletes files.
+pub const MESH_CONTROL_CALL_TIMEOUT_MS: u64 = 60_000;
+
+impl ShardReq {
+    /// How long a caller waits for the answer. Every kind names its deadline: a new kind has to
+    /// choose one.
+    fn deadline(&self) -> Duration {
+        let ms = match self {
+            ShardReq::Append(_)
+            | ShardReq::Take { .. }
+            | ShardReq::Release { .. }
+            | ShardReq::Settle { .. }
+            | ShardReq::Read { .. }
+            | ShardReq::Stats { .. }
+            | ShardReq::Interest { .. }
+            | ShardReq::Wake { .. } => MESH_DATA_CALL_TIMEOUT_MS,
+            ShardReq::FanoutLag { .. } | ShardReq::Metrics => MESH_COUNTERS_CALL_TIMEOUT_MS,
+            ShardReq::Meta(_)
+            | ShardReq::MetaStopped(_)
+            | ShardReq::IngressFailed
+            | ShardReq::PurgeDeleted
+            | ShardReq::StartServing
+            | ShardReq::Propose(_) => MESH_CONTROL_CALL_TIMEOUT_MS,
+        };
+        Duration::from_millis(ms)
+    }
+}
+
+/// Calls shard `to` with the deadline of the request's kind.
+async fn call_shard(
+    mesh: &NodeMesh,
+    to: ShardId,
+    req: ShardReq,
+) -> Result<ShardResp, ShardCallError> {
+    let within = req.deadline();
+    Ok(mesh.call(to, req, within).await?)
+}
+
+/// [`Node::serve`] answers every request with a reply of its own kind: another kind is a bug.
+fn wrong_reply(asked: &str) -> ! {
+    unreachable!("a shard answered {asked} with a reply of another kind")
+}
 
 /// One lease: partition, offset and the nonce of its receipt handle.
 pub type Lease = (PartitionId, Offset, Nonce);
@@ -290,12 +385,20 @@ impl Node {
         self.tell_other_shards(|| ShardReq::StartServing).await;
     }
 
-    /// Sends `req()` to every other shard, one after the other, each answered before the next;
-    /// the answers are not looked at.
+    /// Sends `req()` to every other shard, one after the other, each answered (or given up on
+    /// at its deadline) before the next; the answers are not looked at, failures are logged.
     async fn tell_other_shards(&self, req: impl Fn() -> ShardReq) {
         for s in 0..self.shards {
-            if s != self.shard.0 {
-                let _ = self.mesh.call(ShardId(s), req()).await;
+            if s == self.shard.0 {
+                continue;
+            }
+            match call_shard(&self.mesh, ShardId(s), req()).await {
+                Ok(_) => {}
+                Err(e @ ShardCallError::Timeout { .. }) => {
+                    tracing::warn!(error = %e, "a control message to another shard got no answer")
+                }
+                // A shard leaves the mesh only when the node stops.
+                Err(e) => tracing::debug!(error = %e, "a control message found its shard gone"),
             }
         }
     }
@@ -432,11 +535,7 @@ impl Node {
             if s == self.shard.0 {
                 continue;
             }
-            match self
-                .mesh
-                .call(ShardId(s), ShardReq::FanoutLag { parent })
-                .await
-            {
+            match call_shard(&self.mesh, ShardId(s), ShardReq::FanoutLag { parent }).await {
                 Ok(ShardResp::FanoutLag(v)) => {
                     for l in v {
                         match all.iter_mut().find(|a| a.child == l.child) {
@@ -470,9 +569,14 @@ impl Node {
         if self.shard.0 == 0 {
             return self.propose_here(cmd).await;
         }
-        match self.mesh.call(ShardId(0), ShardReq::Propose(cmd)).await {
+        match call_shard(&self.mesh, ShardId(0), ShardReq::Propose(cmd)).await {
             Ok(ShardResp::Proposed(r)) => r,
-            _ => Err(ProposeError::NoLeader { leader: None }),
+            Ok(_) => wrong_reply("Propose"),
+            // Shard 0 may still apply it.
+            Err(e @ ShardCallError::Timeout { .. }) => {
+                Err(ProposeError::Indeterminate(e.to_string()))
+            }
+            Err(ShardCallError::Gone { .. }) => Err(ProposeError::NoLeader { leader: None }),
         }
     }
 
@@ -674,20 +778,15 @@ impl Node {
                     .await
                     .map_err(store_error)?
             } else {
-                match self
-                    .mesh
-                    .call(
-                        ShardId(s),
-                        ShardReq::Take {
-                            conf,
-                            partitions: parts,
-                            n: want,
-                        },
-                    )
-                    .await
-                {
+                let take = ShardReq::Take {
+                    conf,
+                    partitions: parts,
+                    n: want,
+                };
+                match call_shard(&self.mesh, ShardId(s), take).await {
                     Ok(ShardResp::Taken(r)) => r?,
-                    _ => return Err(StoreError::Failed("shard unavailable".into())),
+                    Ok(_) => wrong_reply("Take"),
+                    Err(e) => return Err(StoreError::Shard(e)),
                 }
             };
             out.extend(got);
@@ -711,7 +810,8 @@ impl Node {
             if s == self.shard {
                 self.host.release(topic, &items);
             } else {
-                let _ = self.mesh.call(s, ShardReq::Release { topic, items }).await;
+                // Unanswered, the leases run out at their visibility timeout instead.
+                let _ = call_shard(&self.mesh, s, ShardReq::Release { topic, items }).await;
             }
         }
     }
@@ -750,12 +850,13 @@ impl Node {
             })
             .collect();
         let mut fill = |idx: Vec<usize>, rs: Vec<Result<(), SettleFailure>>| {
-            let mut rs = rs.into_iter();
-            for i in idx {
-                results[i] = Some(
-                    rs.next()
-                        .unwrap_or_else(|| Err(SettleFailure::Failed("shard unavailable".into()))),
-                );
+            assert_eq!(
+                rs.len(),
+                idx.len(),
+                "an owner answers every item it settles"
+            );
+            for (i, r) in idx.into_iter().zip(rs) {
+                results[i] = Some(r);
             }
         };
         if let Some((s, (idx, its))) = first {
@@ -782,9 +883,10 @@ impl Node {
         if s == self.shard {
             return self.host.read_at(key, offset).await.map_err(read_failure);
         }
-        match self.mesh.call(s, ShardReq::Read { key, offset }).await {
+        match call_shard(&self.mesh, s, ShardReq::Read { key, offset }).await {
             Ok(ShardResp::Read(r)) => r,
-            _ => Err(ReadFailure::Failed("shard unavailable".into())),
+            Ok(_) => wrong_reply("Read"),
+            Err(e) => Err(ReadFailure::Shard(e)),
         }
     }
 
@@ -817,7 +919,7 @@ impl Node {
             let rs = if s == self.shard {
                 local_stats(&self.host, &ks)
             } else {
-                match self.mesh.call(s, ShardReq::Stats { keys: ks }).await {
+                match call_shard(&self.mesh, s, ShardReq::Stats { keys: ks }).await {
                     Ok(ShardResp::Stats(r)) => r,
                     _ => Vec::new(),
                 }
@@ -857,16 +959,11 @@ impl Node {
             self.announced.borrow_mut().insert(topic, until);
             for s in 0..self.shards {
                 if s != self.shard.0 {
-                    let _ = self
-                        .mesh
-                        .call(
-                            ShardId(s),
-                            ShardReq::Interest {
-                                topic,
-                                until_ms: until,
-                            },
-                        )
-                        .await;
+                    let interest = ShardReq::Interest {
+                        topic,
+                        until_ms: until,
+                    };
+                    let _ = call_shard(&self.mesh, ShardId(s), interest).await;
                 }
             }
             // Wake-ups of the other shards reach this one from now on: look again once.
@@ -900,7 +997,7 @@ impl Node {
         for s in targets {
             let mesh = self.mesh.clone();
             rt::spawn(async move {
-                let _ = mesh.call(s, ShardReq::Wake { topic }).await;
+                let _ = call_shard(&mesh, s, ShardReq::Wake { topic }).await;
             })
             .detach();
         }
@@ -982,7 +1079,7 @@ impl Node {
             if s == self.shard.0 {
                 shards.push(self.metrics_snapshot());
             } else if let Ok(ShardResp::Metrics(m)) =
-                self.mesh.call(ShardId(s), ShardReq::Metrics).await
+                call_shard(&self.mesh, ShardId(s), ShardReq::Metrics).await
             {
                 shards.push(*m);
             }
@@ -1020,9 +1117,10 @@ async fn append_via(
     if s == me {
         return host.append(recs).await.map(|_| ()).map_err(store_error);
     }
-    match mesh.call(s, ShardReq::Append(recs)).await {
+    match call_shard(mesh, s, ShardReq::Append(recs)).await {
         Ok(ShardResp::Appended(r)) => r.map(|_| ()),
-        _ => Err(StoreError::Failed("shard unavailable".into())),
+        Ok(_) => wrong_reply("Append"),
+        Err(e) => Err(StoreError::Shard(e)),
     }
 }
 
@@ -1040,8 +1138,8 @@ fn node_rotation(topic: TopicId) -> Arc<AtomicU32> {
         .clone()
 }
 
-/// Settles leases on shard `s`: this shard's host directly, another shard's over the mesh. An
-/// unreachable shard answers an empty list (its items fail as unavailable).
+/// Settles leases on shard `s`: this shard's host directly, another shard's over the mesh. When
+/// the shard does not answer, every item fails with [`SettleFailure::Shard`].
 async fn settle_via(
     host: &Host,
     mesh: &NodeMesh,
@@ -1055,9 +1153,11 @@ async fn settle_via(
         let rs = host.settle(conf, kind, &items).await;
         return rs.into_iter().map(settle_failure).collect();
     }
-    match mesh.call(s, ShardReq::Settle { conf, kind, items }).await {
+    let n = items.len();
+    match call_shard(mesh, s, ShardReq::Settle { conf, kind, items }).await {
         Ok(ShardResp::Settled(r)) => r,
-        _ => Vec::new(),
+        Ok(_) => wrong_reply("Settle"),
+        Err(e) => vec![Err(SettleFailure::Shard(e)); n],
     }
 }
 

@@ -9,8 +9,14 @@
 //! handlers are all busy (waiting, say, for answers from another shard) still drains replies.
 //! Call loops apply backpressure (at most [`MESH_CALLS_IN_FLIGHT_PER_PEER_MAX`] handlers in flight
 //! per calling peer, then the bounded channel fills and callers wait in `send`). Handlers that call
-//! back into the calling shard can still deadlock when both sides exhaust their handler permits;
-//! keep nested calls acyclic.
+//! back into the calling shard can still deadlock when both sides exhaust their handler permits
+//! (until their calls' deadlines pass); keep nested calls acyclic.
+//!
+//! Every call has a deadline, given by the caller (the mesh does not know which calls wait for
+//! an fsync and which only read memory): a callee that is stuck, or a channel that stays full,
+//! fails the call with [`MeshError::Timeout`] instead of holding the caller forever. On expiry
+//! the pending entry is removed at once; the callee's handler still runs to its end, and its late
+//! reply finds no entry and is dropped.
 //!
 //! The mesh is built from glommio `shared_channel`s created before executors start (the
 //! [`MeshSetup`] handle is `Send + Sync + Clone`) rather than glommio's `channel_mesh`, whose peer
@@ -24,12 +30,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
 };
 
-use super::sync::{oneshot, Semaphore};
+use super::sync::{oneshot, timeout, Semaphore};
 use crate::types::ShardId;
 
 /// Handlers running at once on one shard for calls from one peer; beyond it the call channel
@@ -59,6 +66,9 @@ pub enum MeshError {
     Disconnected(ShardId),
     /// A call to this shard itself, before [`Mesh::serve`] installed a handler.
     NotServing(ShardId),
+    /// The target shard did not answer within `after`, the deadline the caller gave. What the
+    /// call asked for may still happen there: its handler runs on and its reply is dropped.
+    Timeout { shard: ShardId, after: Duration },
     /// [`MeshSetup::join`] for a shard that already joined or is out of range (a wiring bug).
     AlreadyJoined(ShardId),
 }
@@ -69,6 +79,9 @@ impl fmt::Display for MeshError {
             MeshError::NoSuchShard(s) => write!(f, "shard {} is not part of the mesh", s.0),
             MeshError::Disconnected(s) => write!(f, "shard {} has left the mesh", s.0),
             MeshError::NotServing(s) => write!(f, "shard {} serves no mesh calls yet", s.0),
+            MeshError::Timeout { shard, after } => {
+                write!(f, "shard {} did not answer within {after:?}", shard.0)
+            }
             MeshError::AlreadyJoined(s) => write!(f, "shard {} joined the mesh twice", s.0),
         }
     }
@@ -263,15 +276,30 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
         self.0.pending.borrow().len()
     }
 
-    /// Sends `req` to shard `to` and waits for its handler's answer. A call to this shard itself
-    /// runs the local handler directly, without the channel.
-    pub async fn call(&self, to: ShardId, req: Req) -> Result<Resp, MeshError> {
+    /// Sends `req` to shard `to` and waits at most `within` for its handler's answer, counting
+    /// the wait for room in a full channel. A call to this shard itself runs the local handler
+    /// in a task of its own, so that it too runs to its end when the caller stops waiting.
+    pub async fn call(&self, to: ShardId, req: Req, within: Duration) -> Result<Resp, MeshError> {
         let inner = &*self.0;
         if to == inner.me {
             let h = inner.handler.borrow().clone();
-            return match h {
-                Some(h) => Ok(h(to, req).await),
-                None => Err(MeshError::NotServing(to)),
+            let Some(h) = h else {
+                return Err(MeshError::NotServing(to));
+            };
+            let (reply_tx, reply_rx) = oneshot::channel();
+            super::spawn(async move {
+                let _ = reply_tx.send(h(to, req).await);
+            })
+            .detach();
+            return match timeout(within, reply_rx).await {
+                Ok(Ok(resp)) => Ok(resp),
+                // The handler task was dropped unfinished (the executor is stopping, or nothing
+                // could ever wake it): no answer will come.
+                Ok(Err(_)) => Err(MeshError::Disconnected(to)),
+                Err(_) => Err(MeshError::Timeout {
+                    shard: to,
+                    after: within,
+                }),
             };
         }
         let Some(Some(tx)) = inner.calls_out.get(to.0 as usize) else {
@@ -284,11 +312,21 @@ impl<Req: Send + 'static, Resp: Send + 'static> Mesh<Req, Resp> {
         inner.next_id.set(id.wrapping_add(1));
         let (reply_tx, reply_rx) = oneshot::channel();
         inner.pending.borrow_mut().insert(id, (to, reply_tx));
+        // Dropped on every way out, the expiry included: the entry never outlives the caller.
         let _guard = PendingGuard { inner, id };
-        if tx.send(Call { id, req }).await.is_err() || inner.peer_gone[to.0 as usize].get() {
-            return Err(MeshError::Disconnected(to));
+        let exchange = async {
+            if tx.send(Call { id, req }).await.is_err() || inner.peer_gone[to.0 as usize].get() {
+                return Err(MeshError::Disconnected(to));
+            }
+            reply_rx.await.map_err(|_| MeshError::Disconnected(to))
+        };
+        match timeout(within, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(MeshError::Timeout {
+                shard: to,
+                after: within,
+            }),
         }
-        reply_rx.await.map_err(|_| MeshError::Disconnected(to))
     }
 
     /// Leaves the mesh: closes this shard's senders so that peers' calls waiting on this shard
@@ -368,6 +406,8 @@ async fn reply_loop<Req: Send + 'static, Resp: Send + 'static>(
             // The caller may have been cancelled in the meantime.
             let _ = tx.send(resp);
         }
+        // No entry: the caller's deadline passed (or it was cancelled) and its guard removed
+        // the entry; the late reply is dropped here.
     }
     // The peer is gone: fail its outstanding calls instead of leaving them waiting forever.
     if let Some(g) = inner.peer_gone.get(peer.0 as usize) {
