@@ -304,28 +304,18 @@ pub enum MetaResponse {
     Unchanged(TopicMeta),
 }
 
-/// The HTTP-ish class of an expected apply error, so the HTTP layer can map it to a status.
+/// The class of an expected apply error: what went wrong, for the caller to answer (the API
+/// layer maps each to a status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaErrorKind {
-    /// 400
+    /// The command is malformed or breaks a rule of its fields.
     Invalid,
-    /// 403: a rule of the state, not of the caller (root cannot be deleted, ...).
+    /// A rule of the state, not of the caller (root cannot be deleted, ...).
     Forbidden,
-    /// 404
+    /// What the command names does not exist.
     NotFound,
-    /// 409
+    /// The command clashes with the state (exists already, attached, ...).
     Conflict,
-}
-
-impl MetaErrorKind {
-    pub fn http_status(self) -> u16 {
-        match self {
-            MetaErrorKind::Invalid => 400,
-            MetaErrorKind::Forbidden => 403,
-            MetaErrorKind::NotFound => 404,
-            MetaErrorKind::Conflict => 409,
-        }
-    }
 }
 
 /// An expected refusal of a command; `message` is the spec's error text for the client.

@@ -5,4 +5,5 @@
 pub mod fanout;
 pub mod host;
 pub mod lease;
+pub mod route;
 pub mod transit;

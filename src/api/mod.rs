@@ -66,11 +66,22 @@ pub fn json<T: serde::Serialize>(status: u16, v: &T) -> Response {
     Response::json(status, body)
 }
 
+/// The answer to a metadata command the state machine refused.
+pub fn meta_refusal(e: &narad_raft::MetaError) -> Response {
+    let status = match e.kind {
+        narad_raft::MetaErrorKind::Invalid => 400,
+        narad_raft::MetaErrorKind::Forbidden => 403,
+        narad_raft::MetaErrorKind::NotFound => 404,
+        narad_raft::MetaErrorKind::Conflict => 409,
+    };
+    error(status, &e.message)
+}
+
 /// Maps a failed metadata proposal to its answer.
 pub fn propose_error(e: narad_raft::ProposeError) -> Response {
     use narad_raft::ProposeError;
     match e {
-        ProposeError::Apply(me) => error(me.kind.http_status(), &me.message),
+        ProposeError::Apply(me) => meta_refusal(&me),
         ProposeError::NoLeader { .. } => error(503, "control plane temporarily unavailable"),
         ProposeError::DiskFull => {
             tracing::warn!("metadata change refused: the disk is full");

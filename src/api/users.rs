@@ -129,7 +129,7 @@ fn user_answer(r: Result<MetaResponse, narad_raft::ProposeError>, status: u16) -
 }
 
 fn bad(e: narad_raft::MetaError) -> Response {
-    error(e.kind.http_status(), &e.message)
+    super::meta_refusal(&e)
 }
 
 #[derive(Deserialize)]

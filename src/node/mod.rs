@@ -17,58 +17,48 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use narad_io::log::{AppendRecord, LogError, ReadError, StoredRecord};
-use narad_io::partition::PartitionStats;
+use narad_io::log::{AppendRecord, StoredRecord};
 use narad_io::rt::{self, Mesh, ShutdownSignal};
-use narad_io::types::{
-    owner_shard, FastMap, Nonce, Offset, PartitionId, PartitionKey, ShardId, TopicId,
-};
+use narad_io::types::{Offset, PartitionId, PartitionKey, ShardId, TopicId};
 use narad_raft::{MetaCommand, MetaNode, MetaResponse, MetaState, ProposeError, TopicMeta};
 use narad_shard::fanout::{ChildLag, Fanout, Link};
-use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleError, SettleKind};
+use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleKind};
+use narad_shard::route::{self, group_by_owner, OpReply, PartitionOp, Placement, Router};
+
+pub use narad_shard::route::{
+    Lease, PartitionGauges, ReadFailure, SettleFailure, ShardCallError, StoreError,
+};
 
 use crate::config::Config;
 
 mod snapshot;
 
-/// A message between shards of this process.
+/// A message between shards of this process: addressed partition work, news for a shard, or a
+/// control step. Every kind names its deadline ([`ShardReq::deadline`]).
 pub enum ShardReq {
-    Append(Vec<AppendRecord>),
-    Take {
-        conf: QueueConf,
-        partitions: Vec<PartitionId>,
-        n: usize,
-    },
-    Release {
-        topic: TopicId,
-        items: Vec<(PartitionId, Offset, Nonce)>,
-    },
-    Settle {
-        conf: QueueConf,
-        kind: SettleKind,
-        items: Vec<(PartitionId, Offset, Nonce)>,
-    },
-    Read {
-        key: PartitionKey,
-        offset: Offset,
-    },
-    Stats {
-        keys: Vec<PartitionKey>,
-    },
-    /// A shard has long-polls parked on `topic` until `until_ms` (monotonic): wake it on news.
-    Interest {
-        topic: TopicId,
-        until_ms: u64,
-    },
-    Wake {
-        topic: TopicId,
-    },
+    /// Work on partitions the asked shard owns: the same operation a node will forward to
+    /// another node.
+    Op(PartitionOp),
+    /// News the asked shard must hear (every shard, for the metadata and failures).
+    Event(ShardEvent),
+    /// Start-up steps, metadata proposals (to shard 0) and reads of one shard's state.
+    Control(ShardControl),
+}
+
+pub enum ShardEvent {
     /// Install this metadata snapshot (from shard 0).
     Meta(Arc<MetaState>),
     /// The metadata group on shard 0 stopped for good, for this reason: not ready any more.
     MetaStopped(String),
     /// A shard's log stopped after an I/O failure: refuse every produce until restarted.
     IngressFailed,
+    /// A shard has long-polls parked on `topic` until `until_ms` (monotonic): wake it on news.
+    Interest { topic: TopicId, until_ms: u64 },
+    /// News on `topic` for the long-polls parked here.
+    Wake { topic: TopicId },
+}
+
+pub enum ShardControl {
     /// Drop the data of topics this shard holds that the metadata no longer has (start-up,
     /// from shard 0, see [`Node::purge_deleted_topics`]).
     PurgeDeleted,
@@ -76,100 +66,19 @@ pub enum ShardReq {
     /// asked shard may start serving.
     StartServing,
     /// Propose a metadata change (to shard 0).
-    Propose(MetaCommand),
+    Propose(Box<MetaCommand>),
     /// Fan-out lag of the children of `parent` over the asked shard's cursors.
-    FanoutLag {
-        parent: TopicId,
-    },
+    FanoutLag { parent: TopicId },
     /// This shard's counters and gauges for a scrape.
     Metrics,
 }
 
 pub enum ShardResp {
-    Appended(Result<Vec<Offset>, StoreError>),
-    Taken(Result<Vec<Leased>, StoreError>),
-    Settled(Vec<Result<(), SettleFailure>>),
-    Read(Result<Option<StoredRecord>, ReadFailure>),
-    Stats(Vec<(PartitionStats, usize, usize, Offset)>),
+    Op(OpReply),
     Proposed(Result<MetaResponse, ProposeError>),
     FanoutLag(Vec<ChildLag>),
     Metrics(Box<crate::metrics::ShardMetrics>),
     Done,
-}
-
-/// Why an append did not become durable (values that reach the client as a status).
-#[derive(Debug, Clone)]
-pub enum StoreError {
-    DiskFull,
-    /// A shard's log stopped after an I/O failure: no produce is taken on this node until it
-    /// restarts (API.md §10.1 `500 produce failed`; see [`Node::note_ingress_failure`]).
-    Stopped(String),
-    /// The topic was deleted while the produce was on its way (nothing stored).
-    TopicGone,
-    /// The owner shard did not answer.
-    Shard(ShardCallError),
-    Failed(String),
-}
-
-#[derive(Debug, Clone)]
-pub enum SettleFailure {
-    Gone,
-    /// The owner shard did not answer.
-    Shard(ShardCallError),
-    Failed(String),
-}
-
-#[derive(Debug, Clone)]
-pub enum ReadFailure {
-    BelowRetention {
-        oldest: Offset,
-    },
-    Unreadable,
-    /// The owner shard did not answer.
-    Shard(ShardCallError),
-    Failed(String),
-}
-
-/// Why a call to another shard of this node got no answer. The API layer picks the status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShardCallError {
-    /// The shard has left the mesh (it stopped, or the node is stopping) or does not serve.
-    Gone { shard: ShardId },
-    /// The shard did not answer within `after`: what was asked may still happen there.
-    Timeout { shard: ShardId, after: Duration },
-}
-
-impl From<rt::MeshError> for ShardCallError {
-    fn from(e: rt::MeshError) -> ShardCallError {
-        use rt::MeshError;
-        match e {
-            MeshError::Timeout { shard, after } => ShardCallError::Timeout { shard, after },
-            MeshError::NoSuchShard(shard)
-            | MeshError::Disconnected(shard)
-            | MeshError::NotServing(shard)
-            | MeshError::AlreadyJoined(shard) => ShardCallError::Gone { shard },
-        }
-    }
-}
-
-impl std::fmt::Display for ShardCallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ShardCallError::Gone { shard } => write!(f, "shard {} unavailable", shard.0),
-            ShardCallError::Timeout { shard, after } => {
-                write!(f, "shard {} did not answer within {after:?}", shard.0)
-            }
-        }
-    }
-}
-
-fn store_error(e: LogError) -> StoreError {
-    match e {
-        LogError::DiskFull => StoreError::DiskFull,
-        LogError::TopicDeleted => StoreError::TopicGone,
-        e @ LogError::Poisoned(_) => StoreError::Stopped(e.to_string()),
-        other => StoreError::Failed(other.to_string()),
-    }
 }
 
 pub type NodeMesh = Mesh<ShardReq, ShardResp>;
@@ -193,21 +102,19 @@ impl ShardReq {
     /// choose one.
     fn deadline(&self) -> Duration {
         let ms = match self {
-            ShardReq::Append(_)
-            | ShardReq::Take { .. }
-            | ShardReq::Release { .. }
-            | ShardReq::Settle { .. }
-            | ShardReq::Read { .. }
-            | ShardReq::Stats { .. }
-            | ShardReq::Interest { .. }
-            | ShardReq::Wake { .. } => MESH_DATA_CALL_TIMEOUT_MS,
-            ShardReq::FanoutLag { .. } | ShardReq::Metrics => MESH_COUNTERS_CALL_TIMEOUT_MS,
-            ShardReq::Meta(_)
-            | ShardReq::MetaStopped(_)
-            | ShardReq::IngressFailed
-            | ShardReq::PurgeDeleted
-            | ShardReq::StartServing
-            | ShardReq::Propose(_) => MESH_CONTROL_CALL_TIMEOUT_MS,
+            ShardReq::Op(_)
+            | ShardReq::Event(ShardEvent::Interest { .. } | ShardEvent::Wake { .. }) => {
+                MESH_DATA_CALL_TIMEOUT_MS
+            }
+            ShardReq::Control(ShardControl::FanoutLag { .. } | ShardControl::Metrics) => {
+                MESH_COUNTERS_CALL_TIMEOUT_MS
+            }
+            ShardReq::Event(
+                ShardEvent::Meta(_) | ShardEvent::MetaStopped(_) | ShardEvent::IngressFailed,
+            )
+            | ShardReq::Control(
+                ShardControl::PurgeDeleted | ShardControl::StartServing | ShardControl::Propose(_),
+            ) => MESH_CONTROL_CALL_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
     }
@@ -223,13 +130,22 @@ async fn call_shard(
     Ok(mesh.call(to, req, within).await?)
 }
 
+/// The shard of a placement on this node. A node is its whole cluster today: the router places
+/// every partition here, so a remote placement is a bug. With the cluster, the callers that can
+/// meet a remote owner match on [`Placement`] and forward instead.
+fn local_shard(p: Placement) -> ShardId {
+    match p {
+        Placement::Local(s) => s,
+        Placement::Remote(m) => {
+            unreachable!("a partition placed on member {} of a one-node cluster", m.0)
+        }
+    }
+}
+
 /// [`Node::serve`] answers every request with a reply of its own kind: another kind is a bug.
 fn wrong_reply(asked: &str) -> ! {
     unreachable!("a shard answered {asked} with a reply of another kind")
 }
-
-/// One lease: partition, offset and the nonce of its receipt handle.
-pub type Lease = (PartitionId, Offset, Nonce);
 
 /// Longest start-up waits for the metastore log to be applied before purging deleted topics.
 const PURGE_APPLY_WAIT: Duration = Duration::from_secs(10);
@@ -243,6 +159,7 @@ pub struct Node {
     pub config: Arc<Config>,
     pub host: Rc<Host>,
     mesh: NodeMesh,
+    router: Router,
     meta: RefCell<Arc<MetaState>>,
     meta_node: Option<MetaNode>,
     /// This shard's handles on the node-wide round-robin cursors ([`node_rotation`]).
@@ -284,6 +201,7 @@ impl Node {
             config,
             host,
             mesh,
+            router: Router::new(shards),
             meta: RefCell::new(meta),
             meta_node,
             rr: RefCell::new(HashMap::new()),
@@ -345,7 +263,7 @@ impl Node {
             }
             tracing::error!(reason, "the metadata group stopped: topic and user changes fail and the node is not ready until it is restarted");
             *n.meta_stopped.borrow_mut() = Some(reason.clone());
-            n.tell_other_shards(|| ShardReq::MetaStopped(reason.clone()))
+            n.tell_other_shards(|| ShardReq::Event(ShardEvent::MetaStopped(reason.clone())))
                 .await;
         })
         .detach();
@@ -369,7 +287,8 @@ impl Node {
         tracing::error!("a shard's log stopped after an I/O failure: this node refuses every produce until it is restarted");
         let n = self.clone();
         rt::spawn(async move {
-            n.tell_other_shards(|| ShardReq::IngressFailed).await;
+            n.tell_other_shards(|| ShardReq::Event(ShardEvent::IngressFailed))
+                .await;
         })
         .detach();
     }
@@ -382,7 +301,8 @@ impl Node {
     /// Shard 0, at the end of its start-up work: lets every other shard start serving, so no
     /// shard answers `/readyz` (or anything) before the node's start-up is done.
     pub async fn release_shards(&self) {
-        self.tell_other_shards(|| ShardReq::StartServing).await;
+        self.tell_other_shards(|| ShardReq::Control(ShardControl::StartServing))
+            .await;
     }
 
     /// Sends `req()` to every other shard, one after the other, each answered (or given up on
@@ -535,7 +455,13 @@ impl Node {
             if s == self.shard.0 {
                 continue;
             }
-            match call_shard(&self.mesh, ShardId(s), ShardReq::FanoutLag { parent }).await {
+            match call_shard(
+                &self.mesh,
+                ShardId(s),
+                ShardReq::Control(ShardControl::FanoutLag { parent }),
+            )
+            .await
+            {
                 Ok(ShardResp::FanoutLag(v)) => {
                     for l in v {
                         match all.iter_mut().find(|a| a.child == l.child) {
@@ -569,7 +495,13 @@ impl Node {
         if self.shard.0 == 0 {
             return self.propose_here(cmd).await;
         }
-        match call_shard(&self.mesh, ShardId(0), ShardReq::Propose(cmd)).await {
+        match call_shard(
+            &self.mesh,
+            ShardId(0),
+            ShardReq::Control(ShardControl::Propose(Box::new(cmd))),
+        )
+        .await
+        {
             Ok(ShardResp::Proposed(r)) => r,
             Ok(_) => wrong_reply("Propose"),
             // Shard 0 may still apply it.
@@ -594,7 +526,7 @@ impl Node {
     /// Pushes a snapshot to every shard (this one included) and waits until all installed it.
     pub async fn broadcast_meta(self: &Rc<Self>, state: Arc<MetaState>) {
         self.install_meta(state.clone());
-        self.tell_other_shards(|| ShardReq::Meta(state.clone()))
+        self.tell_other_shards(|| ShardReq::Event(ShardEvent::Meta(state.clone())))
             .await;
     }
 
@@ -625,7 +557,8 @@ impl Node {
             return;
         }
         self.purge_deleted_here().await;
-        self.tell_other_shards(|| ShardReq::PurgeDeleted).await;
+        self.tell_other_shards(|| ShardReq::Control(ShardControl::PurgeDeleted))
+            .await;
         // Topic directories every shard emptied, or left empty by a crash mid-delete.
         let live = self.meta().topic_ids();
         for id in narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX) {
@@ -657,8 +590,14 @@ impl Node {
         }
     }
 
+    /// Where the owner of `key` is.
+    pub fn place(&self, key: PartitionKey) -> Placement {
+        self.router.place(key)
+    }
+
+    /// The shard of this node that owns `key` (see [`local_shard`]).
     pub fn owner(&self, key: PartitionKey) -> ShardId {
-        owner_shard(key, self.shards)
+        local_shard(self.place(key))
     }
 
     /// Reserves `n` consecutive turns of the topic's node-wide keyless-produce rotation (one
@@ -678,28 +617,20 @@ impl Node {
             let s = self.owner(only.key);
             return self.append_one(s, records).await;
         }
-        let mut by_shard: Vec<Vec<AppendRecord>> = (0..self.shards).map(|_| Vec::new()).collect();
-        for r in records {
-            by_shard[self.owner(r.key).0 as usize].push(r);
-        }
-        let groups: Vec<(ShardId, Vec<AppendRecord>)> = by_shard
-            .into_iter()
-            .enumerate()
-            .filter(|(_, r)| !r.is_empty())
-            .map(|(s, r)| (ShardId(s as u32), r))
-            .collect();
+        let mut groups = group_by_owner(records, |r| self.place(r.key));
         if groups.len() == 1 {
             // The common case (a single produce, or a batch on one shard): no extra task.
-            let (s, recs) = groups.into_iter().next().expect("one group");
-            return self.append_one(s, recs).await;
+            let g = groups.pop().expect("one group");
+            return self.append_one(local_shard(g.owner), g.items).await;
         }
         let tasks: Vec<_> = groups
             .into_iter()
-            .map(|(s, recs)| {
+            .map(|g| {
                 let host = self.host.clone();
                 let mesh = self.mesh.clone();
                 let me = self.shard;
-                rt::spawn(async move { append_via(&host, &mesh, me, s, recs).await })
+                let s = local_shard(g.owner);
+                rt::spawn(async move { append_via(&host, &mesh, me, s, g.items).await })
             })
             .collect();
         let mut first_err = None;
@@ -734,7 +665,7 @@ impl Node {
             .append_transit(narad_io::types::Destination::Shard(dest), rec)
             .await
             .map(|_| ())
-            .map_err(store_error)
+            .map_err(route::store_error)
     }
 
     /// Leases up to `n` records of a topic, trying this shard's partitions first.
@@ -749,42 +680,41 @@ impl Node {
         let start = self.take_start.get().wrapping_add(1);
         self.take_start.set(start);
         let start = start as usize;
-        let mut by_shard: Vec<Vec<PartitionId>> = (0..self.shards).map(|_| Vec::new()).collect();
-        for i in 0..partitions.len() {
-            let p = partitions[(start + i) % partitions.len()];
-            by_shard[self
-                .owner(PartitionKey {
-                    topic: conf.topic,
-                    partition: p,
-                })
-                .0 as usize]
-                .push(p);
-        }
+        let rotated = (0..partitions.len()).map(|i| partitions[(start + i) % partitions.len()]);
+        let mut groups = group_by_owner(rotated, |&partition| {
+            self.place(PartitionKey {
+                topic: conf.topic,
+                partition,
+            })
+        });
+        // This shard's partitions first, then the other shards' in shard order.
+        groups.sort_by_key(|g| {
+            let s = local_shard(g.owner);
+            (s != self.shard, s.0)
+        });
         let mut out = Vec::new();
-        let order =
-            std::iter::once(self.shard.0).chain((0..self.shards).filter(|&s| s != self.shard.0));
-        for s in order {
-            let parts = std::mem::take(&mut by_shard[s as usize]);
-            if parts.is_empty() || out.len() >= n {
-                continue;
+        for g in groups {
+            if out.len() >= n {
+                break;
             }
+            let (s, parts) = (local_shard(g.owner), g.items);
             let want = n - out.len();
-            let got = if s == self.shard.0 {
+            let got = if s == self.shard {
                 if !self.host.has_available(conf, &parts) {
                     continue;
                 }
                 self.host
                     .take(conf, &parts, want)
                     .await
-                    .map_err(store_error)?
+                    .map_err(route::store_error)?
             } else {
-                let take = ShardReq::Take {
+                let take = PartitionOp::Take {
                     conf,
                     partitions: parts,
                     n: want,
                 };
-                match call_shard(&self.mesh, ShardId(s), take).await {
-                    Ok(ShardResp::Taken(r)) => r?,
+                match call_shard(&self.mesh, s, ShardReq::Op(take)).await {
+                    Ok(ShardResp::Op(OpReply::Taken(r))) => r?,
                     Ok(_) => wrong_reply("Take"),
                     Err(e) => return Err(StoreError::Shard(e)),
                 }
@@ -795,23 +725,21 @@ impl Node {
     }
 
     /// Gives back leases that could not be delivered.
-    pub async fn release(&self, topic: TopicId, items: Vec<(PartitionId, Offset, Nonce)>) {
-        let mut by_shard: FastMap<ShardId, Vec<(PartitionId, Offset, Nonce)>> = FastMap::default();
-        for it in items {
-            by_shard
-                .entry(self.owner(PartitionKey {
-                    topic,
-                    partition: it.0,
-                }))
-                .or_default()
-                .push(it);
-        }
-        for (s, items) in by_shard {
+    pub async fn release(&self, topic: TopicId, items: Vec<Lease>) {
+        let groups = group_by_owner(items, |it| {
+            self.place(PartitionKey {
+                topic,
+                partition: it.0,
+            })
+        });
+        for g in groups {
+            let (s, items) = (local_shard(g.owner), g.items);
             if s == self.shard {
                 self.host.release(topic, &items);
             } else {
                 // Unanswered, the leases run out at their visibility timeout instead.
-                let _ = call_shard(&self.mesh, s, ShardReq::Release { topic, items }).await;
+                let release = PartitionOp::Release { topic, items };
+                let _ = call_shard(&self.mesh, s, ShardReq::Op(release)).await;
             }
         }
     }
@@ -821,32 +749,29 @@ impl Node {
         &self,
         conf: QueueConf,
         kind: SettleKind,
-        items: &[(PartitionId, Offset, Nonce)],
+        items: &[Lease],
     ) -> Vec<Result<(), SettleFailure>> {
         let mut results: Vec<Option<Result<(), SettleFailure>>> = vec![None; items.len()];
-        let mut by_shard: HashMap<ShardId, (Vec<usize>, Vec<Lease>)> = HashMap::new();
-        for (i, it) in items.iter().enumerate() {
-            let e = by_shard
-                .entry(self.owner(PartitionKey {
-                    topic: conf.topic,
-                    partition: it.0,
-                }))
-                .or_default();
-            e.0.push(i);
-            e.1.push(*it);
-        }
+        let groups = group_by_owner(items.iter().copied(), |it| {
+            self.place(PartitionKey {
+                topic: conf.topic,
+                partition: it.0,
+            })
+        });
         // Every shard's part is in flight at once (a task for each other shard's, the first
         // inline), so a batch ack waits for one group commit, not one per shard.
-        let mut groups = by_shard.into_iter();
+        let mut groups = groups.into_iter();
         let first = groups.next();
         let rest: Vec<_> = groups
-            .map(|(s, (idx, its))| {
+            .map(|g| {
                 let (host, mesh, me) = (self.host.clone(), self.mesh.clone(), self.shard);
+                let s = local_shard(g.owner);
+                let its = g.items;
                 let task =
                     rt::spawn(
                         async move { settle_via(&host, &mesh, me, s, conf, kind, its).await },
                     );
-                (idx, task)
+                (g.positions, task)
             })
             .collect();
         let mut fill = |idx: Vec<usize>, rs: Vec<Result<(), SettleFailure>>| {
@@ -859,10 +784,11 @@ impl Node {
                 results[i] = Some(r);
             }
         };
-        if let Some((s, (idx, its))) = first {
+        if let Some(g) = first {
+            let s = local_shard(g.owner);
             fill(
-                idx,
-                settle_via(&self.host, &self.mesh, self.shard, s, conf, kind, its).await,
+                g.positions,
+                settle_via(&self.host, &self.mesh, self.shard, s, conf, kind, g.items).await,
             );
         }
         for (idx, task) in rest {
@@ -881,10 +807,20 @@ impl Node {
     ) -> Result<Option<StoredRecord>, ReadFailure> {
         let s = self.owner(key);
         if s == self.shard {
-            return self.host.read_at(key, offset).await.map_err(read_failure);
+            return self
+                .host
+                .read_at(key, offset)
+                .await
+                .map_err(route::read_failure);
         }
-        match call_shard(&self.mesh, s, ShardReq::Read { key, offset }).await {
-            Ok(ShardResp::Read(r)) => r,
+        match call_shard(
+            &self.mesh,
+            s,
+            ShardReq::Op(PartitionOp::Read { key, offset }),
+        )
+        .await
+        {
+            Ok(ShardResp::Op(OpReply::Read(r))) => r,
             Ok(_) => wrong_reply("Read"),
             Err(e) => Err(ReadFailure::Shard(e)),
         }
@@ -892,10 +828,7 @@ impl Node {
 
     /// Partition stats and queue gauges (in flight, acked ahead, frontier), in input order; a
     /// partition whose owner did not answer reads as empty.
-    pub async fn stats(
-        &self,
-        keys: &[PartitionKey],
-    ) -> Vec<(PartitionStats, usize, usize, Offset)> {
+    pub async fn stats(&self, keys: &[PartitionKey]) -> Vec<PartitionGauges> {
         self.stats_by_owner(keys)
             .await
             .into_iter()
@@ -905,26 +838,20 @@ impl Node {
 
     /// [`Node::stats`] asked of each owner shard once, in input order; `None` for a partition
     /// whose owner did not answer.
-    async fn stats_by_owner(
-        &self,
-        keys: &[PartitionKey],
-    ) -> Vec<Option<(PartitionStats, usize, usize, Offset)>> {
-        let mut out: Vec<Option<(PartitionStats, usize, usize, Offset)>> = vec![None; keys.len()];
-        let mut by_shard: HashMap<ShardId, Vec<usize>> = HashMap::new();
-        for (i, k) in keys.iter().enumerate() {
-            by_shard.entry(self.owner(*k)).or_default().push(i);
-        }
-        for (s, idx) in by_shard {
-            let ks: Vec<PartitionKey> = idx.iter().map(|&i| keys[i]).collect();
+    async fn stats_by_owner(&self, keys: &[PartitionKey]) -> Vec<Option<PartitionGauges>> {
+        let mut out: Vec<Option<PartitionGauges>> = vec![None; keys.len()];
+        for g in group_by_owner(keys.iter().copied(), |k| self.place(*k)) {
+            let s = local_shard(g.owner);
             let rs = if s == self.shard {
-                local_stats(&self.host, &ks)
+                route::local_stats(&self.host, &g.items)
             } else {
-                match call_shard(&self.mesh, s, ShardReq::Stats { keys: ks }).await {
-                    Ok(ShardResp::Stats(r)) => r,
+                let stats = PartitionOp::Stats { keys: g.items };
+                match call_shard(&self.mesh, s, ShardReq::Op(stats)).await {
+                    Ok(ShardResp::Op(OpReply::Stats(r))) => r,
                     _ => Vec::new(),
                 }
             };
-            for (i, r) in idx.into_iter().zip(rs) {
+            for (i, r) in g.positions.into_iter().zip(rs) {
                 out[i] = Some(r);
             }
         }
@@ -959,11 +886,11 @@ impl Node {
             self.announced.borrow_mut().insert(topic, until);
             for s in 0..self.shards {
                 if s != self.shard.0 {
-                    let interest = ShardReq::Interest {
+                    let interest = ShardEvent::Interest {
                         topic,
                         until_ms: until,
                     };
-                    let _ = call_shard(&self.mesh, ShardId(s), interest).await;
+                    let _ = call_shard(&self.mesh, ShardId(s), ShardReq::Event(interest)).await;
                 }
             }
             // Wake-ups of the other shards reach this one from now on: look again once.
@@ -997,7 +924,7 @@ impl Node {
         for s in targets {
             let mesh = self.mesh.clone();
             rt::spawn(async move {
-                let _ = call_shard(&mesh, s, ShardReq::Wake { topic }).await;
+                let _ = call_shard(&mesh, s, ShardReq::Event(ShardEvent::Wake { topic })).await;
             })
             .detach();
         }
@@ -1006,66 +933,40 @@ impl Node {
     /// Serves a message from another shard.
     pub async fn serve(self: Rc<Self>, from: ShardId, req: ShardReq) -> ShardResp {
         match req {
-            ShardReq::Append(recs) => {
-                ShardResp::Appended(self.host.append(recs).await.map_err(store_error))
-            }
-            ShardReq::Take {
-                conf,
-                partitions,
-                n,
-            } => ShardResp::Taken(
-                self.host
-                    .take(conf, &partitions, n)
-                    .await
-                    .map_err(store_error),
-            ),
-            ShardReq::Release { topic, items } => {
-                self.host.release(topic, &items);
+            ShardReq::Op(op) => ShardResp::Op(route::execute(&self.host, op).await),
+            ShardReq::Event(e) => {
+                self.hear(from, e).await;
                 ShardResp::Done
             }
-            ShardReq::Settle { conf, kind, items } => ShardResp::Settled(
-                self.host
-                    .settle(conf, kind, &items)
-                    .await
-                    .into_iter()
-                    .map(settle_failure)
-                    .collect(),
-            ),
-            ShardReq::Read { key, offset } => {
-                ShardResp::Read(self.host.read_at(key, offset).await.map_err(read_failure))
-            }
-            ShardReq::Stats { keys } => ShardResp::Stats(local_stats(&self.host, &keys)),
-            ShardReq::Interest { topic, until_ms } => {
-                self.note_interest(topic, from, until_ms);
-                ShardResp::Done
-            }
-            ShardReq::Wake { topic } => {
-                self.host.wake_local(topic);
-                ShardResp::Done
-            }
-            ShardReq::Meta(state) => {
-                self.install_meta(state);
-                ShardResp::Done
-            }
-            ShardReq::MetaStopped(reason) => {
-                *self.meta_stopped.borrow_mut() = Some(reason);
-                ShardResp::Done
-            }
-            ShardReq::IngressFailed => {
-                self.ingress_failed.set(true);
-                ShardResp::Done
-            }
-            ShardReq::PurgeDeleted => {
+            ShardReq::Control(c) => self.control(c).await,
+        }
+    }
+
+    async fn hear(self: &Rc<Self>, from: ShardId, e: ShardEvent) {
+        match e {
+            ShardEvent::Interest { topic, until_ms } => self.note_interest(topic, from, until_ms),
+            ShardEvent::Wake { topic } => self.host.wake_local(topic),
+            ShardEvent::Meta(state) => self.install_meta(state),
+            ShardEvent::MetaStopped(reason) => *self.meta_stopped.borrow_mut() = Some(reason),
+            ShardEvent::IngressFailed => self.ingress_failed.set(true),
+        }
+    }
+
+    async fn control(self: &Rc<Self>, c: ShardControl) -> ShardResp {
+        match c {
+            ShardControl::PurgeDeleted => {
                 self.purge_deleted_here().await;
                 ShardResp::Done
             }
-            ShardReq::StartServing => {
+            ShardControl::StartServing => {
                 self.released.set(true);
                 ShardResp::Done
             }
-            ShardReq::Propose(cmd) => ShardResp::Proposed(self.propose_here(cmd).await),
-            ShardReq::FanoutLag { parent } => ShardResp::FanoutLag(self.local_fanout_lag(parent)),
-            ShardReq::Metrics => ShardResp::Metrics(Box::new(self.metrics_snapshot())),
+            ShardControl::Propose(cmd) => ShardResp::Proposed(self.propose_here(*cmd).await),
+            ShardControl::FanoutLag { parent } => {
+                ShardResp::FanoutLag(self.local_fanout_lag(parent))
+            }
+            ShardControl::Metrics => ShardResp::Metrics(Box::new(self.metrics_snapshot())),
         }
     }
 
@@ -1078,8 +979,12 @@ impl Node {
         for s in 0..self.shards {
             if s == self.shard.0 {
                 shards.push(self.metrics_snapshot());
-            } else if let Ok(ShardResp::Metrics(m)) =
-                call_shard(&self.mesh, ShardId(s), ShardReq::Metrics).await
+            } else if let Ok(ShardResp::Metrics(m)) = call_shard(
+                &self.mesh,
+                ShardId(s),
+                ShardReq::Control(ShardControl::Metrics),
+            )
+            .await
             {
                 shards.push(*m);
             }
@@ -1115,10 +1020,14 @@ async fn append_via(
     recs: Vec<AppendRecord>,
 ) -> Result<(), StoreError> {
     if s == me {
-        return host.append(recs).await.map(|_| ()).map_err(store_error);
+        return host
+            .append(recs)
+            .await
+            .map(|_| ())
+            .map_err(route::store_error);
     }
-    match call_shard(mesh, s, ShardReq::Append(recs)).await {
-        Ok(ShardResp::Appended(r)) => r.map(|_| ()),
+    match call_shard(mesh, s, ShardReq::Op(PartitionOp::Append(recs))).await {
+        Ok(ShardResp::Op(OpReply::Appended(r))) => r.map(|_| ()),
         Ok(_) => wrong_reply("Append"),
         Err(e) => Err(StoreError::Shard(e)),
     }
@@ -1151,36 +1060,13 @@ async fn settle_via(
 ) -> Vec<Result<(), SettleFailure>> {
     if s == me {
         let rs = host.settle(conf, kind, &items).await;
-        return rs.into_iter().map(settle_failure).collect();
+        return rs.into_iter().map(route::settle_failure).collect();
     }
     let n = items.len();
-    match call_shard(mesh, s, ShardReq::Settle { conf, kind, items }).await {
-        Ok(ShardResp::Settled(r)) => r,
+    let settle = PartitionOp::Settle { conf, kind, items };
+    match call_shard(mesh, s, ShardReq::Op(settle)).await {
+        Ok(ShardResp::Op(OpReply::Settled(r))) => r,
         Ok(_) => wrong_reply("Settle"),
         Err(e) => vec![Err(SettleFailure::Shard(e)); n],
-    }
-}
-
-fn local_stats(host: &Host, keys: &[PartitionKey]) -> Vec<(PartitionStats, usize, usize, Offset)> {
-    keys.iter()
-        .map(|&k| {
-            let (inflight, ahead, frontier) = host.queue_stats(k);
-            (host.stats(k), inflight, ahead, frontier)
-        })
-        .collect()
-}
-
-fn settle_failure(r: Result<(), SettleError>) -> Result<(), SettleFailure> {
-    r.map_err(|e| match e {
-        SettleError::Gone => SettleFailure::Gone,
-        SettleError::Log(e) => SettleFailure::Failed(e.to_string()),
-    })
-}
-
-fn read_failure(e: ReadError) -> ReadFailure {
-    match e {
-        ReadError::BelowRetention { oldest } => ReadFailure::BelowRetention { oldest },
-        ReadError::Corrupt { .. } => ReadFailure::Unreadable,
-        other => ReadFailure::Failed(format!("{other:?}")),
     }
 }

@@ -1,0 +1,302 @@
+//! Routing: where a partition lives ([`Placement`], decided by the [`Router`]), the operations
+//! that travel to its owner ([`PartitionOp`]) and what comes back ([`OpReply`], with typed
+//! failures).
+//!
+//! A partition operation is the same value whether it runs here, goes to another shard over the
+//! mesh, or (with the cluster) to another node: [`execute`] runs it on the owner's [`Host`], so a
+//! forwarded request is the local request, carried. Requests that touch several partitions are
+//! split by owner once, by [`group_by_owner`], never per record.
+//!
+//! Never sends anything itself: the node's dispatch (the binary's `node`) carries operations to
+//! their owner and decides what a failure means for the client.
+
+use std::time::Duration;
+
+use narad_io::log::{AppendRecord, LogError, ReadError, StoredRecord};
+use narad_io::partition::PartitionStats;
+use narad_io::rt::MeshError;
+use narad_io::types::TopicId;
+use narad_io::types::{owner_shard, MemberId, Nonce, Offset, PartitionId, PartitionKey, ShardId};
+
+use crate::host::{Host, Leased, QueueConf, SettleError, SettleKind};
+
+/// Where a partition's owner is: a shard of this node, or another node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    Local(ShardId),
+    Remote(MemberId),
+}
+
+/// Decides placements. Today a node is its whole cluster: every partition is owned here, on the
+/// shard [`owner_shard`] names (a pure function of the partition and the node's shard count,
+/// fixed for a data directory). The cluster's partition assignments will make some `Remote`.
+#[derive(Clone, Debug)]
+pub struct Router {
+    shards: u32,
+}
+
+impl Router {
+    pub fn new(shards: u32) -> Router {
+        assert!(shards > 0, "a node has at least one shard");
+        Router { shards }
+    }
+
+    pub fn place(&self, key: PartitionKey) -> Placement {
+        Placement::Local(owner_shard(key, self.shards))
+    }
+}
+
+/// The items of a request that one owner serves, with their positions in the request.
+#[derive(Debug, PartialEq, Eq)]
+pub struct OwnerGroup<T> {
+    pub owner: Placement,
+    /// Where each item stood in the request, so answers can be put back in its order.
+    pub positions: Vec<usize>,
+    pub items: Vec<T>,
+}
+
+/// Splits `items` by the owner `place` gives each, groups in the order their owners first
+/// appear, items in request order within a group.
+pub fn group_by_owner<T>(
+    items: impl IntoIterator<Item = T>,
+    mut place: impl FnMut(&T) -> Placement,
+) -> Vec<OwnerGroup<T>> {
+    let mut groups: Vec<OwnerGroup<T>> = Vec::new();
+    for (i, item) in items.into_iter().enumerate() {
+        let owner = place(&item);
+        // Few owners per request (at most the shards, later the nodes): a scan beats a map.
+        match groups.iter_mut().find(|g| g.owner == owner) {
+            Some(g) => {
+                g.positions.push(i);
+                g.items.push(item);
+            }
+            None => groups.push(OwnerGroup {
+                owner,
+                positions: vec![i],
+                items: vec![item],
+            }),
+        }
+    }
+    groups
+}
+
+/// One lease: partition, offset and the nonce of its receipt handle.
+pub type Lease = (PartitionId, Offset, Nonce);
+
+/// A partition's stats and queue gauges: stats, in flight, acked ahead, settled frontier.
+pub type PartitionGauges = (PartitionStats, usize, usize, Offset);
+
+/// Work on partitions that one owner holds.
+#[derive(Debug)]
+pub enum PartitionOp {
+    /// Make these records durable (one group commit) and readable.
+    Append(Vec<AppendRecord>),
+    /// Lease up to `n` available records of these partitions of `conf.topic`.
+    Take {
+        conf: QueueConf,
+        partitions: Vec<PartitionId>,
+        n: usize,
+    },
+    /// Give back leases that could not be delivered.
+    Release { topic: TopicId, items: Vec<Lease> },
+    /// Ack, extend or nack leases.
+    Settle {
+        conf: QueueConf,
+        kind: SettleKind,
+        items: Vec<Lease>,
+    },
+    /// The record at `offset`, without a lease.
+    Read { key: PartitionKey, offset: Offset },
+    /// Stats and queue gauges of these partitions.
+    Stats { keys: Vec<PartitionKey> },
+}
+
+/// The answer to a [`PartitionOp`], of the same kind.
+#[derive(Debug)]
+pub enum OpReply {
+    Appended(Result<Vec<Offset>, StoreError>),
+    Taken(Result<Vec<Leased>, StoreError>),
+    Released,
+    /// One result per item, in the order asked.
+    Settled(Vec<Result<(), SettleFailure>>),
+    Read(Result<Option<StoredRecord>, ReadFailure>),
+    /// One entry per key, in the order asked.
+    Stats(Vec<PartitionGauges>),
+}
+
+/// Runs `op` on the partitions `host` owns.
+pub async fn execute(host: &Host, op: PartitionOp) -> OpReply {
+    match op {
+        PartitionOp::Append(recs) => {
+            OpReply::Appended(host.append(recs).await.map_err(store_error))
+        }
+        PartitionOp::Take {
+            conf,
+            partitions,
+            n,
+        } => OpReply::Taken(host.take(conf, &partitions, n).await.map_err(store_error)),
+        PartitionOp::Release { topic, items } => {
+            host.release(topic, &items);
+            OpReply::Released
+        }
+        PartitionOp::Settle { conf, kind, items } => OpReply::Settled(
+            host.settle(conf, kind, &items)
+                .await
+                .into_iter()
+                .map(settle_failure)
+                .collect(),
+        ),
+        PartitionOp::Read { key, offset } => {
+            OpReply::Read(host.read_at(key, offset).await.map_err(read_failure))
+        }
+        PartitionOp::Stats { keys } => OpReply::Stats(local_stats(host, &keys)),
+    }
+}
+
+/// Why an append or a take did not happen (values that reach the client as a status).
+#[derive(Debug, Clone)]
+pub enum StoreError {
+    DiskFull,
+    /// A shard's log stopped after an I/O failure: no produce is taken on this node until it
+    /// restarts (API.md §10.1 `500 produce failed`).
+    Stopped(String),
+    /// The topic was deleted while the produce was on its way (nothing stored).
+    TopicGone,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum SettleFailure {
+    Gone,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum ReadFailure {
+    BelowRetention {
+        oldest: Offset,
+    },
+    Unreadable,
+    /// The owner shard did not answer.
+    Shard(ShardCallError),
+    Failed(String),
+}
+
+/// Why a call to another shard of this node got no answer. The API layer picks the status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardCallError {
+    /// The shard has left the mesh (it stopped, or the node is stopping) or does not serve.
+    Gone { shard: ShardId },
+    /// The shard did not answer within `after`: what was asked may still happen there.
+    Timeout { shard: ShardId, after: Duration },
+}
+
+impl From<MeshError> for ShardCallError {
+    fn from(e: MeshError) -> ShardCallError {
+        match e {
+            MeshError::Timeout { shard, after } => ShardCallError::Timeout { shard, after },
+            MeshError::NoSuchShard(shard)
+            | MeshError::Disconnected(shard)
+            | MeshError::NotServing(shard)
+            | MeshError::AlreadyJoined(shard) => ShardCallError::Gone { shard },
+        }
+    }
+}
+
+impl std::fmt::Display for ShardCallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardCallError::Gone { shard } => write!(f, "shard {} unavailable", shard.0),
+            ShardCallError::Timeout { shard, after } => {
+                write!(f, "shard {} did not answer within {after:?}", shard.0)
+            }
+        }
+    }
+}
+
+pub fn store_error(e: LogError) -> StoreError {
+    match e {
+        LogError::DiskFull => StoreError::DiskFull,
+        LogError::TopicDeleted => StoreError::TopicGone,
+        e @ LogError::Poisoned(_) => StoreError::Stopped(e.to_string()),
+        other => StoreError::Failed(other.to_string()),
+    }
+}
+
+pub fn settle_failure(r: Result<(), SettleError>) -> Result<(), SettleFailure> {
+    r.map_err(|e| match e {
+        SettleError::Gone => SettleFailure::Gone,
+        SettleError::Log(e) => SettleFailure::Failed(e.to_string()),
+    })
+}
+
+pub fn read_failure(e: ReadError) -> ReadFailure {
+    match e {
+        ReadError::BelowRetention { oldest } => ReadFailure::BelowRetention { oldest },
+        ReadError::Corrupt { .. } => ReadFailure::Unreadable,
+        other => ReadFailure::Failed(format!("{other:?}")),
+    }
+}
+
+/// Stats and queue gauges of partitions `host` owns, in the order asked.
+pub fn local_stats(host: &Host, keys: &[PartitionKey]) -> Vec<PartitionGauges> {
+    keys.iter()
+        .map(|&k| {
+            let (inflight, ahead, frontier) = host.queue_stats(k);
+            (host.stats(k), inflight, ahead, frontier)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_keep_first_seen_owner_order_and_request_positions() {
+        // Proves the one split by owner: every item lands in its owner's group exactly once,
+        // groups come in the order their owners first appear, and positions point back into
+        // the request in order.
+        let place = |x: &u32| {
+            if *x >= 100 {
+                Placement::Remote(MemberId(u64::from(*x / 100)))
+            } else {
+                Placement::Local(ShardId(*x % 3))
+            }
+        };
+        let groups = group_by_owner([4u32, 3, 7, 100, 5, 6, 201], place);
+        let got: Vec<_> = groups
+            .iter()
+            .map(|g| (g.owner, g.positions.clone(), g.items.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Placement::Local(ShardId(1)), vec![0, 2], vec![4, 7]),
+                (Placement::Local(ShardId(0)), vec![1, 5], vec![3, 6]),
+                (Placement::Remote(MemberId(1)), vec![3], vec![100]),
+                (Placement::Local(ShardId(2)), vec![4], vec![5]),
+                (Placement::Remote(MemberId(2)), vec![6], vec![201]),
+            ]
+        );
+        assert!(group_by_owner(Vec::<u32>::new(), place).is_empty());
+    }
+
+    #[test]
+    fn the_router_places_every_partition_on_its_owner_shard_here() {
+        // Proves a node that is its whole cluster places each partition locally, on the shard
+        // the data directory's placement names.
+        let r = Router::new(4);
+        for p in 0..16 {
+            let key = PartitionKey {
+                topic: TopicId(0xabc),
+                partition: PartitionId(p),
+            };
+            assert_eq!(r.place(key), Placement::Local(owner_shard(key, 4)));
+        }
+    }
+}
