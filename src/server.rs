@@ -11,6 +11,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use narad_io::durable;
 use narad_io::log::{LogConfig, ShardLog};
 use narad_io::rt::{self, MeshSetup, RuntimeConfig, ShutdownSignal, TcpListener};
 use narad_io::types::{ShardId, PLACEMENT_VERSION};
@@ -86,16 +87,11 @@ fn shard_count(data_dir: &Path, wanted: u32) -> Result<u32, String> {
     } else {
         rt::available_cpus().len().max(1) as u32
     };
-    let tmp = data_dir.join("shards.tmp");
-    std::fs::write(&tmp, format!("{n}\nplacement {PLACEMENT_VERSION}\n"))
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, &path).map_err(|e| e.to_string())?;
-    std::fs::File::open(data_dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| e.to_string())?;
+    // `shards.tmp`, synced, renamed into place, the data directory synced.
+    let text = format!("{n}\nplacement {PLACEMENT_VERSION}\n");
+    durable::write_temp(&path, text.as_bytes())
+        .map_err(|e| format!("{}: {e}", durable::temp_path(&path).display()))?;
+    durable::install_temp(&path).map_err(|e| e.to_string())?;
     Ok(n)
 }
 

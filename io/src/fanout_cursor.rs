@@ -15,14 +15,16 @@
 //! | 4 | CRC32 (crc32fast) of everything before |
 //!
 //! # Crash safety
-//! [`store`] writes a temporary file, fdatasyncs it, renames it over the old file and fsyncs the
-//! directory: after a crash the file is either the old or the new version, whole. A damaged or
+//! [`store`] writes a temporary file (`shard-<i>.cursors.tmp`), fdatasyncs it, renames it over the
+//! old file and fsyncs the directory ([`crate::durable::replace_file`], whose doc has the
+//! argument): after a crash the file is either the old or the new version, whole. A directory
+//! created for the first file is made durable in its parent first. A damaged or
 //! unreadable file loads as empty, which restarts every cursor at its attach point: duplicates
 //! in the children, never gaps (the caller only ever stores positions whose records were copied).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::durable;
 use crate::types::{Offset, PartitionId, PartitionKey, ShardId, TopicId};
 
 pub const CURSOR_MAGIC: [u8; 8] = *b"NARADFOC";
@@ -149,16 +151,10 @@ fn store_blocking(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     if fresh_dir {
         if let Some(up) = dir.parent() {
-            std::fs::File::open(up)?.sync_all()?;
+            durable::sync_dir(up)?;
         }
     }
-    let tmp = path.with_extension("cursors.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    drop(f);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
+    durable::replace_file(path, bytes)
 }
 
 /// Replaces the cursor file atomically and durably, off the executor thread. Resolves after the

@@ -95,6 +95,12 @@ pub fn is_disk_full(e: &io::Error) -> bool {
         || e.kind() == io::ErrorKind::StorageFull
 }
 
+/// True when `e` is EOPNOTSUPP: the file system cannot do what was asked (`fallocate` on some
+/// file systems), and the caller goes on without it.
+pub fn is_unsupported(e: &io::Error) -> bool {
+    os_error_code(e) == Some(libc::EOPNOTSUPP)
+}
+
 /// An aligned buffer for direct writes.
 pub struct AlignedBuf(DmaBuffer);
 

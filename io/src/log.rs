@@ -61,6 +61,7 @@ use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::codec::{self, WalPosition, WalRecord};
+use crate::file::is_disk_full;
 use crate::partition::{
     self, frame, EncodedBatch, PartitionIoStats, PartitionLog, PartitionStats, ScanReport,
     SyncError, SyncTimes, SyncWork,
@@ -1019,7 +1020,7 @@ impl ShardLog {
                 // Other shards may still hold partitions of the topic: remove it only when empty.
                 if std::fs::remove_dir(&topic_dir).is_ok() {
                     if let Some(parent) = topic_dir.parent() {
-                        partition::state::sync_dir(parent)?;
+                        crate::durable::sync_dir(parent)?;
                     }
                 }
                 Ok(())
@@ -1490,10 +1491,6 @@ fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
         })
         .detach();
     }
-}
-
-fn is_disk_full(e: &std::io::Error) -> bool {
-    e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT)
 }
 
 /// Before the WAL write: creates missing partitions and reserves segment space for every run

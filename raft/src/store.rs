@@ -5,7 +5,7 @@
 //! | File | Content | Written |
 //! |---|---|---|
 //! | `raft-log` | header + frames of log operations (below) | appended, `fdatasync` before an append is acknowledged |
-//! | `vote.json` | the last vote, JSON | atomically: temp file, `fdatasync`, rename, directory `fsync` |
+//! | `vote.json` | the last vote, JSON | atomically: temp file, `fdatasync`, rename, directory `fsync` ([`narad_io::durable::replace_file`]) |
 //! | `snapshot.json` | `{"format":1,"meta":<SnapshotMeta>,"state":<MetaState>}` | atomically, as above |
 //!
 //! `raft-log` layout, little endian:
@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
+use narad_io::durable;
 use openraft::storage::{
     EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot,
 };
@@ -118,57 +119,6 @@ pub fn crc32c(data: &[u8]) -> u32 {
         c = CRC32C_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
     }
     !c
-}
-
-// ---------------------------------------------------------------------------------------------
-// Files
-
-/// Writes `bytes` to `dir/name` so that after a crash either the old or the new content is
-/// found: temp file, fdatasync, rename, directory fsync.
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    write_temp(dir, name, bytes)?;
-    install_temp(dir, name)
-}
-
-/// The first half of [`write_atomic`]: `dir/name.tmp` written and synced. Nothing the reader of
-/// `dir/name` sees has changed yet, so a failure here (a full disk) can be given up on.
-fn write_temp(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()
-}
-
-/// The second half of [`write_atomic`]: the temp file renamed over `dir/name`, the directory
-/// synced.
-fn install_temp(dir: &Path, name: &str) -> io::Result<()> {
-    std::fs::rename(dir.join(format!("{name}.tmp")), dir.join(name))?;
-    sync_dir(dir)
-}
-
-/// `fallocate(FALLOC_FL_KEEP_SIZE)` of `[from, from + len)`: disk blocks for later appends, the
-/// file's length unchanged.
-fn reserve_blocks(file: &File, from: u64, len: u64) -> io::Result<()> {
-    fallocate(file, libc::FALLOC_FL_KEEP_SIZE, from, len)
-}
-
-/// `fallocate(mode)` of `[from, from + len)`.
-fn fallocate(file: &File, mode: libc::c_int, from: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(from), Ok(len)) = (libc::off_t::try_from(from), libc::off_t::try_from(len)) else {
-        return Err(io::Error::from_raw_os_error(libc::EFBIG));
-    };
-    // SAFETY: fallocate on a descriptor this File owns; it changes no content (mode 0 extends
-    // the length with zeros, KEEP_SIZE leaves it).
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, from, len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// One operation in `raft-log`, replayed in order at open.
@@ -378,15 +328,15 @@ impl LogInner {
         }
         let from = self.reserved_end.max(self.len);
         let ahead = need.max(self.len.saturating_add(LOG_RESERVE_AHEAD_BYTES));
-        let r = match reserve_blocks(&self.file, from, ahead - from) {
+        let r = match durable::reserve_blocks(&self.file, from, ahead - from) {
             Err(e) if narad_io::file::is_disk_full(&e) => {
-                reserve_blocks(&self.file, from, need - from).map(|()| need)
+                durable::reserve_blocks(&self.file, from, need - from).map(|()| need)
             }
             r => r.map(|()| ahead),
         };
         match r {
             Ok(end) => self.reserved_end = end,
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => self.reserved_end = u64::MAX,
+            Err(e) if narad_io::file::is_unsupported(&e) => self.reserved_end = u64::MAX,
             Err(e) => return Err(e),
         }
         Ok(())
@@ -415,20 +365,19 @@ impl LogInner {
             &mut buf,
         )?;
         frames += 1;
-        if let Err(e) = write_temp(&self.dir, LOG_FILE, &buf) {
+        let path = self.dir.join(LOG_FILE);
+        if let Err(e) = durable::write_temp(&path, &buf) {
             if !narad_io::file::is_disk_full(&e) {
                 return Err(e);
             }
             // The log as it is stays valid (its purge frame is written): compaction only saves
             // space, and is tried again at the next purge.
             tracing::warn!(error = %e, "metadata raft log compaction skipped: the disk is full");
-            let _ = std::fs::remove_file(self.dir.join(format!("{LOG_FILE}.tmp")));
+            let _ = std::fs::remove_file(durable::temp_path(&path));
             return Ok(());
         }
-        install_temp(&self.dir, LOG_FILE)?;
-        self.file = OpenOptions::new()
-            .append(true)
-            .open(self.dir.join(LOG_FILE))?;
+        durable::install_temp(&path)?;
+        self.file = OpenOptions::new().append(true).open(&path)?;
         self.frames_in_file = frames;
         self.len = buf.len() as u64;
         self.reserved_end = self.len;
@@ -456,7 +405,7 @@ impl LogStore {
             Err(e) => return Err(e),
         };
         if buf.is_empty() {
-            write_atomic(dir, LOG_FILE, LOG_FILE_MAGIC)?;
+            durable::replace_file(&path, LOG_FILE_MAGIC)?;
             buf = LOG_FILE_MAGIC.to_vec();
         }
         if buf.len() < LOG_FILE_MAGIC.len() || &buf[..LOG_FILE_MAGIC.len()] != LOG_FILE_MAGIC {
@@ -600,7 +549,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut inner = self.0.borrow_mut();
         inner.check()?;
         let bytes = serde_json::to_vec(vote).map_err(io::Error::other)?;
-        if let Err(e) = write_atomic(&inner.dir, VOTE_FILE, &bytes) {
+        if let Err(e) = durable::replace_file(&inner.dir.join(VOTE_FILE), &bytes) {
             inner.failed = Some(e.to_string());
             return Err(e);
         }
@@ -824,13 +773,13 @@ impl SnapshotBuilder {
             state: std::mem::take(&mut self.state),
         };
         let bytes = serde_json::to_vec(&file).map_err(io::Error::other)?;
-        let tmp = self.dir.join(format!("{SNAPSHOT_FILE}.tmp"));
+        let tmp = durable::temp_path(&self.dir.join(SNAPSHOT_FILE));
         let allocated = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(false)
             .open(&tmp)
-            .and_then(|f| fallocate(&f, 0, 0, bytes.len() as u64));
+            .and_then(|f| durable::allocate(&f, bytes.len() as u64));
         if let Err(e) = allocated {
             let _ = std::fs::remove_file(&tmp);
             return Err(e);
@@ -847,13 +796,14 @@ impl SnapshotBuilder {
             self.prepare()?;
         }
         let bytes = self.prepared.take().expect("prepared above");
+        let path = self.dir.join(SNAPSHOT_FILE);
         let f = OpenOptions::new()
             .write(true)
-            .open(self.dir.join(format!("{SNAPSHOT_FILE}.tmp")))?;
+            .open(durable::temp_path(&path))?;
         f.write_all_at(&bytes, 0)?;
         f.set_len(bytes.len() as u64)?;
         f.sync_data()?;
-        install_temp(&self.dir, SNAPSHOT_FILE)?;
+        durable::install_temp(&path)?;
         tracing::info!(
             index = self.meta.last_log_id.as_ref().map_or(0, |l| l.index),
             bytes = bytes.len(),
@@ -985,7 +935,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Only rewrite the file when it is not the one already on disk.
         let on_disk = read_snapshot(&self.dir)?.map(|(f, _)| f.meta);
         if on_disk.as_ref() != Some(meta) {
-            write_atomic(&self.dir, SNAPSHOT_FILE, &snapshot)?;
+            durable::replace_file(&self.dir.join(SNAPSHOT_FILE), &snapshot)?;
         }
         self.state = file.state;
         self.last_applied = meta.last_log_id.clone();

@@ -59,9 +59,7 @@ fn write_password_file(dir: &Path, password: &str) -> Result<PathBuf, String> {
         .and_then(|()| f.write_all(b"\n"))
         .and_then(|()| f.sync_all())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    narad_io::durable::sync_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(path)
 }
 

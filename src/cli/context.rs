@@ -11,10 +11,11 @@
 //! "password":"<p>"}}}`; `user` and `password` are omitted when not set.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
+use narad_io::durable;
 use serde::{Deserialize, Serialize};
 
 use super::{CliError, ConnArgs, Endpoint, DEFAULT_SERVER};
@@ -141,34 +142,15 @@ impl Store {
         }
         builder.create(dir).map_err(|e| io(dir, e))?;
         let path = dir.join(CONTEXTS_FILE);
-        let tmp = dir.join(format!("{CONTEXTS_FILE}.tmp"));
         let mut text = serde_json::to_vec_pretty(&self.data)
             .map_err(|e| CliError::Usage(format!("encoding contexts: {e}")))?;
         text.push(b'\n');
-        let mut opts = std::fs::OpenOptions::new();
-        opts.write(true).create(true).truncate(true);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600);
-        }
-        let mut f = opts.open(&tmp).map_err(|e| io(&tmp, e))?;
-        #[cfg(unix)]
-        {
-            // An older file of this name may have had a wider mode: open() keeps it.
-            use std::os::unix::fs::PermissionsExt;
-            f.set_permissions(std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| io(&tmp, e))?;
-        }
-        f.write_all(&text)
-            .and_then(|_| f.sync_all())
-            .map_err(|e| io(&tmp, e))?;
-        drop(f);
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
-        // Make the rename itself durable.
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
+        // Passwords inside: mode 0600, also over an older temp file of a wider mode.
+        durable::write_temp_mode(&path, &text, 0o600)
+            .map_err(|e| io(&durable::temp_path(&path), e))?;
+        durable::rename_temp(&path).map_err(|e| io(&path, e))?;
+        // Make the rename itself durable (best effort: the file is already complete).
+        let _ = durable::sync_dir(dir);
         Ok(path)
     }
 }

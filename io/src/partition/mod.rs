@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::durable;
 use crate::stats::Durations;
 use crate::types::{Offset, PartitionId, PartitionKey, SharedBytes, TopicId, UnixMillis};
 pub use state::{Settled, SettledSet};
@@ -391,13 +392,12 @@ impl std::fmt::Display for SyncError {
     }
 }
 
-/// Writes `<segment>.idx` (the caller fdatasync'ed the segment), atomically (temp, fsync,
-/// rename).
+/// Writes `<segment>.idx` (the caller fdatasync'ed the segment), atomically (`<segment>.idx.tmp`,
+/// fdatasync, rename); the caller fsyncs the directory once for all the indexes it wrote.
 fn write_index_file(seg: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = seg.with_extension("idx.tmp");
-    std::fs::write(&tmp, bytes)?;
-    File::open(&tmp)?.sync_data()?;
-    std::fs::rename(&tmp, seg.with_extension("idx"))
+    let idx = seg.with_extension("idx");
+    durable::write_temp(&idx, bytes)?;
+    durable::rename_temp(&idx)
 }
 
 /// Runs `f` (an fsync), adding the time it took to `spent`.
@@ -446,7 +446,7 @@ impl SyncWork {
             }
         }
         for d in &self.dirs {
-            match timed(fsync, || state::sync_dir(d)) {
+            match timed(fsync, || durable::sync_dir(d)) {
                 // The partition was deleted since (delete_topic): nothing left to make durable.
                 Err(e) if gone(&e) => {}
                 r => r.map_err(SyncError::Fsync)?,
@@ -459,7 +459,7 @@ impl SyncWork {
             }
         }
         for d in self.seal.iter().filter_map(|(p, _)| p.parent()) {
-            match timed(fsync, || state::sync_dir(d)) {
+            match timed(fsync, || durable::sync_dir(d)) {
                 Err(e) if gone(&e) => {}
                 r => r.map_err(SyncError::Fsync)?,
             }
@@ -1040,24 +1040,11 @@ impl PartitionLog {
         let ahead = size.clamp(RESERVE_CHUNK_BYTES_MIN, RESERVE_CHUNK_BYTES);
         let end = need.max((size + ahead).min(self.segment_bytes_max));
         let from = self.reserved_end.max(size);
-        use std::os::fd::AsRawFd;
-        let fd = self.active_file()?.as_raw_fd();
-        // SAFETY: fallocate on a file descriptor we own; KEEP_SIZE leaves the file length (and so
-        // what recovery scans) unchanged.
-        let rc = unsafe {
-            libc::fallocate(
-                fd,
-                libc::FALLOC_FL_KEEP_SIZE,
-                from as libc::off_t,
-                (end - from) as libc::off_t,
-            )
-        };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
+        // KEEP_SIZE: the file length (and so what recovery scans) is unchanged.
+        match durable::reserve_blocks(self.active_file()?, from, end - from) {
             // File systems without fallocate: nothing to reserve, writes allocate as they go.
-            if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-                return Err(e);
-            }
+            Err(e) if !crate::file::is_unsupported(&e) => return Err(e),
+            _ => {}
         }
         self.reserved_end = end;
         Ok(())

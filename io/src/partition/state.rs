@@ -2,19 +2,17 @@
 //! the acked-ahead set (settled offsets above it), in memory and in the `consumer.state` file.
 //!
 //! Crash safety: the file is replaced atomically (write `consumer.state.tmp`, fsync it, rename it
-//! over `consumer.state`, fsync the directory), so after a crash the file is either the old or
-//! the new version, never a mix. It lags the WAL: acks after the last checkpoint are replayed
+//! over `consumer.state`, fsync the directory: [`crate::durable::replace_file`], whose doc has the
+//! argument), so after a crash the file is either the old or the new version, never a mix. It lags the WAL: acks after the last checkpoint are replayed
 //! from the WAL's Settle records, and applying a settle twice is a no-op. A file that fails its
 //! checksum is logged loudly and read as "nothing settled" (redelivery, never loss).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::Path;
 
 use crate::types::Offset;
 
 pub const STATE_FILE: &str = "consumer.state";
-const STATE_TMP_FILE: &str = "consumer.state.tmp";
 pub const STATE_MAGIC: [u8; 8] = *b"NARADCSR";
 pub const STATE_VERSION: u16 = 1;
 /// magic(8) version(2) reserved(2) ahead_count(4) frontier(8), then ahead_count u64s, then crc(4).
@@ -167,15 +165,10 @@ pub fn decode_state(b: &[u8]) -> Result<Settled, StateError> {
     Ok(Settled { frontier, ahead })
 }
 
-/// Replaces `dir/consumer.state` atomically and durably (blocking; run off the executor).
+/// Replaces `dir/consumer.state` atomically and durably (blocking; run off the executor), through
+/// `consumer.state.tmp` ([`crate::durable::replace_file`]).
 pub fn write_state_file(dir: &Path, s: &Settled) -> std::io::Result<()> {
-    let tmp = dir.join(STATE_TMP_FILE);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&encode_state(s))?;
-    f.sync_data()?;
-    drop(f);
-    std::fs::rename(&tmp, dir.join(STATE_FILE))?;
-    sync_dir(dir)
+    crate::durable::replace_file(&dir.join(STATE_FILE), &encode_state(s))
 }
 
 /// Reads `dir/consumer.state`. A missing file is "nothing settled"; a damaged one is logged
@@ -198,11 +191,6 @@ pub fn read_state_file(dir: &Path) -> Settled {
             Settled::default()
         }
     }
-}
-
-/// fsyncs a directory, so that entries created, renamed or removed in it are durable.
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
