@@ -63,14 +63,9 @@ fn payload(round: &str, n: usize) -> String {
     format!("{round}-{n:06}-{}", "x".repeat(PAD_BYTES))
 }
 
-/// Free bytes of the file system holding `dir`.
+/// Free bytes of the file system holding `dir` (statvfs: available blocks × fragment size).
 fn free_bytes(dir: &std::path::Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-    // SAFETY: statvfs writes into the zeroed struct; c is a valid NUL-terminated path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail as u64 * st.f_frsize as u64
+    narad_io::sys::filesystem_available_bytes(dir).expect("statvfs of the test file system")
 }
 
 /// Waits (at most [`SETTLE_MAX`]) until the free space of `dir`'s file system has not moved for
@@ -320,7 +315,7 @@ fn fill_to_the_last_byte(dir: &std::path::Path) -> std::path::PathBuf {
         loop {
             match f.write_all(&buf) {
                 Ok(()) => {}
-                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
                 Err(e) => panic!("filling {}: {e}", path.display()),
             }
         }

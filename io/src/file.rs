@@ -101,6 +101,11 @@ pub fn is_unsupported(e: &io::Error) -> bool {
     os_error_code(e) == Some(libc::EOPNOTSUPP)
 }
 
+/// An EIO error, as a failing disk answers a write or an fsync (for fault injection).
+pub fn eio() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
 /// An aligned buffer for direct writes.
 pub struct AlignedBuf(DmaBuffer);
 

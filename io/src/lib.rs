@@ -12,5 +12,6 @@ pub mod log;
 pub mod partition;
 pub mod rt;
 pub mod stats;
+pub mod sys;
 pub mod types;
 pub mod wal;

@@ -293,7 +293,7 @@ impl LogInner {
         self.check()?;
         if let Some(left) = self.writes_before_failure.as_mut() {
             if *left == 0 {
-                let e = io::Error::from_raw_os_error(libc::EIO);
+                let e = narad_io::file::eio();
                 tracing::error!(error = %e, "metadata raft log write failed (injected); the metastore stops");
                 self.failed = Some(e.to_string());
                 return Err(e);

@@ -79,20 +79,10 @@ fn probe(
     Ok(())
 }
 
-/// CPU time of the calling thread, in nanoseconds (preemption and steal not counted).
+/// CPU time of the calling thread, in nanoseconds (preemption and steal not counted); 0 when the
+/// clock cannot be read, which lets every probe pass.
 fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID exists on Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    narad_io::sys::thread_cpu_time_ns().unwrap_or(0)
 }
 
 #[cfg(test)]

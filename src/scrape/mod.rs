@@ -115,24 +115,6 @@ fn dir_size(dir: &Path) -> u64 {
     total
 }
 
-/// Bytes available to the broker on the data directory's filesystem.
-fn available_bytes(dir: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    let mut s = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid NUL-terminated path and `s` points to writable memory of the right
-    // type; statvfs only writes into it and we read it only when it returned 0.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it initialised `s`.
-    let s = unsafe { s.assume_init() };
-    // The field types are 32-bit on some targets.
-    #[allow(clippy::unnecessary_cast)]
-    Some((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
-}
-
 /// Topic directories under `<data_dir>/topics` whose topic is not in `live`, visiting at most
 /// [`DATA_DIR_WALK_ENTRIES_MAX`] entries. Entries that are not topic directories are not counted.
 fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>) -> u64 {
@@ -1456,7 +1438,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             unix_seconds_now() - at.elapsed().as_secs_f64(),
         );
     }
-    if let Some(avail) = available_bytes(dir) {
+    if let Some(avail) = narad_io::sys::filesystem_available_bytes(dir) {
         e.family(
             "narad_data_dir_available_bytes",
             Kind::Gauge,
