@@ -414,10 +414,8 @@ async fn shard_main(
         .await
         .map_err(|e| format!("shard {}: opening the log: {e}", id.0))?;
     tracing::debug!(shard = id.0, report = ?report, "log recovered");
-    let seed = narad_io::types::UnixMillis::now().0
-        ^ (u64::from(id.0) << 48)
-        ^ u64::from(std::process::id());
-    let host = Host::new(log, recovered, seed);
+    // The seed of this shard's lease-nonce generators, from the one random source.
+    let host = Host::new(log, recovered, narad_io::sys::random_u64());
     let meta_node = if id.0 == 0 {
         let mut mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
         mc.snapshot_logs_since_last = config.raft_snapshot_threshold;

@@ -1,11 +1,59 @@
 //! Small safe wrappers over the operating-system calls the rest of the workspace needs outside
-//! file and socket I/O: free space of a file system and the calling thread's CPU time.
+//! file and socket I/O: the one source of randomness, free space of a file system and the
+//! calling thread's CPU time.
 //!
 //! Owns the `unsafe` and the libc types of those calls, so that `shard`, `raft` and the binary
 //! never name `libc` (the other libc calls live with what they serve: sockets in [`crate::rt`],
-//! files in [`crate::file`] and [`crate::durable`]). Never caches an answer and never retries.
+//! files in [`crate::file`] and [`crate::durable`]). Never caches an answer.
+//!
+//! Randomness: every unpredictable value production code needs (topic ids, fan-out attach
+//! epochs, generated passwords, the seeds of the lease-nonce generators, the starts of the
+//! round-robin rotations, openraft's election timeouts) is drawn here, from the kernel's
+//! getrandom(2). There is no fallback: when the kernel refuses, [`fill_random`] panics, because
+//! nothing that relies on those values being unguessable can go on safely. Seeded generators
+//! ([`crate::types::SplitMix64`]) only stretch a seed drawn here, or replay a test's seed.
 
+use std::io;
 use std::path::Path;
+
+/// getrandom(2) calls interrupted by a signal that [`fill_random`] retries before giving up.
+pub const RANDOM_INTERRUPTS_MAX: u32 = 64;
+
+/// Fills `buf` with random bytes from the kernel (getrandom(2): the pool behind /dev/urandom,
+/// which blocks only until it is initialised early at boot).
+///
+/// # Panics
+/// When the kernel refuses (no getrandom, or more than [`RANDOM_INTERRUPTS_MAX`] interruptions
+/// in a row): nothing secure can go on without unpredictable values.
+pub fn fill_random(buf: &mut [u8]) {
+    let mut filled = 0;
+    let mut interrupts = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: getrandom writes at most `rest.len()` bytes into `rest`, which we own.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n > 0 {
+            filled += n as usize;
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        if n < 0 && e.kind() == io::ErrorKind::Interrupted && interrupts < RANDOM_INTERRUPTS_MAX {
+            interrupts += 1;
+            continue;
+        }
+        panic!(
+            "the kernel refused random bytes (getrandom: {e}): ids, nonces and passwords \
+             cannot be made unguessable, so nothing can go on"
+        );
+    }
+}
+
+/// A random u64 from [`fill_random`].
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    fill_random(&mut b);
+    u64::from_le_bytes(b)
+}
 
 /// Bytes an unprivileged process may still write on the file system holding `path`
 /// (`statvfs`: available blocks × fragment size; root's reserve not counted), or `None` when the
@@ -49,6 +97,26 @@ pub fn thread_cpu_time_ns() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_bytes_fill_the_whole_buffer_and_differ() {
+        // Proves fill_random writes every byte, also of a buffer larger than one getrandom call
+        // is promised to fill (256 bytes), and that draws differ: two equal 1 MiB draws, or a
+        // 64-bit draw repeating, would mean the same bytes were handed out twice.
+        let mut a = vec![0u8; 1 << 20];
+        let mut b = vec![0u8; 1 << 20];
+        fill_random(&mut a);
+        fill_random(&mut b);
+        assert_ne!(a, b);
+        // A zero run of 64 bytes in 1 MiB of random bytes has probability ~2^-492.
+        assert!(
+            a.windows(64).all(|w| w.iter().any(|&x| x != 0)),
+            "unfilled run"
+        );
+        let draws: std::collections::HashSet<u64> = (0..1000).map(|_| random_u64()).collect();
+        assert_eq!(draws.len(), 1000);
+        fill_random(&mut []);
+    }
 
     #[test]
     fn available_bytes_are_known_for_a_real_directory_only() {

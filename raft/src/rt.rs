@@ -29,6 +29,32 @@ use openraft::rt::{
 #[derive(Debug, Default)]
 pub struct NaradRuntime;
 
+/// openraft's random source (election timeouts, the phase of a ticker's first wait): every draw
+/// is read from the kernel through [`narad_io::sys::fill_random`], the workspace's one source of
+/// randomness. openraft draws once per election attempt, so a system call per draw costs nothing
+/// that matters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KernelRng;
+
+impl rand::TryRng for KernelRng {
+    type Error = std::convert::Infallible;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        let mut b = [0u8; 4];
+        narad_io::sys::fill_random(&mut b);
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        Ok(narad_io::sys::random_u64())
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        narad_io::sys::fill_random(dst);
+        Ok(())
+    }
+}
+
 /// Why a spawned task produced no value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JoinError {
@@ -147,7 +173,7 @@ impl AsyncRuntime for NaradRuntime {
     type Instant = Instant;
     type TimeoutError = Elapsed;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = Timeout<R, T>;
-    type ThreadLocalRng = rand::rngs::ThreadRng;
+    type ThreadLocalRng = KernelRng;
 
     fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
     where
@@ -184,7 +210,7 @@ impl AsyncRuntime for NaradRuntime {
     }
 
     fn thread_rng() -> Self::ThreadLocalRng {
-        rand::rng()
+        KernelRng
     }
 
     type Mpsc = LocalMpsc;
@@ -639,6 +665,19 @@ mod tests {
     use openraft::rt::watch::{Watch, WatchReceiver, WatchSender};
 
     use super::*;
+
+    #[test]
+    fn election_timeouts_are_drawn_from_the_kernel_within_their_range() {
+        // Proves the RNG openraft samples election timeouts with (as
+        // `Config::new_rand_election_timeout` does) stays inside the range and is not constant.
+        use rand::RngExt;
+        let draws: Vec<u64> = (0..200)
+            .map(|_| NaradRuntime::thread_rng().random_range(150..300u64))
+            .collect();
+        assert!(draws.iter().all(|d| (150..300).contains(d)), "{draws:?}");
+        let distinct: std::collections::HashSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 50, "{} distinct of 200", distinct.len());
+    }
 
     #[test]
     fn openraft_runtime_suite_passes() {

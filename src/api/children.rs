@@ -84,7 +84,7 @@ pub struct CreateLink {
 
 /// A fresh attach epoch: 16 lowercase hex characters of 8 random bytes.
 fn new_epoch() -> String {
-    format!("{:016x}", super::topics::random_u64())
+    format!("{:016x}", narad_io::sys::random_u64())
 }
 
 /// The attach point: the parent's committed high watermark per partition.

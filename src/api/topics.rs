@@ -172,20 +172,6 @@ fn partitions_for_create(v: Option<i64>, default: u32, max: u32) -> Result<u32, 
     }
 }
 
-pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most b.len() bytes into our buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n == 8 {
-        u64::from_le_bytes(b)
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
-    }
-}
-
 /// Deserializes a member that is present, `null` included, as `Some`.
 fn present<'de, D: serde::Deserializer<'de>>(
     d: D,
@@ -314,7 +300,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         .as_secs();
     let meta = TopicMeta {
         name: name.clone(),
-        id: TopicId(random_u64()),
+        id: TopicId(narad_io::sys::random_u64()),
         partitions,
         retention_ms,
         visibility_timeout_ms: visibility,

@@ -31,16 +31,14 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-fn generate_password() -> Result<String, String> {
+fn generate_password() -> String {
     let mut b = [0u8; GENERATED_BYTES];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .map_err(|e| format!("reading /dev/urandom: {e}"))?;
-    Ok(crate::wire::base64::encode(&b)
+    narad_io::sys::fill_random(&mut b);
+    crate::wire::base64::encode(&b)
         .replace('+', "-")
         .replace('/', "_")
         .trim_end_matches('=')
-        .to_string())
+        .to_string()
 }
 
 /// Writes `password` to a new file in `dir` (mode 0600) and makes it durable.
@@ -82,7 +80,7 @@ pub async fn seed_root(node: &Rc<Node>) -> Result<(), String> {
             (p, None)
         }
         None => {
-            let p = generate_password()?;
+            let p = generate_password();
             let path = write_password_file(&node.config.data_dir, &p)?;
             (p, Some(path))
         }

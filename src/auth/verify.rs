@@ -19,7 +19,12 @@ pub fn bcrypt_pool() -> Pool {
 
 /// A bcrypt hash of `password` at [`BCRYPT_COST`] (blocking: call it on a helper thread).
 pub fn hash_blocking(password: &[u8]) -> Result<String, String> {
-    bcrypt::hash(password, BCRYPT_COST).map_err(|e| e.to_string())
+    // The salt comes from the workspace's one random source (`bcrypt::hash` would read its own).
+    let mut salt = [0u8; 16];
+    narad_io::sys::fill_random(&mut salt);
+    bcrypt::hash_with_salt(password, BCRYPT_COST, salt)
+        .map(|h| h.format_for_version(bcrypt::Version::TwoB))
+        .map_err(|e| e.to_string())
 }
 
 /// Checks `password` against a stored bcrypt hash (blocking: call it on a helper thread).
@@ -34,8 +39,13 @@ mod tests {
 
     #[test]
     fn bcrypt_round_trip() {
-        // Proves hashes verify their own password and refuse another.
+        // Proves hashes verify their own password and refuse another, keep the `$2b$` form and
+        // cost that `bcrypt::hash` wrote before the salt came from `narad_io::sys`, and are
+        // salted afresh each time.
         let h = hash_blocking(b"s3cret").unwrap();
+        assert!(h.starts_with(&format!("$2b${BCRYPT_COST:02}$")), "{h}");
+        assert_eq!(h.len(), 60, "{h}");
+        assert_ne!(hash_blocking(b"s3cret").unwrap(), h);
         assert!(verify_blocking(b"s3cret", &h).unwrap());
         assert!(!verify_blocking(b"s3cret!", &h).unwrap());
         assert!(verify_blocking(b"x", "not a hash").is_err());

@@ -205,7 +205,7 @@ impl Node {
             meta: RefCell::new(meta),
             meta_node,
             rr: RefCell::new(HashMap::new()),
-            take_start: Cell::new((now_ms() as u32) ^ shard.0),
+            take_start: Cell::new(narad_io::sys::random_u64() as u32),
             interest: RefCell::new(HashMap::new()),
             announced: RefCell::new(HashMap::new()),
             shutdown,
@@ -1043,7 +1043,7 @@ fn node_rotation(topic: TopicId) -> Arc<AtomicU32> {
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     m.entry(topic)
-        .or_insert_with(|| Arc::new(AtomicU32::new((now_ms() ^ topic.0) as u32)))
+        .or_insert_with(|| Arc::new(AtomicU32::new(narad_io::sys::random_u64() as u32)))
         .clone()
 }
 
