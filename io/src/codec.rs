@@ -6,9 +6,10 @@
 //! value on any input (it never panics, whatever the bytes), and the tests below feed it every
 //! single-byte corruption of valid frames and random garbage.
 //!
-//! Checksums are CRC-32 as computed by `crc32fast` (the IEEE polynomial; the crate offers no
-//! Castagnoli variant). All integers are little-endian.
+//! Checksums are CRC-32/IEEE ([`crate::checksum::crc32_ieee`]; why not CRC32C: `io/FORMAT.md`,
+//! "Checksums"). All integers are little-endian.
 
+use crate::checksum;
 use crate::types::{
     Destination, MemberId, Offset, PartitionId, PartitionKey, ShardId, SharedBytes, TopicId,
     UnixMillis,
@@ -262,10 +263,7 @@ pub fn encode_record(r: &WalRecord, out: &mut Vec<u8>) -> Result<(), TooLarge> {
 
 /// CRC over header bytes 0..8 and the body (the crc field itself excluded).
 fn record_crc(frame: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&frame[..8]);
-    h.update(&frame[RECORD_HEADER_BYTES..]);
-    h.finalize()
+    checksum::crc32_ieee_parts(&[&frame[..8], &frame[RECORD_HEADER_BYTES..]])
 }
 
 fn put_dest(out: &mut Vec<u8>, d: Destination) {
@@ -489,17 +487,15 @@ pub fn batch_span(payload_len: usize) -> usize {
 }
 
 pub fn payload_crc(payload: &[u8]) -> u32 {
-    crc32fast::hash(payload)
+    checksum::crc32_ieee(payload)
 }
 
 /// Header checksum: bytes 0..28, then (version 2) the segment number the batch belongs to.
 fn header_crc(b: &[u8], segment: Option<u64>) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&b[0..28]);
-    if let Some(s) = segment {
-        h.update(&s.to_le_bytes());
+    match segment {
+        Some(s) => checksum::crc32_ieee_parts(&[&b[0..28], &s.to_le_bytes()]),
+        None => checksum::crc32_ieee(&b[0..28]),
     }
-    h.finalize()
 }
 
 /// The header of a batch written into segment `segment`: version 2, its checksum bound to
@@ -964,7 +960,7 @@ pub(crate) mod tests {
         // The same header as version 1: bytes 0..28 with version 1, checksum over them alone.
         let mut v1 = img.clone();
         v1[4] = BATCH_VERSION_UNBOUND;
-        let hc = crc32fast::hash(&v1[0..28]);
+        let hc = checksum::crc32_ieee(&v1[0..28]);
         v1[28..32].copy_from_slice(&hc.to_le_bytes());
         for any in [0, 41, 7777] {
             let h = decode_batch_header(&v1, any).expect("version 1 decodes");

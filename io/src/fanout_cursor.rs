@@ -12,7 +12,7 @@
 //! | 2 | reserved, 0 |
 //! | 4 | entry count `n` (≤ [`CURSOR_ENTRIES_MAX`]) |
 //! | 36 × n | entries: parent topic id u64, parent partition u32, child topic id u64, attach epoch u64, next offset u64 |
-//! | 4 | CRC32 (crc32fast) of everything before |
+//! | 4 | CRC-32/IEEE ([`crate::checksum::crc32_ieee`]) of everything before |
 //!
 //! # Crash safety
 //! [`store`] writes a temporary file (`shard-<i>.cursors.tmp`), fdatasyncs it, renames it over the
@@ -24,6 +24,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::checksum::crc32_ieee;
 use crate::durable;
 use crate::types::{Offset, PartitionId, PartitionKey, ShardId, TopicId};
 
@@ -63,7 +64,7 @@ pub fn encode(entries: &[CursorEntry]) -> Vec<u8> {
         v.extend_from_slice(&e.epoch.to_le_bytes());
         v.extend_from_slice(&e.next.0.to_le_bytes());
     }
-    let c = crc32fast::hash(&v);
+    let c = crc32_ieee(&v);
     v.extend_from_slice(&c.to_le_bytes());
     v
 }
@@ -97,7 +98,7 @@ pub fn decode(b: &[u8]) -> Result<Vec<CursorEntry>, CursorFileError> {
         return Err(CursorFileError::Truncated);
     }
     let stored = u32::from_le_bytes([b[body], b[body + 1], b[body + 2], b[body + 3]]);
-    if crc32fast::hash(&b[..body]) != stored {
+    if crc32_ieee(&b[..body]) != stored {
         return Err(CursorFileError::BadCrc);
     }
     let u64_at = |at: usize| {

@@ -4,6 +4,7 @@
 //! implementation of each durability primitive ([`durable`]: atomic durable replace, directory
 //! fsync, `fallocate`) that the other crates use instead of their own.
 
+pub mod checksum;
 pub mod codec;
 pub mod durable;
 pub mod fanout_cursor;

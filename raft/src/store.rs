@@ -15,7 +15,7 @@
 //! | 8 | file magic `NARADRL1` (format version 1) |
 //! | then per frame: 4 | frame magic: `0x464C524E` (`NRLF` on disk), or `0x534C524E` (`NRLS`) on the last frame of a synced write |
 //! | 4 | payload length *n* (≤ [`FRAME_PAYLOAD_BYTES_MAX`]) |
-//! | 4 | CRC32C (Castagnoli) of the payload |
+//! | 4 | CRC32C (Castagnoli, [`narad_io::checksum::crc32c`]) of the payload |
 //! | *n* | payload: JSON of one [`LogOp`] (an entry, a truncation, a purge, the committed id) |
 //!
 //! Crash safety: an append writes all frames of the batch with one `write`, then `fdatasync`, and
@@ -51,6 +51,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
+use narad_io::checksum::crc32c;
 use narad_io::durable;
 use openraft::storage::{
     EntryResponder, IOFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot,
@@ -86,40 +87,6 @@ const LOG_FILE: &str = "raft-log";
 pub const LOG_RESERVE_AHEAD_BYTES: u64 = 1 << 20;
 const VOTE_FILE: &str = "vote.json";
 const SNAPSHOT_FILE: &str = "snapshot.json";
-
-// ---------------------------------------------------------------------------------------------
-// CRC32C
-
-const fn crc32c_table() -> [u32; 256] {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0x82F6_3B78 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        table[i] = c;
-        i += 1;
-    }
-    table
-}
-
-static CRC32C_TABLE: [u32; 256] = crc32c_table();
-
-/// CRC32C (Castagnoli), bytewise: metadata frames are few and small.
-pub fn crc32c(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC32C_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
-}
 
 /// One operation in `raft-log`, replayed in order at open.
 // Ops live only while a frame is encoded or replayed, so the size difference costs nothing.
@@ -995,13 +962,6 @@ mod tests {
         std::fs::metadata(dir.join(LOG_FILE))
             .map(|m| m.len())
             .unwrap_or(0)
-    }
-
-    #[test]
-    fn crc32c_matches_the_standard_check_value() {
-        // Proves the checksum is CRC32C (Castagnoli): the standard check value of "123456789".
-        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(crc32c(b""), 0);
     }
 
     #[test]

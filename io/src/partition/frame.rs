@@ -5,9 +5,10 @@
 //! returns an error value on any input (never panics, whatever the bytes): a frame is trusted
 //! only after its length is bounded and its CRC verified.
 //!
-//! Checksums are CRC-32 as computed by `crc32fast` (IEEE polynomial), like the WAL's. Integers
-//! are little-endian.
+//! Checksums are CRC-32/IEEE ([`crate::checksum::crc32_ieee`]), like the WAL's (`io/FORMAT.md`,
+//! "Checksums"). Integers are little-endian.
 
+use crate::checksum::crc32_ieee;
 use crate::types::{Offset, PartitionKey, UnixMillis};
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"NARADSEG";
@@ -66,10 +67,6 @@ pub fn message_frame_len(msg_key: Option<&[u8]>, payload: &[u8]) -> usize {
     FRAME_HEADER_BYTES + msg_key.map_or(0, <[u8]>::len) + payload.len()
 }
 
-fn crc(bytes: &[u8]) -> u32 {
-    crc32fast::hash(bytes)
-}
-
 fn put_header(
     out: &mut Vec<u8>,
     ty: u8,
@@ -90,7 +87,7 @@ fn put_header(
 fn seal(out: &mut [u8], start: usize) {
     let len = (out.len() - start) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    let c = crc(&out[start + 8..]);
+    let c = crc32_ieee(&out[start + 8..]);
     out[start + 4..start + 8].copy_from_slice(&c.to_le_bytes());
 }
 
@@ -153,7 +150,7 @@ pub fn decode(buf: &[u8]) -> Result<(Frame<'_>, usize), FrameError> {
         return Err(FrameError::Truncated);
     }
     let f = &buf[..len];
-    if crc(&f[8..]) != u32_at(f, 4) {
+    if crc32_ieee(&f[8..]) != u32_at(f, 4) {
         return Err(FrameError::BadCrc);
     }
     let (ty, version, flags) = (f[8], f[9], f[10]);
@@ -199,7 +196,7 @@ pub fn encode_segment_header(key: PartitionKey, base: Offset) -> [u8; SEGMENT_HE
     h[12..16].copy_from_slice(&key.partition.0.to_le_bytes());
     h[16..24].copy_from_slice(&key.topic.0.to_le_bytes());
     h[24..32].copy_from_slice(&base.0.to_le_bytes());
-    let c = crc(&h[..36]);
+    let c = crc32_ieee(&h[..36]);
     h[36..40].copy_from_slice(&c.to_le_bytes());
     h
 }
@@ -343,7 +340,7 @@ pub fn encode_index(ix: &SegmentIndex) -> Vec<u8> {
     for p in &ix.positions {
         v.extend_from_slice(&p.to_le_bytes());
     }
-    let c = crc(&v);
+    let c = crc32_ieee(&v);
     v.extend_from_slice(&c.to_le_bytes());
     v
 }
@@ -358,7 +355,7 @@ pub fn decode_index(b: &[u8]) -> Option<SegmentIndex> {
     }
     let count = u32_at(b, 12) as usize;
     let body = INDEX_HEADER_BYTES.checked_add(count.checked_mul(4)?)?;
-    if b.len() != body + 4 || crc(&b[..body]) != u32_at(b, body) {
+    if b.len() != body + 4 || crc32_ieee(&b[..body]) != u32_at(b, body) {
         return None;
     }
     let time = |at: usize| {

@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use crate::checksum::crc32_ieee;
 use crate::types::Offset;
 
 pub const STATE_FILE: &str = "consumer.state";
@@ -112,7 +113,7 @@ pub fn encode_state(s: &Settled) -> Vec<u8> {
     for o in &s.ahead {
         v.extend_from_slice(&o.0.to_le_bytes());
     }
-    let c = crc32fast::hash(&v);
+    let c = crc32_ieee(&v);
     v.extend_from_slice(&c.to_le_bytes());
     v
 }
@@ -147,7 +148,7 @@ pub fn decode_state(b: &[u8]) -> Result<Settled, StateError> {
         return Err(StateError::Truncated);
     }
     let stored = u32::from_le_bytes([b[body], b[body + 1], b[body + 2], b[body + 3]]);
-    if crc32fast::hash(&b[..body]) != stored {
+    if crc32_ieee(&b[..body]) != stored {
         return Err(StateError::BadCrc);
     }
     let u64_at = |at: usize| {
