@@ -292,6 +292,8 @@ impl DirectFile {
     }
 
     /// Reserves `[0, len)` on disk (fallocate, size becomes at least `len`): ENOSPC shows here.
+    /// The executor's form, over the ring, for WAL segments; files written with blocking
+    /// `std::fs` calls use [`crate::durable::allocate`] and [`crate::durable::reserve_blocks`].
     pub async fn pre_allocate(&self, len: u64) -> io::Result<()> {
         self.0.pre_allocate(len, false).await.map_err(io_err)
     }
@@ -323,6 +325,8 @@ impl DirectFile {
 }
 
 /// fsyncs a directory, so that files created, renamed or removed in it stay so after a crash.
+/// The executor's form, over the ring, for the WAL; blocking code uses
+/// [`crate::durable::sync_dir`].
 pub async fn sync_dir(path: &Path) -> io::Result<()> {
     let d = glommio::io::Directory::open(path).await.map_err(io_err)?;
     d.sync().await.map_err(io_err)?;
