@@ -758,6 +758,20 @@ pub(crate) mod tests {
             .unwrap_or(0x5eed_c0de)
     }
 
+    /// A version-1 frame of type `ty` around `body`, laid out by hand as older writers did.
+    fn old_frame(ty: u8, body: &[u8]) -> Vec<u8> {
+        let mut f = Vec::new();
+        f.extend_from_slice(&RECORD_MAGIC);
+        f.push(ty);
+        f.push(RECORD_VERSION);
+        f.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        f.extend_from_slice(&[0; 4]);
+        f.extend_from_slice(body);
+        let crc = record_crc(&f);
+        f[8..12].copy_from_slice(&crc.to_le_bytes());
+        f
+    }
+
     #[test]
     fn version_one_transit_and_handed_frames_still_decode() {
         // Proves data directories written before destinations were stored still open: a
@@ -781,16 +795,8 @@ pub(crate) mod tests {
         assert_eq!(out[3], RECORD_VERSION);
         assert_eq!(decode_record(&out).unwrap().0, transit);
         // A version-1 Handed frame as the old writer laid it out: dest u32, upto u64.
-        let mut old = Vec::new();
-        old.extend_from_slice(&RECORD_MAGIC);
-        old.push(TYPE_HANDED);
-        old.push(RECORD_VERSION);
-        old.extend_from_slice(&12u32.to_le_bytes());
-        old.extend_from_slice(&[0; 4]);
-        old.extend_from_slice(&1u32.to_le_bytes());
-        old.extend_from_slice(&40u64.to_le_bytes());
-        let crc = record_crc(&old);
-        old[8..12].copy_from_slice(&crc.to_le_bytes());
+        let body = [&1u32.to_le_bytes()[..], &40u64.to_le_bytes()].concat();
+        let old = old_frame(TYPE_HANDED, &body);
         assert_eq!(
             decode_record(&old).unwrap().0,
             WalRecord::Handed {
@@ -846,16 +852,8 @@ pub(crate) mod tests {
     fn a_checkpoint_without_marks_from_an_older_log_still_reads() {
         // Proves a checkpoint body of `upto` alone (as written before marks existed) decodes with
         // no marks, and that a mark count disagreeing with the body is refused, not misread.
-        let mut old = Vec::new();
-        old.extend_from_slice(&RECORD_MAGIC);
-        old.push(TYPE_CHECKPOINT);
-        old.push(RECORD_VERSION);
-        old.extend_from_slice(&16u32.to_le_bytes());
-        old.extend_from_slice(&[0; 4]);
-        old.extend_from_slice(&7u64.to_le_bytes());
-        old.extend_from_slice(&4096u64.to_le_bytes());
-        let crc = record_crc(&old);
-        old[8..12].copy_from_slice(&crc.to_le_bytes());
+        let body = [&7u64.to_le_bytes()[..], &4096u64.to_le_bytes()].concat();
+        let old = old_frame(TYPE_CHECKPOINT, &body);
         let (r, n) = decode_record(&old).expect("old checkpoint");
         assert_eq!(n, old.len());
         assert_eq!(
