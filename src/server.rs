@@ -20,7 +20,7 @@ use narad_shard::host::Host;
 
 use crate::boot_probe::{self, BootProbe};
 use crate::config::{parse_listen_addr, Config};
-use crate::node::{Node, ShardReq, ShardResp};
+use crate::node::{Node, NodeSetup, NodeWide, ShardReq, ShardResp};
 
 /// Messages queued per pair of shards before a sender waits.
 const MESH_CAPACITY: usize = 1024;
@@ -221,16 +221,18 @@ pub fn run(mut config: Config) -> Result<(), String> {
         (budget_bytes > 0).then(|| crate::api::admission::BodyBudget::new(budget_bytes));
     let connections = crate::http::ConnectionBudget::new(config.http.max_connections);
     let shard_probe = probe.clone();
+    let wide = Arc::new(NodeWide::default());
     let results = rt::run(rcfg, move |id| {
         let (config, mesh, shutdown) = (config.clone(), mesh.clone(), shutdown.clone());
         let (serving, body_budget) = (serving.clone(), body_budget.clone());
-        let (connections, probe) = (connections.clone(), shard_probe.clone());
+        let (connections, probe, wide) = (connections.clone(), shard_probe.clone(), wide.clone());
         async move {
             let shared = Shared {
                 serving,
                 body_budget,
                 connections,
                 probe,
+                wide,
             };
             let r = shard_main(id, shards, config, mesh, shutdown.clone(), addr, shared).await;
             if let Err(e) = &r {
@@ -359,6 +361,8 @@ struct Shared {
     connections: Arc<crate::http::ConnectionBudget>,
     /// Holds the node's ports until the first shard binds them.
     probe: Arc<BootProbe>,
+    /// The node-wide counters and cursors of `node` (transit progress, keyless rotations).
+    wide: Arc<NodeWide>,
 }
 
 // mimalloc's C library, linked through the mimalloc crate (the binary's global allocator).
@@ -394,6 +398,7 @@ async fn shard_main(
         body_budget,
         connections,
         probe,
+        wide,
     } = shared;
     // Counts this shard out of `serving` however this function returns.
     let serving_guard = ServingGuard(serving.clone(), id);
@@ -425,15 +430,16 @@ async fn shard_main(
     } else {
         None
     };
-    let node = Node::new(
-        id,
+    let node = Node::new(NodeSetup {
+        shard: id,
         shards,
-        config.clone(),
-        host.clone(),
-        mesh.clone(),
+        config: config.clone(),
+        host: host.clone(),
+        mesh: mesh.clone(),
         meta_node,
-        shutdown.clone(),
-    );
+        shutdown: shutdown.clone(),
+        wide,
+    });
     node.watch_metadata_group();
     {
         let weak = Rc::downgrade(&node);

@@ -33,6 +33,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use narad_io::log::{AppendRecord, ShardLog, TransitHold};
@@ -50,9 +51,14 @@ const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
 /// How often a read looks at the node-wide counters while other shards hand over.
 const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
 
-/// Transit records accepted, and handed over (or dropped), by all shards of this process.
-static NODE_ACCEPTED: AtomicU64 = AtomicU64::new(0);
-static NODE_HANDED: AtomicU64 = AtomicU64::new(0);
+/// Transit records accepted, and handed over (or dropped), by all shards of one node: created
+/// once for the node and shared by every shard's [`Transit`] (two atomics, the node-wide
+/// exception ARCHITECTURE.md names).
+#[derive(Debug, Default)]
+pub struct TransitProgress {
+    accepted: AtomicU64,
+    handed: AtomicU64,
+}
 
 /// The transit records a read must see: those this shard queued before sequence `upto`, and
 /// as many as the node had accepted (see [`Transit::mark`]).
@@ -82,12 +88,15 @@ pub struct Transit {
     next_seq: Cell<u64>,
     pending_bytes: Cell<usize>,
     closing: Cell<bool>,
+    /// The node's counts, shared with the other shards.
+    node: Arc<TransitProgress>,
 }
 
 impl Transit {
-    pub fn new(me: ShardId, shards: u32) -> Transit {
+    pub fn new(me: ShardId, shards: u32, node: Arc<TransitProgress>) -> Transit {
         Transit {
             me,
+            node,
             queues: (0..shards).map(|_| RefCell::new(VecDeque::new())).collect(),
             work: (0..shards).map(|_| Notify::new()).collect(),
             progress: Notify::new(),
@@ -95,6 +104,10 @@ impl Transit {
             pending_bytes: Cell::new(0),
             closing: Cell::new(false),
         }
+    }
+
+    fn node_handed(&self) -> u64 {
+        self.node.handed.load(Ordering::Acquire)
     }
 
     /// Whether a new record may take the transit path (queue under its bound, not closing).
@@ -111,7 +124,7 @@ impl Transit {
         self.queues[dest.0 as usize]
             .borrow_mut()
             .push_back(Queued { seq, hold, rec });
-        NODE_ACCEPTED.fetch_add(1, Ordering::AcqRel);
+        self.node.accepted.fetch_add(1, Ordering::AcqRel);
         self.work[dest.0 as usize].notify_waiters();
     }
 
@@ -142,10 +155,9 @@ impl Transit {
     pub fn mark(&self) -> Option<CatchUpMark> {
         let m = CatchUpMark {
             upto: self.next_seq.get(),
-            node_accepted: NODE_ACCEPTED.load(Ordering::Acquire),
+            node_accepted: self.node.accepted.load(Ordering::Acquire),
         };
-        let pending =
-            !self.handed_before(m.upto) || NODE_HANDED.load(Ordering::Acquire) < m.node_accepted;
+        let pending = !self.handed_before(m.upto) || self.node_handed() < m.node_accepted;
         pending.then_some(m)
     }
 
@@ -165,7 +177,7 @@ impl Transit {
             }
         }
         // The other shards' hand-offs (see the module doc).
-        while NODE_HANDED.load(Ordering::Acquire) < m.node_accepted && Instant::now() < deadline {
+        while self.node_handed() < m.node_accepted && Instant::now() < deadline {
             rt::sleep(NODE_CATCH_UP_POLL).await;
         }
     }
@@ -252,7 +264,9 @@ impl Transit {
     }
 
     async fn forget(&self, log: &ShardLog, done: Vec<Queued>) {
-        NODE_HANDED.fetch_add(done.len() as u64, Ordering::AcqRel);
+        self.node
+            .handed
+            .fetch_add(done.len() as u64, Ordering::AcqRel);
         let bytes: usize = done.iter().map(|q| weight(&q.rec)).sum();
         self.pending_bytes
             .set(self.pending_bytes.get().saturating_sub(bytes));

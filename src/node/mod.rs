@@ -14,7 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use narad_io::log::{AppendRecord, StoredRecord};
@@ -24,6 +24,7 @@ use narad_raft::{MetaCommand, MetaNode, MetaResponse, MetaState, ProposeError, T
 use narad_shard::fanout::{ChildLag, Fanout, Link};
 use narad_shard::host::{now_ms, Host, Leased, QueueConf, SettleKind};
 use narad_shard::route::{self, group_by_owner, OpReply, PartitionOp, Placement, Router};
+use narad_shard::transit::TransitProgress;
 
 pub use narad_shard::route::{
     Lease, PartitionGauges, ReadFailure, SettleFailure, ShardCallError, StoreError,
@@ -162,7 +163,9 @@ pub struct Node {
     router: Router,
     meta: RefCell<Arc<MetaState>>,
     meta_node: Option<MetaNode>,
-    /// This shard's handles on the node-wide round-robin cursors ([`node_rotation`]).
+    /// What the node's shards share.
+    wide: Arc<NodeWide>,
+    /// This shard's handles on the node-wide round-robin cursors ([`NodeWide::rotation`]).
     rr: RefCell<HashMap<TopicId, Arc<AtomicU32>>>,
     /// Where this shard's next queue consume starts looking (rotating over the partitions).
     take_start: Cell<u32>,
@@ -184,16 +187,31 @@ pub struct Node {
     pub transit: narad_shard::transit::Transit,
 }
 
+/// What a shard's [`Node`] is made of (the server builds one per shard).
+pub struct NodeSetup {
+    pub shard: ShardId,
+    pub shards: u32,
+    pub config: Arc<Config>,
+    pub host: Rc<Host>,
+    pub mesh: NodeMesh,
+    /// The metadata group, on shard 0 only.
+    pub meta_node: Option<MetaNode>,
+    pub shutdown: ShutdownSignal,
+    pub wide: Arc<NodeWide>,
+}
+
 impl Node {
-    pub fn new(
-        shard: ShardId,
-        shards: u32,
-        config: Arc<Config>,
-        host: Rc<Host>,
-        mesh: NodeMesh,
-        meta_node: Option<MetaNode>,
-        shutdown: ShutdownSignal,
-    ) -> Rc<Node> {
+    pub fn new(setup: NodeSetup) -> Rc<Node> {
+        let NodeSetup {
+            shard,
+            shards,
+            config,
+            host,
+            mesh,
+            meta_node,
+            shutdown,
+            wide,
+        } = setup;
         let meta = meta_node.as_ref().map(|m| m.state()).unwrap_or_default();
         Rc::new(Node {
             shard,
@@ -215,7 +233,8 @@ impl Node {
             ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
-            transit: narad_shard::transit::Transit::new(shard, shards),
+            transit: narad_shard::transit::Transit::new(shard, shards, wide.transit.clone()),
+            wide,
         })
     }
 
@@ -606,7 +625,7 @@ impl Node {
     /// ones follow it).
     pub fn round_robin_turns(&self, topic: TopicId, n: u32) -> u32 {
         let mut rr = self.rr.borrow_mut();
-        let c = rr.entry(topic).or_insert_with(|| node_rotation(topic));
+        let c = rr.entry(topic).or_insert_with(|| self.wide.rotation(topic));
         c.fetch_add(n, Ordering::Relaxed).wrapping_add(1)
     }
 
@@ -1033,18 +1052,28 @@ async fn append_via(
     }
 }
 
-/// The node-wide round-robin cursor of a topic: one atomic shared by every shard, found through
-/// this map (locked) only the first time a shard meets the topic; after that the shard uses its
-/// own handle, so a keyless produce costs one relaxed `fetch_add`.
-fn node_rotation(topic: TopicId) -> Arc<AtomicU32> {
-    static CURSORS: OnceLock<Mutex<HashMap<TopicId, Arc<AtomicU32>>>> = OnceLock::new();
-    let mut m = CURSORS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    m.entry(topic)
-        .or_insert_with(|| Arc::new(AtomicU32::new(narad_io::sys::random_u64() as u32)))
-        .clone()
+/// What every shard of one node shares: created once by the server and handed to each shard's
+/// [`Node`] (the node-wide exceptions of ARCHITECTURE.md: atomics, and a map locked only the
+/// first time a shard meets a topic). Never global: two nodes in one process share nothing.
+#[derive(Default)]
+pub struct NodeWide {
+    /// Transit records accepted and handed over by every shard.
+    pub transit: Arc<TransitProgress>,
+    /// The keyless round-robin cursor of each topic (SEMANTICS.md §5: one rotation per topic
+    /// per node).
+    rotations: Mutex<HashMap<TopicId, Arc<AtomicU32>>>,
+}
+
+impl NodeWide {
+    /// The node-wide round-robin cursor of a topic: one atomic shared by every shard, found
+    /// through this map (locked) only the first time a shard meets the topic; after that the
+    /// shard uses its own handle, so a keyless produce costs one relaxed `fetch_add`.
+    fn rotation(&self, topic: TopicId) -> Arc<AtomicU32> {
+        let mut m = self.rotations.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(topic)
+            .or_insert_with(|| Arc::new(AtomicU32::new(narad_io::sys::random_u64() as u32)))
+            .clone()
+    }
 }
 
 /// Settles leases on shard `s`: this shard's host directly, another shard's over the mesh. When
