@@ -3,7 +3,7 @@
 
 use narad_io::types::{PartitionId, PartitionKey, UnixMillis};
 
-use super::Node;
+use super::*;
 use crate::metrics::expo::Histogram;
 use crate::metrics::{PartitionGauges, ShardMetrics, WAL_BATCH_RECORDS_BOUNDS};
 
@@ -120,4 +120,28 @@ fn batch_records(log2: &[u64], records: u64) -> Histogram {
         counts[i.min(WAL_BATCH_RECORDS_BOUNDS.len())] += c;
     }
     Histogram::from_counts(&WAL_BATCH_RECORDS_BOUNDS, &counts, records)
+}
+
+impl Node {
+    /// Every shard's metrics snapshot for a node-wide scrape, one mesh call each (a shard that
+    /// does not answer is left out).
+    pub async fn metrics_snapshots(&self) -> Vec<crate::metrics::ShardMetrics> {
+        // The counts include every single produce this shard answered (crate::transit).
+        self.transit.caught_up().await;
+        let mut shards = Vec::with_capacity(self.shards as usize);
+        for s in 0..self.shards {
+            if s == self.shard.0 {
+                shards.push(self.metrics_snapshot());
+            } else if let Ok(ShardResp::Metrics(m)) = call_shard(
+                &self.mesh,
+                ShardId(s),
+                ShardReq::Control(ShardControl::Metrics),
+            )
+            .await
+            {
+                shards.push(*m);
+            }
+        }
+        shards
+    }
 }

@@ -1,0 +1,186 @@
+//! This shard's copy of the metadata and the ways it changes: proposals (to shard 0, which hosts
+//! Raft), the snapshot pushed to every shard before a change is answered, and the start-up
+//! purge of deleted topics' data.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_io::rt;
+use narad_io::types::{PartitionKey, ShardId, TopicId};
+use narad_raft::{MetaCommand, MetaResponse, MetaState, ProposeError, TopicMeta};
+
+use super::*;
+
+/// Longest start-up waits for the metastore log to be applied before purging deleted topics.
+const PURGE_APPLY_WAIT: Duration = Duration::from_secs(10);
+
+impl Node {
+    /// The Raft gauges, on the shard that hosts the metadata group.
+    pub fn raft_gauges(&self) -> Option<narad_raft::RaftGauges> {
+        self.meta_node.as_ref().map(|m| m.gauges())
+    }
+
+    /// Shard 0 only: the Raft state machine's current snapshot.
+    pub fn meta_node_state(&self) -> Option<Arc<MetaState>> {
+        self.meta_node.as_ref().map(|m| m.state())
+    }
+
+    pub async fn shutdown_meta(&self) {
+        if let Some(m) = &self.meta_node {
+            m.shutdown().await;
+        }
+    }
+
+    pub fn meta(&self) -> Arc<MetaState> {
+        self.meta.borrow().clone()
+    }
+
+    pub fn topic(&self, name: &str) -> Option<TopicMeta> {
+        self.meta.borrow().topic(name).cloned()
+    }
+
+    /// Installs a new metadata snapshot on this shard and drops the data of deleted topics.
+    pub fn install_meta(self: &Rc<Self>, new: Arc<MetaState>) {
+        let old = std::mem::replace(&mut *self.meta.borrow_mut(), new.clone());
+        if old.applied_index > new.applied_index {
+            // Never go back in time.
+            *self.meta.borrow_mut() = old;
+            return;
+        }
+        self.reconcile_fanout(&new);
+        let live: std::collections::HashMap<TopicId, &TopicMeta> =
+            new.topics.values().map(|t| (t.id, t)).collect();
+        for t in old.topics.values() {
+            // Long-polls parked here look again at a topic that was deleted or altered (caps,
+            // partitions, visibility): they answer 404, or take under the new values.
+            match live.get(&t.id) {
+                Some(&n) if n == t => {}
+                _ => self.host.wake_local(t.id),
+            }
+            if !live.contains_key(&t.id) {
+                let id = t.id;
+                let me = self.clone();
+                rt::spawn(async move {
+                    if let Err(e) = me.host.drop_topic(id).await {
+                        tracing::error!(topic = %id, error = %e, "deleting topic data failed");
+                    }
+                })
+                .detach();
+            }
+        }
+    }
+
+    /// The committed high watermark of each partition (a fan-out attach point); `None` when an
+    /// owner did not answer.
+    pub async fn high_watermarks(&self, keys: &[PartitionKey]) -> Option<Vec<u64>> {
+        self.stats_by_owner(keys)
+            .await
+            .into_iter()
+            .map(|o| o.map(|r| r.0.high_watermark.0))
+            .collect()
+    }
+
+    /// Proposes a metadata change through shard 0; answers once every shard installed it.
+    pub async fn propose(self: &Rc<Self>, cmd: MetaCommand) -> Result<MetaResponse, ProposeError> {
+        if self.shard.0 == 0 {
+            return self.propose_here(cmd).await;
+        }
+        match call_shard(
+            &self.mesh,
+            ShardId(0),
+            ShardReq::Control(ShardControl::Propose(Box::new(cmd))),
+        )
+        .await
+        {
+            Ok(ShardResp::Proposed(r)) => r,
+            Ok(_) => wrong_reply("Propose"),
+            // Shard 0 may still apply it.
+            Err(e @ ShardCallError::Timeout { .. }) => {
+                Err(ProposeError::Indeterminate(e.to_string()))
+            }
+            Err(ShardCallError::Gone { .. }) => Err(ProposeError::NoLeader { leader: None }),
+        }
+    }
+
+    pub(super) async fn propose_here(
+        self: &Rc<Self>,
+        cmd: MetaCommand,
+    ) -> Result<MetaResponse, ProposeError> {
+        let mn = self
+            .meta_node
+            .as_ref()
+            .ok_or(ProposeError::NoLeader { leader: None })?;
+        let (_index, resp) = mn.propose(cmd).await?;
+        let state = mn.state();
+        self.broadcast_meta(state).await;
+        Ok(resp)
+    }
+
+    /// Pushes a snapshot to every shard (this one included) and waits until all installed it.
+    pub async fn broadcast_meta(self: &Rc<Self>, state: Arc<MetaState>) {
+        self.install_meta(state.clone());
+        self.tell_other_shards(|| ShardReq::Event(ShardEvent::Meta(state.clone())))
+            .await;
+    }
+
+    /// Start-up (shard 0, once every shard has the metadata): drops the data of topics deleted
+    /// while the node was down or whose deletion a crash cut short (SEMANTICS.md §14.3: "a node
+    /// that was down purges on start, only after the leader confirms the topic (incarnation) is
+    /// gone"). This node's Raft group is that leader; it confirms once the whole metastore log is
+    /// applied. Skipped, with a warning, when the metastore was empty at this start: its state
+    /// says nothing about what the data directory held. Each shard removes its own partitions;
+    /// the emptied topic directories go last, here.
+    pub async fn purge_deleted_topics(self: &Rc<Self>) {
+        let Some(meta_node) = self.meta_node.clone() else {
+            return;
+        };
+        let live = self.meta().topic_ids();
+        let dirs = narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX);
+        if dirs.iter().all(|id| live.contains(id)) {
+            return;
+        }
+        if meta_node.started_fresh() {
+            tracing::warn!(
+                "the metastore was empty at this start but the data directory holds topic data; kept, since nothing confirms those topics were deleted"
+            );
+            return;
+        }
+        if !meta_node.applied_through_log(PURGE_APPLY_WAIT).await {
+            tracing::warn!("metadata not fully applied in time: deleted topics' data not purged");
+            return;
+        }
+        self.purge_deleted_here().await;
+        self.tell_other_shards(|| ShardReq::Control(ShardControl::PurgeDeleted))
+            .await;
+        // Topic directories every shard emptied, or left empty by a crash mid-delete.
+        let live = self.meta().topic_ids();
+        for id in narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX) {
+            if !live.contains(&id) {
+                let dir = narad_io::partition::topic_dir(&self.config.data_dir, id);
+                if let Err(e) = std::fs::remove_dir(&dir) {
+                    tracing::warn!(topic = %id, error = %e, "deleted topic's directory not removed");
+                }
+            }
+        }
+    }
+
+    /// Drops this shard's partitions of topics its metadata copy does not have.
+    pub(super) async fn purge_deleted_here(self: &Rc<Self>) {
+        let live = self.meta().topic_ids();
+        let gone: std::collections::BTreeSet<TopicId> = self
+            .host
+            .log()
+            .partitions()
+            .into_iter()
+            .map(|k| k.topic)
+            .filter(|t| !live.contains(t))
+            .collect();
+        for id in gone {
+            tracing::warn!(topic = %id, "purging the data of a topic deleted before this start");
+            if let Err(e) = self.host.drop_topic(id).await {
+                tracing::error!(topic = %id, error = %e, "deleting topic data failed");
+            }
+        }
+    }
+}
