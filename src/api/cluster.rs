@@ -63,7 +63,7 @@ fn member_view(node: &Node) -> Value {
 fn unavailable(node: &Node) -> Option<Response> {
     node.ready()
         .err()
-        .map(|reason| error(503, &reason).with_header("Retry-After", "1"))
+        .map(|reason| error(503, &reason.to_string()).with_header("Retry-After", "1"))
 }
 
 fn unknown_member(id: &str) -> Response {

@@ -600,7 +600,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         }
         Route::Readyz => match node.ready() {
             Ok(()) => json(200, &serde_json::json!({"status":"ready"})),
-            Err(reason) => error(503, &reason),
+            Err(reason) => error(503, &reason.to_string()),
         },
         Route::Metrics => crate::scrape::api_port_response(node).await,
         Route::OpenApi => openapi::response(),

@@ -87,6 +87,29 @@ pub struct Node {
     pub transit: narad_shard::transit::Transit,
 }
 
+/// Why a node is not ready (`/readyz` answers `503` with this text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotReady {
+    /// Start-up has not finished (metadata pushed, deleted topics purged, shards released).
+    Starting,
+    ShuttingDown,
+    /// The metadata group stopped for good (a storage failure): no leader until a restart.
+    MetadataStopped(String),
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::Starting => f.write_str("startup in progress"),
+            NotReady::ShuttingDown => f.write_str("shutting down"),
+            NotReady::MetadataStopped(reason) => write!(
+                f,
+                "no metadata leader: the metadata group stopped ({reason}); restart the node"
+            ),
+        }
+    }
+}
+
 /// What a shard's [`Node`] is made of (the server builds one per shard).
 pub struct NodeSetup {
     pub shard: ShardId,
@@ -146,18 +169,17 @@ impl Node {
         self.shutdown.is_triggered()
     }
 
-    pub fn ready(&self) -> Result<(), String> {
+    /// Whether this node takes traffic (API.md §15.2), and why not.
+    pub fn ready(&self) -> Result<(), NotReady> {
         if !self.started.get() {
-            return Err("startup in progress".into());
+            return Err(NotReady::Starting);
         }
         if self.shutting_down() {
-            return Err("shutting down".into());
+            return Err(NotReady::ShuttingDown);
         }
         if let Some(reason) = self.meta_stopped.borrow().as_ref() {
             // API.md §15.2: ready only with a Raft leader in view; a stopped group has none.
-            return Err(format!(
-                "no metadata leader: the metadata group stopped ({reason}); restart the node"
-            ));
+            return Err(NotReady::MetadataStopped(reason.clone()));
         }
         if let Some(reason) = self.host.log().poisoned() {
             // Reads and consumes still work; readiness stays up (SEMANTICS.md §3.4).
