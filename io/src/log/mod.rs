@@ -53,7 +53,9 @@
 //!    does not resurrect it; a WAL message for a partition that has no directory and a non-zero
 //!    offset is skipped as belonging to a deleted partition.
 
+mod checkpoint;
 mod recovery;
+mod retention;
 mod transit;
 
 use std::cell::{Cell, RefCell};
@@ -65,10 +67,7 @@ use std::time::{Duration, Instant};
 
 use crate::codec::{self, WalPosition, WalRecord};
 use crate::file::is_disk_full;
-use crate::partition::{
-    self, frame, EncodedBatch, PartitionIoStats, PartitionLog, PartitionStats, SyncError,
-    SyncTimes, SyncWork,
-};
+use crate::partition::{frame, EncodedBatch, PartitionIoStats, PartitionLog, PartitionStats};
 use crate::rt::{oneshot, Notify, Task};
 use crate::types::{
     Destination, FastMap, Offset, PartitionKey, ShardId, SharedBytes, TopicId, UnixMillis,
@@ -76,6 +75,7 @@ use crate::types::{
 use crate::wal::{Wal, WalConfig, WalError};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
+use checkpoint::{checkpoint_owed, maybe_checkpoint};
 pub use recovery::RecoveryReport;
 use transit::{legacy_destination, take_transit};
 pub use transit::{TransitHold, TransitSink};
@@ -557,85 +557,6 @@ impl ShardLog {
         self.inner.callbacks.borrow_mut().push(Rc::from(f));
     }
 
-    /// Deletes every partition of `topic` this shard owns (files and memory), then checkpoints so
-    /// that recovery does not replay them. Appends to the topic fail from now on.
-    pub async fn delete_topic(&self, topic: TopicId) -> Result<(), LogError> {
-        let dirs: Vec<PathBuf> = {
-            let mut st = self.inner.state.borrow_mut();
-            st.deleted_topics.insert(topic);
-            let keys: Vec<PartitionKey> = st
-                .partitions
-                .keys()
-                .filter(|k| k.topic == topic)
-                .copied()
-                .collect();
-            keys.iter()
-                .filter_map(|k| st.partitions.remove(k))
-                .map(|p| p.dir().to_path_buf())
-                .collect()
-        };
-        let topic_dir = partition::topic_dir(&self.inner.cfg.data_dir, topic);
-        let removed = glommio::executor()
-            .spawn_blocking(move || -> std::io::Result<()> {
-                for d in &dirs {
-                    match std::fs::remove_dir_all(d) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                        _ => {}
-                    }
-                }
-                // Other shards may still hold partitions of the topic: remove it only when empty.
-                if std::fs::remove_dir(&topic_dir).is_ok() {
-                    if let Some(parent) = topic_dir.parent() {
-                        crate::durable::sync_dir(parent)?;
-                    }
-                }
-                Ok(())
-            })
-            .await;
-        removed?;
-        self.checkpoint().await
-    }
-
-    /// Deletes whole sealed segments of `topic` whose newest record is older than
-    /// `now - retention_ms` (0 = keep forever). Returns the bytes deleted.
-    pub async fn enforce_retention(
-        &self,
-        topic: TopicId,
-        retention_ms: u64,
-        now: UnixMillis,
-    ) -> Result<u64, LogError> {
-        let mut st = self.inner.state.borrow_mut();
-        let mut deleted = 0;
-        for p in st
-            .partitions
-            .values_mut()
-            .filter(|p| p.key().topic == topic)
-        {
-            // A log closed for idleness is swept like an open one: its segments are listed in
-            // memory, and deleting files needs no open handle.
-            let cold = !p.is_open();
-            match p.enforce_retention(retention_ms, now) {
-                Ok(n) => {
-                    if cold && n > 0 {
-                        self.inner.cold_swept.set(self.inner.cold_swept.get() + 1);
-                    }
-                    deleted += n
-                }
-                Err(e) => {
-                    count_failure(&self.inner, |f| f.retention += 1);
-                    return Err(e.into());
-                }
-            }
-        }
-        Ok(deleted)
-    }
-
-    /// Makes everything materialised so far durable in the partition files and releases the WAL
-    /// before it. Also runs by itself every `checkpoint_wal_bytes` / `checkpoint_interval_ms`.
-    pub async fn checkpoint(&self) -> Result<(), LogError> {
-        run_checkpoint(&self.inner, &self.signals).await
-    }
-
     /// Graceful stop: waits for queued calls, checkpoints, stops the committer. Later calls answer
     /// `Closed`.
     pub async fn close(&self) -> Result<(), LogError> {
@@ -714,37 +635,6 @@ impl ShardLog {
         self.inner.failures.get()
     }
 
-    /// Closes the segment file of every partition log neither written nor read for `idle` and
-    /// with nothing left to checkpoint (storage.idle_log_eviction_ms). Such a log reopens on its
-    /// next write; reads open the file themselves. Returns how many it closed.
-    pub fn evict_idle_logs(&self, idle: Duration) -> usize {
-        let now = Instant::now();
-        let n = self
-            .inner
-            .state
-            .borrow_mut()
-            .partitions
-            .values_mut()
-            .map(|p| p.evict_if_idle(idle, now))
-            .filter(|&closed| closed)
-            .count();
-        self.inner
-            .idle_evicted
-            .set(self.inner.idle_evicted.get() + n as u64);
-        n
-    }
-
-    /// Partition logs closed for idleness since this log was opened.
-    pub fn idle_logs_evicted(&self) -> u64 {
-        self.inner.idle_evicted.get()
-    }
-
-    /// Retention passes that deleted segments of a partition log closed for idleness (cold),
-    /// since this log was opened.
-    pub fn cold_retention_swept(&self) -> u64 {
-        self.inner.cold_swept.get()
-    }
-
     /// Partition logs whose segment file is open (not idle-evicted).
     pub fn open_logs(&self) -> usize {
         self.inner
@@ -781,126 +671,6 @@ fn poison(inner: &Inner, why: String) {
         st.poisoned = Some(why);
     }
 }
-
-async fn run_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(), LogError> {
-    while inner.checkpoint_running.get() {
-        let done = inner.checkpoint_done.notified();
-        if !inner.checkpoint_running.get() {
-            break;
-        }
-        done.await;
-    }
-    inner.checkpoint_running.set(true);
-    // A log that already stopped refuses checkpoints: not a new failure.
-    let poisoned_before = inner.state.borrow().poisoned.is_some() || inner.wal.poisoned().is_some();
-    let r = checkpoint_once(inner, signals).await;
-    if r.is_err() && !poisoned_before {
-        count_failure(inner, |f| f.checkpoints += 1);
-    }
-    inner.checkpoint_running.set(false);
-    inner.checkpoint_done.notify_waiters();
-    r
-}
-
-async fn checkpoint_once(inner: &Rc<Inner>, signals: &Rc<Signals>) -> Result<(), LogError> {
-    if let Some(p) = inner.state.borrow().poisoned.clone() {
-        return Err(LogError::Poisoned(p));
-    }
-    // Capture P and the dirty files together: no batch is half-materialised outside the committer's
-    // synchronous section, so every WAL record before `upto` is in these files and states.
-    let (upto, marks, works) = {
-        let mut st = inner.state.borrow_mut();
-        // Never past a transit record that has not reached its owner.
-        let held = st.transit_holds.values().min().copied();
-        let upto = st.last_pos.map(|p| held.map_or(p, |h| h.min(p)));
-        st.wal_bytes_since_checkpoint = 0;
-        st.last_checkpoint_at = Instant::now();
-        let mut works: Vec<SyncWork> = Vec::new();
-        let mut marks = Vec::with_capacity(st.partitions.len().min(CHECKPOINT_MARKS_MAX));
-        for (key, p) in st.partitions.iter_mut() {
-            let w = p.take_sync_work()?;
-            if !w.is_empty() {
-                works.push(w);
-            }
-            // Every record below it is in the files the sync below makes durable.
-            if p.next_offset() > Offset(0) {
-                marks.push((*key, p.next_offset()));
-            }
-        }
-        marks.sort_unstable();
-        marks.truncate(CHECKPOINT_MARKS_MAX);
-        (upto, marks, works)
-    };
-    if !works.is_empty() {
-        let (times, synced) = glommio::executor()
-            .spawn_blocking(move || {
-                let mut times: Vec<(PartitionKey, SyncTimes, bool)> =
-                    Vec::with_capacity(works.len());
-                for w in works {
-                    let key = w.key();
-                    let (t, r) = w.run_timed();
-                    times.push((key, t, r.is_ok()));
-                    if let Err(e) = r {
-                        return (times, Err(e));
-                    }
-                }
-                (times, Ok(()))
-            })
-            .await;
-        {
-            let mut st = inner.state.borrow_mut();
-            for (key, t, ok) in times {
-                if let Some(p) = st.partitions.get_mut(&key) {
-                    p.record_sync(t, ok);
-                }
-            }
-        }
-        match synced {
-            Ok(()) => {}
-            // Nothing replaced, WAL not released: retry at the next checkpoint.
-            Err(SyncError::Write(e)) => {
-                for p in inner.state.borrow_mut().partitions.values_mut() {
-                    p.sync_failed();
-                }
-                tracing::warn!(shard = inner.cfg.shard.0, error = %e, "checkpoint could not write index/state files; will retry");
-                return Err(if is_disk_full(&e) {
-                    inner.wal.shed_recycled();
-                    LogError::DiskFull
-                } else {
-                    LogError::Io(e)
-                });
-            }
-            Err(e @ SyncError::Fsync(_)) => {
-                let why = format!("checkpoint of partition files failed: {e}");
-                poison(inner, why.clone());
-                return Err(LogError::Poisoned(why));
-            }
-        }
-    }
-    let Some(upto) = upto else { return Ok(()) };
-    if inner.state.borrow().last_checkpoint == Some(upto) {
-        return Ok(());
-    }
-    let log = ShardLog {
-        inner: inner.clone(),
-        signals: signals.clone(),
-    };
-    log.submit(
-        Kind::Checkpoint,
-        vec![WalRecord::Checkpoint { upto, marks }],
-    )
-    .await?;
-    inner.wal.release_before(upto).await?;
-    let mut st = inner.state.borrow_mut();
-    if st.last_checkpoint.is_none_or(|c| c < upto) {
-        st.last_checkpoint = Some(upto);
-    }
-    Ok(())
-}
-
-/// Most partitions a checkpoint record marks (20 bytes each: 2 MB, within one WAL batch); the
-/// partitions past it, in key order, are recovered without the check their mark gives.
-const CHECKPOINT_MARKS_MAX: usize = 100_000;
 
 /// Takes queued requests up to the WAL batch limits (always at least one).
 fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
@@ -1026,36 +796,6 @@ async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
         signals.progress.notify_waiters();
         maybe_checkpoint(&inner, &signals);
         drop(inner);
-    }
-}
-
-/// Whether records other than checkpoints were made durable after the last checkpoint (and
-/// the log still takes writes).
-fn checkpoint_owed(st: &State) -> bool {
-    st.poisoned.is_none() && !st.closed && st.last_content_pos > st.last_checkpoint
-}
-
-/// Starts a background checkpoint when the WAL grew by `checkpoint_wal_bytes` or
-/// `checkpoint_interval_ms` passed with something new.
-fn maybe_checkpoint(inner: &Rc<Inner>, signals: &Rc<Signals>) {
-    if inner.checkpoint_running.get() {
-        return;
-    }
-    let due = {
-        let st = inner.state.borrow();
-        checkpoint_owed(&st)
-            && (st.wal_bytes_since_checkpoint >= inner.cfg.checkpoint_wal_bytes
-                || st.last_checkpoint_at.elapsed()
-                    >= Duration::from_millis(inner.cfg.checkpoint_interval_ms))
-    };
-    if due {
-        let (inner, signals) = (inner.clone(), signals.clone());
-        crate::rt::spawn(async move {
-            if let Err(e) = run_checkpoint(&inner, &signals).await {
-                tracing::error!(shard = inner.cfg.shard.0, error = %e, "checkpoint failed");
-            }
-        })
-        .detach();
     }
 }
 
