@@ -7,6 +7,19 @@
 //! does: leases, routing, HTTP; never holds a `RefCell` borrow across an `.await`; never names
 //! glommio outside this crate.
 //!
+//! # Parts
+//! - `mod.rs`: the [`ShardLog`] handle, its configuration and errors, the request queue
+//!   (appends, settles, backpressure, [`Durable`]), reads and figures, `close`, and the state the
+//!   other parts share (`State`, `Inner`).
+//! - `recovery.rs`: [`ShardLog::open`]: partition files loaded, the WAL replayed, gaps filled
+//!   (point 3 of the crash-safety argument below).
+//! - `commit.rs`: the committer task: batch planning, the pipelined hand-over to the WAL, and
+//!   materialisation in WAL order (points 1 and 4).
+//! - `checkpoint.rs`: checkpoints and the release of WAL segments (point 2).
+//! - `transit.rs`: transit records for partitions owned elsewhere, their holds on the WAL and the
+//!   `Handed` markers.
+//! - `retention.rs`: topic deletion, retention, closing idle partition files (point 5).
+//!
 //! # Write path
 //! Appends and settles queue in the shard log. One committer task takes whatever is queued (up to
 //! the WAL's batch limits), assigns offsets and commit times, encodes the partition segment frames,
@@ -54,30 +67,27 @@
 //!    offset is skipped as belonging to a deleted partition.
 
 mod checkpoint;
+mod commit;
 mod recovery;
 mod retention;
 mod transit;
 
 use std::cell::{Cell, RefCell};
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::rc::{Rc, Weak};
-use std::time::{Duration, Instant};
+use std::rc::Rc;
+use std::time::Instant;
 
 use crate::codec::{self, WalPosition, WalRecord};
-use crate::file::is_disk_full;
-use crate::partition::{frame, EncodedBatch, PartitionIoStats, PartitionLog, PartitionStats};
-use crate::rt::{oneshot, Notify, Task};
+use crate::partition::{frame, PartitionIoStats, PartitionLog, PartitionStats};
+use crate::rt::{oneshot, Notify};
 use crate::types::{
     Destination, FastMap, Offset, PartitionKey, ShardId, SharedBytes, TopicId, UnixMillis,
 };
 use crate::wal::{Wal, WalConfig, WalError};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
-use checkpoint::{checkpoint_owed, maybe_checkpoint};
 pub use recovery::RecoveryReport;
-use transit::{legacy_destination, take_transit};
 pub use transit::{TransitHold, TransitSink};
 
 /// Run after every commit with the partitions whose high watermark moved.
@@ -87,6 +97,7 @@ pub type CommitCallback = dyn Fn(&[PartitionKey]);
 pub const SETTLE_OFFSETS_MAX: usize = 65_536;
 /// Default [`LogConfig::wal_pipeline_min_bytes`].
 pub const WAL_PIPELINE_MIN_BYTES_DEFAULT: usize = 4096;
+
 #[derive(Clone, Debug)]
 pub struct LogConfig {
     pub data_dir: PathBuf,
@@ -672,171 +683,6 @@ fn poison(inner: &Inner, why: String) {
     }
 }
 
-/// Takes queued requests up to the WAL batch limits (always at least one).
-fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
-    let mut out = Vec::new();
-    let mut bytes = codec::BATCH_HEADER_BYTES;
-    let mut records = 0;
-    while let Some(r) = st.queue.front() {
-        if !out.is_empty()
-            && (bytes + r.wal_bytes > cfg.wal_batch_bytes_max
-                || records + r.records.len() > cfg.wal_batch_records_max)
-        {
-            break;
-        }
-        bytes += r.wal_bytes;
-        records += r.records.len();
-        let r = st.queue.pop_front().expect("front exists");
-        st.queue_bytes -= r.wal_bytes;
-        out.push(r);
-    }
-    out
-}
-
-/// The committer: plans a batch (offsets, frames), hands it to the WAL, and materialises and
-/// answers batches strictly in order as the WAL makes them durable. Up to the WAL's
-/// `batches_in_flight_max` batches are in flight; the next one is handed over only when the WAL
-/// can start writing it at once and `wal_pipeline_min_bytes` are queued (or nothing is in
-/// flight), so it gathers everything queued until then.
-async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
-    let mut flying: VecDeque<(Planned, Task<Result<WalPosition, WalError>>)> = VecDeque::new();
-    // A batch failed: hand nothing more to the WAL until every batch in flight has resolved
-    // (they fail too), then plan again from the partitions' materialised ends.
-    let mut halted = false;
-    // The WAL's refusal count when the batches in flight began to be planned: their offsets
-    // continue one another, so none may be written once one of them was refused.
-    let mut window_refusals = 0;
-    loop {
-        let work = signals.work.notified();
-        let Some(inner) = weak.upgrade() else { return };
-        let wal = inner.wal.clone();
-        let kick = wal.batch_slot_notified();
-        if inner.state.borrow().closed && flying.is_empty() {
-            return;
-        }
-        if flying.is_empty() {
-            halted = false;
-            inner.state.borrow_mut().planned_next.clear();
-            window_refusals = wal.refusals();
-        }
-        let depth = inner.cfg.wal_batches_in_flight_max.max(1);
-        let may_start = !halted
-            && (flying.is_empty()
-                || (flying.len() < depth
-                    && inner.state.borrow().queue_bytes >= inner.cfg.wal_pipeline_min_bytes
-                    && inner.wal.can_start_batch_now()));
-        if may_start {
-            let batch = {
-                let mut st = inner.state.borrow_mut();
-                take_batch(&mut st, &inner.cfg)
-            };
-            if !batch.is_empty() {
-                if let Some((mut planned, records)) = plan_batch(&inner, batch) {
-                    let wal = inner.wal.clone();
-                    let task = match Wal::encode(&records) {
-                        Ok(frames) => {
-                            let n = records.len();
-                            planned.transit = take_transit(records, inner.cfg.shard_count);
-                            crate::rt::spawn(async move {
-                                wal.append_frames_after(frames, n, Some(window_refusals))
-                                    .await
-                            })
-                        }
-                        Err(e) => crate::rt::spawn(async move { Err(e) }),
-                    };
-                    flying.push_back((planned, task));
-                    inner.state.borrow_mut().inflight = flying.len();
-                }
-                // Wait at least for the next event before handing over another batch.
-                drop(inner);
-                continue;
-            }
-        }
-        if flying.is_empty() {
-            maybe_checkpoint(&inner, &signals);
-            // With a checkpoint owed, wake when its interval is up; with none, only for work
-            // (an idle log sets no timer at all).
-            let idle_for = {
-                let st = inner.state.borrow();
-                checkpoint_owed(&st).then(|| {
-                    let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
-                    interval
-                        .saturating_sub(st.last_checkpoint_at.elapsed())
-                        .max(Duration::from_millis(10))
-                })
-            };
-            drop(inner);
-            match idle_for {
-                Some(d) => {
-                    futures_lite::future::or(work, async {
-                        crate::rt::sleep(d).await;
-                    })
-                    .await
-                }
-                None => work.await,
-            }
-            continue;
-        }
-        let (_, oldest) = flying.front_mut().expect("not empty");
-        let done = futures_lite::future::or(async { Some(oldest.await) }, async {
-            futures_lite::future::or(work, kick).await;
-            None
-        })
-        .await;
-        let Some(result) = done else {
-            drop(inner);
-            continue;
-        };
-        let (planned, _) = flying.pop_front().expect("not empty");
-        inner.state.borrow_mut().inflight = flying.len();
-        if result.is_err() {
-            halted = true;
-        }
-        materialise(&inner, planned, result.map_err(LogError::from));
-        signals.progress.notify_waiters();
-        maybe_checkpoint(&inner, &signals);
-        drop(inner);
-    }
-}
-
-/// Before the WAL write: creates missing partitions and reserves segment space for every run
-/// (on top of the runs of batches still in flight), so that writing the frames after the WAL
-/// commit cannot run out of disk. ENOSPC here fails the batch as `DiskFull` with nothing written
-/// anywhere.
-fn prepare_partitions(
-    inner: &Inner,
-    st: &mut State,
-    runs: &FastMap<PartitionKey, EncodedBatch>,
-) -> Result<(), LogError> {
-    for (key, run) in runs {
-        let ahead = st.planned_next.get(key).map_or(0, |p| p.1);
-        let p = match st.partitions.entry(*key) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(PartitionLog::create(
-                &inner.cfg.data_dir,
-                *key,
-                inner.cfg.partition_segment_bytes_max,
-            )?),
-        };
-        p.reserve(ahead + run.byte_len() as u64)?;
-    }
-    Ok(())
-}
-
-/// A batch handed to the WAL: what to materialise and whom to answer once it is durable.
-struct Planned {
-    runs: FastMap<PartitionKey, EncodedBatch>,
-    /// The batch's transit records with their holds, for the sink: moved out of the WAL
-    /// records once these are encoded ([`take_transit`]).
-    transit: Vec<(TransitHold, AppendRecord)>,
-    offsets: Vec<Vec<Offset>>,
-    replies: Vec<(Kind, Reply)>,
-    wal_bytes: u64,
-}
-
-/// Where a queued call learns its offsets (or why it failed).
-type Reply = oneshot::Sender<Result<Vec<Offset>, LogError>>;
-
 /// The answer to a queued request: resolves when the batch holding it is durable (or failed).
 /// Dropping it does not withdraw the request; it is still written.
 #[must_use = "a queued request is durable only once this resolves"]
@@ -861,240 +707,5 @@ impl std::future::Future for Durable {
         std::pin::Pin::new(&mut self.0)
             .poll(cx)
             .map(|r| r.unwrap_or(Err(LogError::Closed)))
-    }
-}
-
-/// Assigns offsets and times and encodes the segment frames of `batch`. Offsets continue after
-/// the batches still in flight (`planned_next`), else after the partition's end in its files.
-/// Returns `None` when nothing is left to write (every request answered already).
-fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<WalRecord>)> {
-    // Each partition's frames are sized first, so that its run is allocated once.
-    let mut need: FastMap<PartitionKey, (usize, usize)> = FastMap::default();
-    for rec in batch.iter().flat_map(|r| &r.records) {
-        if let WalRecord::Message {
-            key,
-            msg_key,
-            payload,
-            ..
-        } = rec
-        {
-            let n = need.entry(*key).or_default();
-            n.0 += frame::message_frame_len(msg_key.as_deref(), payload);
-            n.1 += 1;
-        }
-    }
-    let mut runs: FastMap<PartitionKey, EncodedBatch> = FastMap::default();
-    let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
-    let mut replies = Vec::with_capacity(batch.len());
-    let mut records = Vec::with_capacity(batch.iter().map(|r| r.records.len()).sum());
-    let mut wal_bytes = 0u64;
-    let mut st = inner.state.borrow_mut();
-    let now = UnixMillis::now().max(st.last_stamp);
-    st.last_stamp = now;
-    for mut req in batch {
-        let deleted = req.records.iter().any(|r| {
-            matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
-        });
-        if deleted {
-            let _ = req.reply.send(Err(LogError::TopicDeleted));
-            continue;
-        }
-        wal_bytes += req.wal_bytes as u64;
-        let mut offs = Vec::new();
-        if matches!(req.kind, Kind::Append) {
-            offs.reserve(req.records.len());
-        }
-        for rec in &mut req.records {
-            match rec {
-                WalRecord::Message {
-                    key,
-                    offset,
-                    commit_ms,
-                    msg_key,
-                    payload,
-                } => {
-                    let run = runs.entry(*key).or_insert_with(|| {
-                        let first = st.planned_next.get(key).map_or_else(
-                            || {
-                                st.partitions
-                                    .get(key)
-                                    .map_or(Offset(0), PartitionLog::next_offset)
-                            },
-                            |p| p.0,
-                        );
-                        let (bytes, records) = need.get(key).copied().unwrap_or_default();
-                        EncodedBatch::with_capacity(first, bytes, records)
-                    });
-                    *commit_ms = now;
-                    *offset = run.push_message(now, msg_key.as_deref(), payload);
-                    offs.push(*offset);
-                }
-                // `seq` in WAL order per destination; the request learns it as its "offset".
-                WalRecord::Transit { dest, key, seq, .. } => {
-                    let dest =
-                        dest.unwrap_or_else(|| legacy_destination(*key, inner.cfg.shard_count));
-                    let next = st.transit_next.entry(dest).or_insert(0);
-                    *seq = *next;
-                    *next += 1;
-                    offs.push(Offset(*seq));
-                }
-                _ => {}
-            }
-        }
-        offsets.push(offs);
-        records.extend(req.records);
-        replies.push((req.kind, req.reply));
-    }
-    if replies.is_empty() {
-        return None;
-    }
-    match prepare_partitions(inner, &mut st, &runs) {
-        Ok(()) => {
-            for (key, run) in &runs {
-                let e = st.planned_next.entry(*key).or_insert((run.first(), 0));
-                *e = (run.next(), e.1 + run.byte_len() as u64);
-            }
-            Some((
-                Planned {
-                    runs,
-                    transit: Vec::new(),
-                    offsets,
-                    replies,
-                    wal_bytes,
-                },
-                records,
-            ))
-        }
-        Err(e) => {
-            drop(st);
-            let e = match e {
-                LogError::Io(e) if is_disk_full(&e) => LogError::DiskFull,
-                e => e,
-            };
-            if matches!(e, LogError::DiskFull) {
-                inner.wal.shed_recycled();
-            }
-            for (_, reply) in replies {
-                let _ = reply.send(Err(e.copy()));
-            }
-            None
-        }
-    }
-}
-
-/// The WAL answered for `planned` (the oldest batch in flight): on success writes its frames to
-/// the partition files (page cache), which advances the high watermarks, applies its settles,
-/// then answers every caller and runs the commit callbacks.
-fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, LogError>) {
-    let Planned {
-        runs,
-        transit,
-        offsets,
-        replies,
-        wal_bytes,
-    } = planned;
-    let mut moved: Vec<PartitionKey> = Vec::new();
-    let outcome: Result<(), LogError> = {
-        let mut st = inner.state.borrow_mut();
-        for (key, run) in &runs {
-            // Batches resolve in order: once this one is written the next plans from the files.
-            if let Some(p) = st.planned_next.get_mut(key) {
-                p.1 = p.1.saturating_sub(run.byte_len() as u64);
-            }
-        }
-        match result {
-            Err(e) => Err(e),
-            Ok(pos) => {
-                // Batches resolve in order: the previous end is at or before this batch.
-                let start = st.last_pos.unwrap_or(st.open_pos);
-                for (hold, _) in &transit {
-                    st.transit_holds.insert(*hold, start);
-                    let durable = st.transit_durable.entry(hold.dest).or_insert(0);
-                    *durable = (*durable).max(hold.seq + 1);
-                }
-                st.last_pos = Some(pos);
-                if replies.iter().any(|r| !matches!(r.0, Kind::Checkpoint)) {
-                    st.last_content_pos = Some(pos);
-                }
-                st.wal_bytes_since_checkpoint += wal_bytes;
-                let mut failed = None;
-                for (key, run) in &runs {
-                    if st.deleted_topics.contains(&key.topic) {
-                        continue;
-                    }
-                    let Some(p) = st.partitions.get_mut(key) else {
-                        continue;
-                    };
-                    if p.next_offset() != run.first() {
-                        // An earlier batch of this partition failed yet this one became
-                        // durable: never expected (a failure fails everything behind it).
-                        failed = Some(format!(
-                            "partition {key:?}: durable batch at offset {} does not continue the log at {}",
-                            run.first().0,
-                            p.next_offset().0
-                        ));
-                        break;
-                    }
-                    if let Err(e) = p.append(run) {
-                        failed = Some(format!("writing partition {key:?} segment failed: {e}"));
-                        break;
-                    }
-                    moved.push(*key);
-                }
-                for reply in &replies {
-                    if let Kind::Settle(parts) = &reply.0 {
-                        for (key, offs) in parts {
-                            if let Some(p) = st.partitions.get_mut(key) {
-                                p.settle(offs);
-                            }
-                        }
-                    }
-                }
-                match failed {
-                    // The records are durable in the WAL and come back at restart; until then the
-                    // partition would have a hole, so the shard stops accepting writes.
-                    Some(why) => {
-                        drop(st);
-                        poison(inner, why.clone());
-                        Err(LogError::Poisoned(why))
-                    }
-                    None => Ok(()),
-                }
-            }
-        }
-    };
-    if let Err(e) = &outcome {
-        if matches!(e, LogError::Poisoned(_)) {
-            // Nothing queued can succeed any more.
-            let queued: Vec<Request> = {
-                let mut st = inner.state.borrow_mut();
-                st.queue_bytes = 0;
-                st.queue.drain(..).collect()
-            };
-            for r in queued {
-                let _ = r.reply.send(Err(e.copy()));
-            }
-        }
-    }
-    if outcome.is_ok() && !transit.is_empty() {
-        let sink = inner.transit_sink.borrow().clone();
-        if let Some(sink) = sink {
-            for (hold, rec) in transit {
-                sink(hold, rec);
-            }
-        }
-    }
-    for ((_, reply), offs) in replies.into_iter().zip(offsets) {
-        let _ = reply.send(match &outcome {
-            Ok(()) => Ok(offs),
-            Err(e) => Err(e.copy()),
-        });
-    }
-    if !moved.is_empty() {
-        moved.sort();
-        let callbacks: Vec<Rc<CommitCallback>> = inner.callbacks.borrow().clone();
-        for cb in callbacks {
-            cb(&moved);
-        }
     }
 }

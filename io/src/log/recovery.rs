@@ -21,10 +21,11 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::Instant;
 
+use super::commit::committer;
 use super::transit::{legacy_destination, TransitHold};
 use super::{
-    committer, wal_config, AppendRecord, Inner, LogConfig, LogError, LogFailures,
-    RecoveredPartition, ShardLog, Signals, State,
+    wal_config, AppendRecord, Inner, LogConfig, LogError, LogFailures, RecoveredPartition,
+    ShardLog, Signals, State,
 };
 use crate::codec::{WalPosition, WalRecord};
 use crate::partition::{self, EncodedBatch, PartitionLog, ScanReport};
