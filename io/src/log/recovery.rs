@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::commit::committer;
-use super::transit::{legacy_destination, TransitHold};
+use super::transit::{transit_parts, TransitHold};
 use super::{
     wal_config, AppendRecord, Inner, LogConfig, LogError, LogFailures, RecoveredPartition,
     ShardLog, Signals, State,
@@ -333,24 +333,10 @@ fn replay(
                     report.replayed_settles += 1;
                 }
             }
-            WalRecord::Transit {
-                dest,
-                key,
-                seq,
-                msg_key,
-                payload,
-                ..
-            } => {
-                let dest = dest.unwrap_or_else(|| legacy_destination(key, cfg.shard_count));
-                transit.push((
-                    pos,
-                    TransitHold { dest, seq },
-                    AppendRecord {
-                        key,
-                        msg_key,
-                        payload,
-                    },
-                ));
+            r @ WalRecord::Transit { .. } => {
+                if let Some((hold, rec)) = transit_parts(r, cfg.shard_count) {
+                    transit.push((pos, hold, rec));
+                }
             }
             WalRecord::Handed { dest, upto } => {
                 let h = handed.entry(dest).or_insert(0);

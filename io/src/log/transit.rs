@@ -146,26 +146,31 @@ pub(super) fn take_transit(
 ) -> Vec<(TransitHold, AppendRecord)> {
     records
         .into_iter()
-        .filter_map(|r| match r {
-            WalRecord::Transit {
-                dest,
-                key,
+        .filter_map(|r| transit_parts(r, shard_count))
+        .collect()
+}
+
+/// A transit record's hold and its record (moved, no payload copy); `None` for other records.
+pub(super) fn transit_parts(r: WalRecord, shard_count: u32) -> Option<(TransitHold, AppendRecord)> {
+    match r {
+        WalRecord::Transit {
+            dest,
+            key,
+            seq,
+            msg_key,
+            payload,
+            ..
+        } => Some((
+            TransitHold {
+                dest: dest.unwrap_or_else(|| legacy_destination(key, shard_count)),
                 seq,
+            },
+            AppendRecord {
+                key,
                 msg_key,
                 payload,
-                ..
-            } => Some((
-                TransitHold {
-                    dest: dest.unwrap_or_else(|| legacy_destination(key, shard_count)),
-                    seq,
-                },
-                AppendRecord {
-                    key,
-                    msg_key,
-                    payload,
-                },
-            )),
-            _ => None,
-        })
-        .collect()
+            },
+        )),
+        _ => None,
+    }
 }
