@@ -2,32 +2,369 @@
 //! variables, then command-line flags (OPERATIONS.md §4). The layered result is validated as a whole
 //! before any data is opened; every problem names the setting.
 //!
-//! This module never touches the network or the data directory.
+//! Every setting is declared once, as one entry of the `settings!` table below: its typed field
+//! and default, its kind (how a file value, an environment value and a flag become the typed
+//! value), its file key, its environment variable and its flags. The typed structs ([`Config`],
+//! [`HttpConfig`], ...), [`FlagOverrides`] and the table that the file, environment and flag
+//! readers walk are generated from those entries, so a setting cannot be readable one way and
+//! not another, and the known keys of a file section are the keys its entries declare. The checks
+//! of the layered result (`Config::validate`) are written by hand: they compare settings with each
+//! other and with limits, and their messages are part of the contract.
+//!
+//! The configuration is a value handed to whoever needs it: this module keeps no global state,
+//! and never touches the network or the data directory.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 
 use crate::wire::duration::GoDuration;
 
-#[derive(Clone, Debug)]
-pub struct HttpConfig {
-    pub addr: String,
-    pub read_timeout: Duration,
-    pub write_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub shutdown_grace: Duration,
-    pub max_consume_wait: Duration,
-    pub max_header_bytes: usize,
-    pub max_connections: usize,
-    pub max_consume_in_flight_per_identity: usize,
-    pub max_produce_in_flight_per_identity: usize,
-    pub max_batch_body_bytes_in_flight: usize,
-    pub metrics_addr: String,
-    pub metrics_unauthenticated: bool,
-    pub pprof_addr: String,
+/// Declares settings. Each `pub struct` becomes a typed struct whose `Default` holds the declared
+/// defaults, and each of its entries a [`Setting`] in `SETTINGS`; the flags named by the entries
+/// become [`FlagOverrides`]. An entry is
+///
+/// ```text
+/// [pub field: Type = default] => KIND [, file "section.key"] [, env "NARAD_..."]
+///     [, flags(flag: FlagType, ...)] [, to path.in.config] [, then hook];
+/// ```
+///
+/// - `pub field: Type = default`: the typed field the setting is stored in, and its default.
+///   Without it the entry is only a name: the setting is read and checked but not kept, or kept
+///   `to` a field of a type declared elsewhere (which owns the default). Such an entry takes
+///   `//` comments only (there is no field for a `///` comment to document).
+/// - `KIND`: a [`Kind`] of module [`kind`], saying how each form of the value is parsed.
+/// - `file`: the config-file key; `env`: the environment variable; `flags`: the fields of
+///   [`FlagOverrides`] that set it (in order: the last one given wins).
+/// - `then hook`: a function run on the config after the setting is stored.
+///
+/// `pub struct S in field` says which field of [`Config`] holds the struct; `with { ... }` after
+/// the entries declares fields that are not settings.
+macro_rules! settings {
+    ($(
+        $(#[$attr:meta])*
+        pub struct $S:ident $(in $path:ident)? {
+            $(
+                $(#[$fattr:meta])*
+                $fvis:vis $field:ident $(: $fty:ty = $default:expr)?
+                    => $kind:ident
+                    $(, file $key:literal)?
+                    $(, env $env:expr)?
+                    $(, flags($($flag:ident: $flagty:ty),+))?
+                    $(, to $($to:ident).+)?
+                    $(, then $hook:path)?;
+            )*
+        }
+        $(with {
+            $($(#[$pattr:meta])* $pvis:vis $pfield:ident: $pty:ty = $pdefault:expr;)*
+        })?
+    )*) => {
+        $(
+            $(#[$attr])*
+            pub struct $S {
+                $($(#[$fattr])* $($fvis $field: $fty,)?)*
+                $($($(#[$pattr])* $pvis $pfield: $pty,)*)?
+            }
+
+            impl Default for $S {
+                fn default() -> $S {
+                    $S {
+                        $($($field: $default,)?)*
+                        $($($pfield: $pdefault,)*)?
+                    }
+                }
+            }
+
+            impl Within for $S {
+                fn within(c: &mut Config) -> &mut $S {
+                    within!(c $(, $path)?)
+                }
+            }
+        )*
+
+        /// Command-line values that override everything else.
+        #[derive(Clone, Debug, Default)]
+        pub struct FlagOverrides {
+            $($($($(pub $flag: Option<$flagty>,)+)?)*)*
+        }
+
+        /// Every setting, in the order the readers apply them (the file section by section, in
+        /// [`SECTIONS`] order).
+        static SETTINGS: &[Setting] = &[$($(
+            Setting {
+                key: optional!($($key)?),
+                env: optional!($($env)?),
+                json: kind::$kind.json,
+                apply: |c, from| {
+                    let v = match from {
+                        Source::File(key, json) => (kind::$kind.file)(key, json)?,
+                        Source::Env(var, text) => (kind::$kind.env)(var, text)?,
+                        Source::Flags(_flags) => {
+                            #[allow(unused_mut)]
+                            let mut given = none_of(&kind::$kind);
+                            $($(
+                                if let Some(flag) = &_flags.$flag {
+                                    given = Some(FlagArg::setting(flag));
+                                }
+                            )+)?
+                            match given {
+                                Some(v) => v,
+                                None => return Ok(()),
+                            }
+                        }
+                    };
+                    store!(c, v, $S, $field, [$($fty)?], [$($($to).+)?]);
+                    $($hook(c);)?
+                    Ok(())
+                },
+            },
+        )*)*];
+    };
+}
+
+/// `Some` of the argument, or `None` without one.
+macro_rules! optional {
+    () => {
+        None
+    };
+    ($e:expr) => {
+        Some($e)
+    };
+}
+
+/// The struct of settings at `path` in the config `c`, or `c` itself.
+macro_rules! within {
+    ($c:ident) => {
+        $c
+    };
+    ($c:ident, $path:ident) => {
+        &mut $c.$path
+    };
+}
+
+/// Stores the value `v` of a setting into its field, its `to` path, or nowhere.
+macro_rules! store {
+    ($c:ident, $v:ident, $S:ident, $field:ident, [$fty:ty], []) => {
+        <$S as Within>::within($c).$field = $v
+    };
+    ($c:ident, $v:ident, $S:ident, $field:ident, [], [$($to:ident).+]) => {
+        $c.$($to).+ = $v
+    };
+    ($c:ident, $v:ident, $S:ident, $field:ident, [], []) => {
+        let _ = ($c, $v);
+    };
+}
+
+settings! {
+    /// A node's configuration (OPERATIONS.md §4.2), as [`Config::load`] layers and validates it.
+    #[derive(Clone, Debug)]
+    pub struct Config {
+        pub node_id: String = hostname()
+            => TEXT, file "cluster.node_id", env "NARAD_NODE_ID", flags(node_id: String),
+            then node_id_given;
+        pub cluster_addr: String = ":7943".into()
+            => TEXT, file "cluster.addr", env "NARAD_CLUSTER_ADDR", flags(cluster_port: u16);
+        // Refused when not empty: this build runs a single node.
+        peers => PEERS, file "cluster.peers", env "NARAD_CLUSTER_PEERS";
+        // Accepted for the original's configurations; not used by a single-node build yet.
+        advertise_addr
+            => TEXT, file "cluster.advertise_addr", env "NARAD_CLUSTER_ADVERTISE_ADDR";
+        initial_members
+            => TEXT, file "cluster.initial_members", env "NARAD_CLUSTER_INITIAL_MEMBERS";
+        /// `cluster.raft_snapshot_threshold`: the metadata group snapshots after this many entries.
+        pub raft_snapshot_threshold: u64 = 8192
+            => U64, file "cluster.raft_snapshot_threshold",
+            env "NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD";
+        /// `cluster.raft_snapshot_interval`: validated, not used by a single-node build yet.
+        pub raft_snapshot_interval: Duration = Duration::from_secs(120)
+            => DURATION, file "cluster.raft_snapshot_interval",
+            env "NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL";
+        /// `cluster.raft_trailing_logs`: metadata log entries kept behind a snapshot.
+        pub raft_trailing_logs: u64 = 10_240
+            => U64, file "cluster.raft_trailing_logs", env "NARAD_CLUSTER_RAFT_TRAILING_LOGS";
+        pub data_dir: PathBuf = PathBuf::from("data")
+            => PATH, file "storage.data_dir", env "NARAD_DATA_DIR", flags(data_dir: PathBuf);
+        // The fan-out copy slab and its linger, kept in the shard crate's `FanoutLimits`, whose
+        // `Default` holds their defaults (4096 records, 4 MiB, 25 ms).
+        fanout_max_batch_records => USIZE, file "fanout.max_batch_records",
+            env "NARAD_FANOUT_MAX_BATCH_RECORDS", to fanout.batch_records;
+        fanout_max_batch_bytes => USIZE, file "fanout.max_batch_bytes",
+            env "NARAD_FANOUT_MAX_BATCH_BYTES", to fanout.batch_bytes;
+        fanout_linger_ms => MILLIS, file "fanout.linger_ms",
+            env "NARAD_FANOUT_LINGER_MS", to fanout.linger;
+        pub log_level: String = "info".into()
+            => TEXT, file "log.level", env "NARAD_LOG_LEVEL", flags(log_level: String);
+        pub log_format: String = "json".into()
+            => TEXT, file "log.format", env "NARAD_LOG_FORMAT", flags(log_format: String);
+        pub security_enabled: bool = true
+            => BOOL, file "security.enabled", env "NARAD_SECURITY_ENABLED";
+        // The root admin's first password, read when the root admin is seeded (after the data is
+        // open): checked here so that a password no login could use stops the node before it
+        // creates anything. Environment only, like every secret.
+        admin_password => PASSWORD, env ADMIN_PASSWORD_ENV;
+        /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is
+        /// created.
+        pub shards: u32 = 0 => U32, env "NARAD_SHARDS";
+    }
+    with {
+        pub http: HttpConfig = HttpConfig::default();
+        /// Whether `node_id` was given (file, env or flag) rather than taken from the host name.
+        pub node_id_given: bool = false;
+        pub storage: StorageConfig = StorageConfig::default();
+        pub topic: TopicDefaults = TopicDefaults::default();
+        pub cluster_tls: ClusterTls = ClusterTls::default();
+        pub remotes: RemotesConfig = RemotesConfig::default();
+        /// `fanout.*`: the copy slab and its linger.
+        pub fanout: narad_shard::fanout::FanoutLimits = Default::default();
+        pub dev: bool = false;
+    }
+
+    /// The `http.*` settings: the API listener, its timeouts and its limits.
+    #[derive(Clone, Debug)]
+    pub struct HttpConfig in http {
+        pub addr: String = ":7942".into()
+            => TEXT, file "http.addr", env "NARAD_HTTP_ADDR", flags(addr: String, port: u16);
+        pub read_timeout: Duration = Duration::from_secs(10)
+            => DURATION, file "http.read_timeout", env "NARAD_HTTP_READ_TIMEOUT";
+        pub write_timeout: Duration = Duration::from_secs(30)
+            => DURATION, file "http.write_timeout", env "NARAD_HTTP_WRITE_TIMEOUT";
+        pub idle_timeout: Duration = Duration::from_secs(60)
+            => DURATION, file "http.idle_timeout", env "NARAD_HTTP_IDLE_TIMEOUT";
+        pub shutdown_grace: Duration = Duration::from_secs(10)
+            => DURATION, file "http.shutdown_grace", env "NARAD_HTTP_SHUTDOWN_GRACE";
+        pub max_consume_wait: Duration = Duration::from_secs(10)
+            => DURATION, file "http.max_consume_wait", env "NARAD_HTTP_MAX_CONSUME_WAIT";
+        pub max_header_bytes: usize = 65536
+            => USIZE, file "http.max_header_bytes", env "NARAD_HTTP_MAX_HEADER_BYTES";
+        pub max_connections: usize = 4096
+            => USIZE, file "http.max_connections", env "NARAD_HTTP_MAX_CONNECTIONS";
+        pub max_consume_in_flight_per_identity: usize = 1024
+            => USIZE, file "http.max_consume_in_flight_per_identity",
+            env "NARAD_HTTP_MAX_CONSUME_IN_FLIGHT_PER_IDENTITY";
+        pub max_produce_in_flight_per_identity: usize = 0
+            => USIZE, file "http.max_produce_in_flight_per_identity",
+            env "NARAD_HTTP_MAX_PRODUCE_IN_FLIGHT_PER_IDENTITY";
+        pub max_batch_body_bytes_in_flight: usize = 256 << 20
+            => USIZE, file "http.max_batch_body_bytes_in_flight",
+            env "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT";
+        pub metrics_addr: String = String::new()
+            => TEXT, file "http.metrics_addr", env "NARAD_HTTP_METRICS_ADDR";
+        pub metrics_unauthenticated: bool = false
+            => BOOL, file "http.metrics_unauthenticated", env "NARAD_HTTP_METRICS_UNAUTHENTICATED";
+        pub pprof_addr: String = String::new()
+            => TEXT, file "http.pprof_addr", env "NARAD_HTTP_PPROF_ADDR",
+            flags(pprof_addr: String);
+    }
+
+    /// The operator's `storage.*` settings besides `data_dir` (OPERATIONS.md §4.2). Validated and
+    /// kept; the storage engine of this build runs with its own fixed policy and reads none of
+    /// them yet. File only.
+    #[derive(Clone, Debug)]
+    pub struct StorageConfig in storage {
+        /// `none` or `zstd`.
+        pub codec: String = "none".into() => TEXT, file "storage.codec";
+        /// `fastest`, `default`, `better` or `best`.
+        pub compression_level: String = "fastest".into()
+            => TEXT, file "storage.compression_level";
+        /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
+        pub idle_log_eviction_ms: u64 = 1_800_000 => U64, file "storage.idle_log_eviction_ms";
+        /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
+        pub cold_retention_walk_ms: u64 = 300_000 => U64, file "storage.cold_retention_walk_ms";
+        /// [`OFFSET_COMMIT_INTERVAL_MS_MIN`]..=[`OFFSET_COMMIT_INTERVAL_MS_MAX`].
+        pub consumer_offset_commit_interval_ms: u64 = 1000
+            => U64, file "storage.consumer_offset_commit_interval_ms";
+        pub ingress_wal_prealloc: bool = false => BOOL, file "storage.ingress_wal_prealloc";
+    }
+
+    /// The `topic.*` settings: what a topic created without them gets.
+    #[derive(Clone, Debug)]
+    pub struct TopicDefaults in topic {
+        pub default_partitions: u32 = 3
+            => U32_SATURATING, file "topic.default_partitions",
+            env "NARAD_TOPIC_DEFAULT_PARTITIONS";
+        pub max_partitions: u32 = 108
+            => U32_SATURATING, file "topic.max_partitions", env "NARAD_TOPIC_MAX_PARTITIONS";
+        pub default_retention_age_ms: u64 = 604_800_000
+            => U64, file "topic.default_retention_age_ms",
+            env "NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS";
+        pub default_visibility_timeout_ms: u64 = 30_000
+            => U64, file "topic.default_visibility_timeout_ms",
+            env "NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS";
+        pub default_max_in_flight_per_partition: u32 = 1024
+            => U32, file "topic.default_max_in_flight_per_partition",
+            env "NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION";
+        pub default_max_acked_ahead_per_partition: u32 = 1024
+            => U32, file "topic.default_max_acked_ahead_per_partition",
+            env "NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION";
+    }
+
+    /// The Raft mTLS files (`security.cluster_tls_*_file`): all three or none. Validated and
+    /// kept; a single-node build has no Raft transport to secure yet.
+    #[derive(Clone, Debug)]
+    pub struct ClusterTls in cluster_tls {
+        pub cert_file: String = String::new()
+            => TEXT, file "security.cluster_tls_cert_file", env "NARAD_CLUSTER_TLS_CERT_FILE";
+        pub key_file: String = String::new()
+            => TEXT, file "security.cluster_tls_key_file", env "NARAD_CLUSTER_TLS_KEY_FILE";
+        pub ca_file: String = String::new()
+            => TEXT, file "security.cluster_tls_ca_file", env "NARAD_CLUSTER_TLS_CA_FILE";
+        // The cluster transport's other switches: accepted and checked for shape, not used by a
+        // single-node build yet.
+        allow_plaintext_raft => BOOL, file "security.allow_plaintext_raft",
+            env "NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT";
+        allow_insecure_cluster => BOOL, file "security.allow_insecure_cluster",
+            env "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER";
+        allow_legacy_cluster_auth => BOOL, file "security.allow_legacy_cluster_auth",
+            env "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH";
+    }
+
+    /// The `remotes.*` settings (OPERATIONS.md §4.2): parsed, validated and kept so that a
+    /// configuration written for the original loads. This build has no remote plane (remote
+    /// children are answered 501), so nothing reads them yet.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct RemotesConfig in remotes {
+        /// Exact host names or `*.suffix` patterns.
+        pub allowed_hosts: Vec<String> = Vec::new()
+            => LIST, file "remotes.allowed_hosts", env "NARAD_REMOTES_ALLOWED_HOSTS";
+        pub allowed_ports: Vec<u16> = vec![443]
+            => PORTS, file "remotes.allowed_ports", env "NARAD_REMOTES_ALLOWED_PORTS";
+        /// CIDRs exempt from the address guard.
+        pub allow_addresses: Vec<String> = Vec::new()
+            => LIST, file "remotes.allow_addresses", env "NARAD_REMOTES_ALLOW_ADDRESSES";
+        pub max_held_bytes: u64 = 268_435_456
+            => U64, file "remotes.max_held_bytes", env "NARAD_REMOTES_MAX_HELD_BYTES";
+        pub api_hop_encrypted: bool = false
+            => BOOL, file "remotes.api_hop_encrypted", env "NARAD_REMOTES_API_HOP_ENCRYPTED";
+    }
+}
+
+/// The config file's top-level keys, in the order their settings are applied. Each is a JSON
+/// object (or `null`, meaning absent) of the settings whose keys it prefixes; what it does with
+/// other keys is the second member.
+const SECTIONS: &[(&str, OtherKeys)] = &[
+    ("http", OtherKeys::Unknown),
+    ("cluster", OtherKeys::Unknown),
+    ("storage", OtherKeys::Internal),
+    ("topic", OtherKeys::Unknown),
+    ("fanout", OtherKeys::Unknown),
+    ("log", OtherKeys::Unknown),
+    ("security", OtherKeys::Unknown),
+    ("remotes", OtherKeys::Unknown),
+];
+
+/// What a config-file section does with a key that no setting declares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OtherKeys {
+    /// Refuses it as unknown, while serde reads the file: the error carries the key's position,
+    /// and every value is read as its setting's JSON type.
+    Unknown,
+    /// Names it as an internal setting of the storage engine (fsync mode, segment size...),
+    /// after the file is read; the values are checked by their settings' kinds.
+    Internal,
 }
 
 impl HttpConfig {
@@ -39,66 +376,289 @@ impl HttpConfig {
     }
 }
 
-#[derive(Clone, Debug)]
-pub struct TopicDefaults {
-    pub default_partitions: u32,
-    pub max_partitions: u32,
-    pub default_retention_age_ms: u64,
-    pub default_visibility_timeout_ms: u64,
-    pub default_max_in_flight_per_partition: u32,
-    pub default_max_acked_ahead_per_partition: u32,
+/// `cluster.node_id` given in some layer: the node's identity is the operator's choice, not the
+/// host name.
+fn node_id_given(c: &mut Config) {
+    c.node_id_given = true;
 }
 
-/// The operator's `storage.*` settings besides `data_dir` (OPERATIONS.md §4.2). Validated and
-/// kept; the storage engine of this build runs with its own fixed policy and reads none of them
-/// yet.
-#[derive(Clone, Debug)]
-pub struct StorageConfig {
-    /// `none` or `zstd`.
-    pub codec: String,
-    /// `fastest`, `default`, `better` or `best`.
-    pub compression_level: String,
-    /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
-    pub idle_log_eviction_ms: u64,
-    /// 0 = off, else at least [`STORAGE_WALK_MS_MIN`].
-    pub cold_retention_walk_ms: u64,
-    /// [`OFFSET_COMMIT_INTERVAL_MS_MIN`]..=[`OFFSET_COMMIT_INTERVAL_MS_MAX`].
-    pub consumer_offset_commit_interval_ms: u64,
-    pub ingress_wal_prealloc: bool,
+/// One setting as the readers see it.
+struct Setting {
+    /// The dotted config-file key (`http.max_consume_wait`); `None`: not in the file.
+    key: Option<&'static str>,
+    /// The environment variable; `None`: not in the environment.
+    env: Option<&'static str>,
+    /// The JSON type serde reads the file value as.
+    json: Json,
+    /// Parses a value from one source and stores it.
+    apply: fn(&mut Config, Source<'_>) -> Result<(), String>,
 }
 
-/// The Raft mTLS files (`security.cluster_tls_*_file`): all three or none. Validated and kept;
-/// a single-node build has no Raft transport to secure yet.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterTls {
-    pub cert_file: String,
-    pub key_file: String,
-    pub ca_file: String,
+impl Setting {
+    /// The file section and the key within it, when the file may hold the setting.
+    fn file_key(&self) -> Option<(&'static str, &'static str)> {
+        self.key?.split_once('.')
+    }
 }
 
-/// The `remotes.*` settings (OPERATIONS.md §4.2): parsed, validated and kept so that a
-/// configuration written for the original loads. This build has no remote plane (remote children
-/// are answered 501), so nothing reads them yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemotesConfig {
-    /// Exact host names or `*.suffix` patterns.
-    pub allowed_hosts: Vec<String>,
-    pub allowed_ports: Vec<u16>,
-    /// CIDRs exempt from the address guard.
-    pub allow_addresses: Vec<String>,
-    pub max_held_bytes: u64,
-    pub api_hop_encrypted: bool,
+/// Where a value being applied comes from.
+enum Source<'a> {
+    /// A config-file value and its dotted key.
+    File(&'a str, &'a serde_json::Value),
+    /// A (non-empty) environment value and its variable.
+    Env(&'a str, &'a str),
+    /// The command line.
+    Flags(&'a FlagOverrides),
 }
 
-impl Default for RemotesConfig {
-    fn default() -> RemotesConfig {
-        RemotesConfig {
-            allowed_hosts: Vec::new(),
-            allowed_ports: vec![443],
-            allow_addresses: Vec::new(),
-            max_held_bytes: 268_435_456,
-            api_hop_encrypted: false,
+/// Where a struct of settings sits in a [`Config`].
+trait Within {
+    fn within(c: &mut Config) -> &mut Self;
+}
+
+/// How a setting is written in each place, and how it becomes its typed value `T`.
+struct Kind<T> {
+    /// The JSON type serde reads a file value as, so that a value of another type is refused
+    /// with its position in the file.
+    json: Json,
+    /// The typed value of a file value (the key names it in errors). The values of a section
+    /// with [`OtherKeys::Internal`] reach this unread by serde, so it checks the JSON type too.
+    file: fn(&str, &serde_json::Value) -> Result<T, String>,
+    /// The typed value of an environment variable's (non-empty) value.
+    env: fn(&str, &str) -> Result<T, String>,
+}
+
+/// `None`, of the kind's value type.
+fn none_of<T>(_: &Kind<T>) -> Option<T> {
+    None
+}
+
+/// The kinds of setting.
+mod kind {
+    use super::*;
+
+    /// A string, as written.
+    pub const TEXT: Kind<String> = Kind {
+        json: Json::Text,
+        file: json_text,
+        env: |_, v| Ok(v.to_string()),
+    };
+    /// A file system path.
+    pub const PATH: Kind<PathBuf> = Kind {
+        json: Json::Text,
+        file: |key, v| json_text(key, v).map(PathBuf::from),
+        env: |_, v| Ok(PathBuf::from(v)),
+    };
+    /// A duration in Go's syntax (`"10s"`, `"500ms"`; a bare number is refused), not negative.
+    pub const DURATION: Kind<Duration> = Kind {
+        json: Json::Text,
+        file: |key, v| dur(key, &json_text(key, v)?),
+        env: dur,
+    };
+    /// A duration in whole milliseconds.
+    pub const MILLIS: Kind<Duration> = Kind {
+        json: Json::U64,
+        file: |key, v| json_uint(key, v).map(Duration::from_millis),
+        env: |var, v| env_uint(var, v).map(Duration::from_millis),
+    };
+    /// A non-negative 64-bit integer.
+    pub const U64: Kind<u64> = Kind {
+        json: Json::U64,
+        file: json_uint,
+        env: env_uint,
+    };
+    /// A count held in a `usize` (a larger value becomes `usize::MAX`).
+    pub const USIZE: Kind<usize> = Kind {
+        json: Json::U64,
+        file: |key, v| json_uint(key, v).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        env: |var, v| env_uint(var, v).map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+    };
+    /// A 32-bit integer: a larger value is refused, never wrapped.
+    pub const U32: Kind<u32> = Kind {
+        json: Json::U32,
+        file: |key, v| fits_u32(key, json_uint(key, v)?),
+        env: |var, v| fits_u32(var, env_uint(var, v)?),
+    };
+    /// A 32-bit integer whose environment form saturates at `u32::MAX`, leaving the setting's
+    /// range check to name the value; the file refuses a larger value as [`U32`] does.
+    pub const U32_SATURATING: Kind<u32> = Kind {
+        json: Json::U32,
+        file: U32.file,
+        env: |var, v| env_uint(var, v).map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    /// A boolean; the environment also takes `1`/`0`, `t`/`f` and `yes`/`no`, in any case.
+    pub const BOOL: Kind<bool> = Kind {
+        json: Json::Bool,
+        file: |key, v| {
+            v.as_bool()
+                .ok_or_else(|| format!("{key} must be a boolean"))
+        },
+        env: |var, v| match v.to_ascii_lowercase().as_str() {
+            "1" | "true" | "t" | "yes" => Ok(true),
+            "0" | "false" | "f" | "no" => Ok(false),
+            _ => Err(format!("{var}: not a boolean: {v}")),
+        },
+    };
+    /// Strings: a JSON array in the file, a comma list in the environment.
+    pub const LIST: Kind<Vec<String>> = Kind {
+        json: Json::Texts,
+        file: |key, v| {
+            let texts = v
+                .as_array()
+                .and_then(|a| a.iter().map(|s| s.as_str().map(String::from)).collect());
+            texts.ok_or_else(|| format!("{key} must be an array of strings"))
+        },
+        env: |_, v| Ok(env_list(v)),
+    };
+    /// Port numbers: a JSON array in the file, a comma list in the environment.
+    pub const PORTS: Kind<Vec<u16>> = Kind {
+        json: Json::Ports,
+        file: |key, v| {
+            let port = |p: &serde_json::Value| p.as_u64().and_then(|p| u16::try_from(p).ok());
+            let ports = v.as_array().and_then(|a| a.iter().map(port).collect());
+            ports.ok_or_else(|| format!("{key} must be an array of port numbers"))
+        },
+        env: |var, v| {
+            let port = |p: &String| {
+                p.parse()
+                    .map_err(|_| format!("{var}: not a port number: {p}"))
+            };
+            env_list(v).iter().map(port).collect()
+        },
+    };
+    /// The Raft peer list: refused unless empty, as this build runs a single node.
+    pub const PEERS: Kind<()> = Kind {
+        json: Json::Array,
+        file: |key, v| match v.as_array() {
+            Some(peers) if peers.is_empty() => Ok(()),
+            Some(_) => Err(single_node(key)),
+            None => Err(format!("{key} must be an array")),
+        },
+        env: |var, _| Err(single_node(var)),
+    };
+    /// A password: at most [`PASSWORD_BYTES_MAX`] bytes; checked, not kept.
+    pub const PASSWORD: Kind<()> = Kind {
+        json: Json::Text,
+        file: |key, v| password_fits(key, &json_text(key, v)?),
+        env: password_fits,
+    };
+}
+
+/// The JSON types a setting's file value is read as.
+#[derive(Clone, Copy, Debug)]
+enum Json {
+    Text,
+    Bool,
+    U32,
+    U64,
+    Texts,
+    Ports,
+    Array,
+}
+
+/// Reads a value as the JSON type (`null`: absent), with serde's error at the value's position
+/// for another type.
+impl<'de> DeserializeSeed<'de> for Json {
+    type Value = Option<serde_json::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        fn read<'de, T, D>(d: D) -> Result<Option<serde_json::Value>, D::Error>
+        where
+            T: Deserialize<'de> + Into<serde_json::Value>,
+            D: Deserializer<'de>,
+        {
+            Ok(Option::<T>::deserialize(d)?.map(Into::into))
         }
+        match self {
+            Json::Text => read::<String, D>(d),
+            Json::Bool => read::<bool, D>(d),
+            Json::U32 => read::<u32, D>(d),
+            Json::U64 => read::<u64, D>(d),
+            Json::Texts => read::<Vec<String>, D>(d),
+            Json::Ports => read::<Vec<u16>, D>(d),
+            Json::Array => read::<Vec<serde_json::Value>, D>(d),
+        }
+    }
+}
+
+fn json_text(key: &str, v: &serde_json::Value) -> Result<String, String> {
+    v.as_str()
+        .map(String::from)
+        .ok_or_else(|| format!("{key} must be a string"))
+}
+
+fn json_uint(key: &str, v: &serde_json::Value) -> Result<u64, String> {
+    v.as_u64()
+        .ok_or_else(|| format!("{key} must be a non-negative integer"))
+}
+
+fn env_uint(var: &str, v: &str) -> Result<u64, String> {
+    v.parse()
+        .map_err(|_| format!("{var}: not a non-negative integer: {v}"))
+}
+
+/// A comma list: items trimmed, empty items dropped.
+fn env_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// `n` as a 32-bit setting: a larger value is refused, never wrapped.
+fn fits_u32(name: &str, n: u64) -> Result<u32, String> {
+    u32::try_from(n).map_err(|_| format!("{name}: {n} is larger than {}", u32::MAX))
+}
+
+fn dur(key: &str, v: &str) -> Result<Duration, String> {
+    let d = GoDuration::parse(v.as_bytes()).map_err(|e| format!("{key}: {e}"))?;
+    if d.nanos < 0 {
+        return Err(format!("{key} ({v}) must not be negative"));
+    }
+    Ok(d.to_std())
+}
+
+fn show(d: Duration) -> String {
+    GoDuration::from_std(d).to_string()
+}
+
+fn single_node(name: &str) -> String {
+    format!("{name}: multi-node clusters are not supported by this build yet")
+}
+
+/// API.md §2: passwords are 1-72 bytes (empty means unset: a password is generated).
+fn password_fits(name: &str, p: &str) -> Result<(), String> {
+    if p.len() > PASSWORD_BYTES_MAX {
+        return Err(format!(
+            "{name} must be 1-{PASSWORD_BYTES_MAX} bytes (it has {})",
+            p.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A command-line flag's value as the typed value of the setting it sets.
+trait FlagArg<T> {
+    fn setting(&self) -> T;
+}
+
+impl FlagArg<String> for String {
+    fn setting(&self) -> String {
+        self.clone()
+    }
+}
+
+impl FlagArg<PathBuf> for PathBuf {
+    fn setting(&self) -> PathBuf {
+        self.clone()
+    }
+}
+
+/// `--port` and `--cluster-port`: the listener on every interface.
+impl FlagArg<String> for u16 {
+    fn setting(&self) -> String {
+        format!(":{self}")
     }
 }
 
@@ -152,88 +712,6 @@ pub const OFFSET_COMMIT_INTERVAL_MS_MAX: u64 = 60_000;
 /// Shortest `cluster.raft_snapshot_interval`.
 pub const RAFT_SNAPSHOT_INTERVAL_MIN: Duration = Duration::from_millis(5);
 
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub http: HttpConfig,
-    pub node_id: String,
-    /// Whether `node_id` was given (file, env or flag) rather than taken from the host name.
-    pub node_id_given: bool,
-    pub cluster_addr: String,
-    /// `cluster.raft_snapshot_interval`: validated, not used by a single-node build yet.
-    pub raft_snapshot_interval: Duration,
-    /// `cluster.raft_snapshot_threshold`: the metadata group snapshots after this many entries.
-    pub raft_snapshot_threshold: u64,
-    /// `cluster.raft_trailing_logs`: metadata log entries kept behind a snapshot.
-    pub raft_trailing_logs: u64,
-    pub data_dir: PathBuf,
-    pub storage: StorageConfig,
-    pub topic: TopicDefaults,
-    pub log_level: String,
-    pub log_format: String,
-    pub security_enabled: bool,
-    pub cluster_tls: ClusterTls,
-    pub remotes: RemotesConfig,
-    /// `fanout.*`: the copy slab and its linger.
-    pub fanout: narad_shard::fanout::FanoutLimits,
-    /// Shards (executors) on this node; 0 = one per CPU. Fixed when the data directory is created.
-    pub shards: u32,
-    pub dev: bool,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            http: HttpConfig {
-                addr: ":7942".into(),
-                read_timeout: Duration::from_secs(10),
-                write_timeout: Duration::from_secs(30),
-                idle_timeout: Duration::from_secs(60),
-                shutdown_grace: Duration::from_secs(10),
-                max_consume_wait: Duration::from_secs(10),
-                max_header_bytes: 65536,
-                max_connections: 4096,
-                max_consume_in_flight_per_identity: 1024,
-                max_produce_in_flight_per_identity: 0,
-                max_batch_body_bytes_in_flight: 256 << 20,
-                metrics_addr: String::new(),
-                metrics_unauthenticated: false,
-                pprof_addr: String::new(),
-            },
-            node_id: hostname(),
-            node_id_given: false,
-            cluster_addr: ":7943".into(),
-            raft_snapshot_interval: Duration::from_secs(120),
-            raft_snapshot_threshold: 8192,
-            raft_trailing_logs: 10_240,
-            data_dir: PathBuf::from("data"),
-            storage: StorageConfig {
-                codec: "none".into(),
-                compression_level: "fastest".into(),
-                idle_log_eviction_ms: 1_800_000,
-                cold_retention_walk_ms: 300_000,
-                consumer_offset_commit_interval_ms: 1000,
-                ingress_wal_prealloc: false,
-            },
-            topic: TopicDefaults {
-                default_partitions: 3,
-                max_partitions: 108,
-                default_retention_age_ms: 604_800_000,
-                default_visibility_timeout_ms: 30_000,
-                default_max_in_flight_per_partition: 1024,
-                default_max_acked_ahead_per_partition: 1024,
-            },
-            log_level: "info".into(),
-            log_format: "json".into(),
-            security_enabled: true,
-            cluster_tls: ClusterTls::default(),
-            remotes: RemotesConfig::default(),
-            fanout: narad_shard::fanout::FanoutLimits::default(),
-            shards: 0,
-            dev: false,
-        }
-    }
-}
-
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -263,14 +741,9 @@ fn file_error(text: &str, e: &serde_json::Error) -> String {
     }
 }
 
-/// The top-level keys of the config file, each a JSON object (or `null`, meaning absent).
-const FILE_SECTIONS: &[&str] = &[
-    "http", "cluster", "storage", "topic", "fanout", "log", "security", "remotes",
-];
-
 /// Refuses a config file whose top level or one of whose sections is not a JSON object, before
-/// serde sees it: serde would read an array as a struct's fields in declaration order
-/// (`{"log":["debug","text"]}` set `log.level`) and names the Rust struct in its errors.
+/// serde reads it, saying what the file must hold (a section written as an array was once read
+/// as a struct's fields in declaration order: `{"log":["debug","text"]}` set `log.level`).
 fn check_file_shape(text: &str) -> Result<(), String> {
     let kind = |v: &serde_json::Value| match v {
         serde_json::Value::Null => "null",
@@ -289,7 +762,8 @@ fn check_file_shape(text: &str) -> Result<(), String> {
         ));
     };
     for (key, section) in top {
-        if FILE_SECTIONS.contains(&key.as_str()) && !(section.is_object() || section.is_null()) {
+        let known = SECTIONS.iter().any(|(name, _)| name == key);
+        if known && !(section.is_object() || section.is_null()) {
             return Err(format!(
                 "config file: {key}: must be a JSON object of {key}.* settings (found {})",
                 kind(section)
@@ -313,13 +787,6 @@ fn plain_json_words(msg: &str) -> String {
         ("invalid type: map", "invalid type: object"),
     ] {
         msg = msg.replace(rust, json);
-    }
-    // `expected struct FileHttp`: the shape check refuses non-objects first; kept as a backstop.
-    while let Some(at) = msg.find("expected struct ") {
-        let name_end = msg[at + "expected struct ".len()..]
-            .find(|c: char| !c.is_alphanumeric())
-            .map_or(msg.len(), |n| at + "expected struct ".len() + n);
-        msg.replace_range(at..name_end, "expected a JSON object");
     }
     msg
 }
@@ -392,138 +859,130 @@ fn json_path_at(text: &[u8], at: usize) -> Option<String> {
     member
 }
 
-/// The JSON config file. Unknown keys at any level are a start-up error.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    http: Option<FileHttp>,
-    cluster: Option<FileCluster>,
-    storage: Option<serde_json::Map<String, serde_json::Value>>,
-    topic: Option<FileTopic>,
-    fanout: Option<FileFanout>,
-    log: Option<FileLog>,
-    security: Option<FileSecurity>,
-    remotes: Option<FileRemotes>,
+/// The config file as serde read it.
+struct FileValues {
+    /// Indexed like `SETTINGS`: the file's value of each setting, of its JSON type (`None`:
+    /// absent or `null`).
+    values: Vec<Option<serde_json::Value>>,
+    /// The sections with [`OtherKeys::Internal`], as written.
+    unread: Vec<(&'static str, serde_json::Map<String, serde_json::Value>)>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileRemotes {
-    allowed_hosts: Option<Vec<String>>,
-    allowed_ports: Option<Vec<u16>>,
-    allow_addresses: Option<Vec<String>>,
-    max_held_bytes: Option<u64>,
-    api_hop_encrypted: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileHttp {
-    addr: Option<String>,
-    read_timeout: Option<String>,
-    write_timeout: Option<String>,
-    idle_timeout: Option<String>,
-    shutdown_grace: Option<String>,
-    max_consume_wait: Option<String>,
-    max_header_bytes: Option<u64>,
-    max_connections: Option<u64>,
-    max_consume_in_flight_per_identity: Option<u64>,
-    max_produce_in_flight_per_identity: Option<u64>,
-    max_batch_body_bytes_in_flight: Option<u64>,
-    metrics_addr: Option<String>,
-    metrics_unauthenticated: Option<bool>,
-    pprof_addr: Option<String>,
-}
-
-// Accepted and checked for shape; not used by a single-node build yet.
-#[allow(dead_code)]
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileCluster {
-    node_id: Option<String>,
-    addr: Option<String>,
-    peers: Option<Vec<serde_json::Value>>,
-    advertise_addr: Option<String>,
-    initial_members: Option<String>,
-    raft_snapshot_threshold: Option<u64>,
-    raft_snapshot_interval: Option<String>,
-    raft_trailing_logs: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileTopic {
-    default_partitions: Option<u32>,
-    max_partitions: Option<u32>,
-    default_retention_age_ms: Option<u64>,
-    default_visibility_timeout_ms: Option<u64>,
-    default_max_in_flight_per_partition: Option<u32>,
-    default_max_acked_ahead_per_partition: Option<u32>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileFanout {
-    max_batch_records: Option<u64>,
-    max_batch_bytes: Option<u64>,
-    linger_ms: Option<u64>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileLog {
-    level: Option<String>,
-    format: Option<String>,
-}
-
-// Accepted and checked for shape; not used by a single-node build yet.
-#[allow(dead_code)]
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileSecurity {
-    enabled: Option<bool>,
-    cluster_tls_cert_file: Option<String>,
-    cluster_tls_key_file: Option<String>,
-    cluster_tls_ca_file: Option<String>,
-    allow_plaintext_raft: Option<bool>,
-    allow_insecure_cluster: Option<bool>,
-    allow_legacy_cluster_auth: Option<bool>,
-}
-
-/// Storage keys an operator may set; every other `storage.*` key is internal.
-const STORAGE_KEYS_PUBLIC: &[&str] = &[
-    "data_dir",
-    "codec",
-    "compression_level",
-    "idle_log_eviction_ms",
-    "cold_retention_walk_ms",
-    "consumer_offset_commit_interval_ms",
-    "ingress_wal_prealloc",
-];
-
-/// Command-line values that override everything else.
-#[derive(Clone, Debug, Default)]
-pub struct FlagOverrides {
-    pub addr: Option<String>,
-    pub port: Option<u16>,
-    pub cluster_port: Option<u16>,
-    pub node_id: Option<String>,
-    pub data_dir: Option<PathBuf>,
-    pub log_level: Option<String>,
-    pub log_format: Option<String>,
-    pub pprof_addr: Option<String>,
-}
-
-fn dur(key: &str, v: &str) -> Result<Duration, String> {
-    let d = GoDuration::parse(v.as_bytes()).map_err(|e| format!("{key}: {e}"))?;
-    if d.nanos < 0 {
-        return Err(format!("{key} ({v}) must not be negative"));
+impl<'de> Deserialize<'de> for FileValues {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<FileValues, D::Error> {
+        d.deserialize_map(TopLevel)
     }
-    Ok(d.to_std())
 }
 
-fn show(d: Duration) -> String {
-    GoDuration::from_std(d).to_string()
+/// Reads the top level of the config file: each key a section, at most once.
+struct TopLevel;
+
+impl<'de> Visitor<'de> for TopLevel {
+    type Value = FileValues;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FileValues, A::Error> {
+        let mut file = FileValues {
+            values: vec![None; SETTINGS.len()],
+            unread: Vec::new(),
+        };
+        let mut seen = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let Some(&(section, others)) = SECTIONS.iter().find(|(s, _)| *s == name) else {
+                return Err(unknown_key(&name, SECTIONS.iter().map(|(s, _)| *s)));
+            };
+            if seen.contains(&section) {
+                return Err(de::Error::duplicate_field(section));
+            }
+            seen.push(section);
+            match others {
+                OtherKeys::Unknown => map.next_value_seed(Section {
+                    name: section,
+                    values: &mut file.values,
+                })?,
+                OtherKeys::Internal => {
+                    if let Some(keys) = map.next_value()? {
+                        file.unread.push((section, keys));
+                    }
+                }
+            }
+        }
+        Ok(file)
+    }
+}
+
+/// Reads one section of the config file (`null` is an empty one): each key one of the section's
+/// settings, at most once, holding that setting's JSON type or `null`.
+struct Section<'a> {
+    name: &'static str,
+    values: &'a mut [Option<serde_json::Value>],
+}
+
+impl<'de> DeserializeSeed<'de> for Section<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Section<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let section = self.name;
+        let settings = || {
+            SETTINGS
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, s)| match s.file_key() {
+                    Some((sec, key)) if sec == section => Some((i, s, key)),
+                    _ => None,
+                })
+        };
+        let mut seen = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Some((i, s, name)) = settings().find(|(_, _, name)| *name == key) else {
+                return Err(unknown_key(&key, settings().map(|(_, _, name)| name)));
+            };
+            if seen.contains(&i) {
+                return Err(de::Error::duplicate_field(name));
+            }
+            seen.push(i);
+            self.values[i] = map.next_value_seed(s.json)?;
+        }
+        Ok(())
+    }
+}
+
+/// serde's error for an unknown key, in the words `#[serde(deny_unknown_fields)]` uses
+/// (``unknown field `x`, expected one of `a`, `b`, `c` ``), for keys listed at run time.
+fn unknown_key<'k, E: de::Error>(key: &str, known: impl Iterator<Item = &'k str>) -> E {
+    let known: Vec<String> = known.map(|k| format!("`{k}`")).collect();
+    match known.as_slice() {
+        [] => E::custom(format_args!("unknown field `{key}`, there are no fields")),
+        [one] => E::custom(format_args!("unknown field `{key}`, expected {one}")),
+        [a, b] => E::custom(format_args!("unknown field `{key}`, expected {a} or {b}")),
+        all => E::custom(format_args!(
+            "unknown field `{key}`, expected one of {}",
+            all.join(", ")
+        )),
+    }
 }
 
 impl Config {
@@ -540,196 +999,38 @@ impl Config {
             c.apply_file(&text)?;
         }
         c.apply_env(env)?;
-        c.apply_flags(flags);
+        c.apply_flags(flags)?;
         c.validate()?;
         Ok(c)
     }
 
+    /// Applies a config file: serde reads it (refusing unknown keys and values of the wrong JSON
+    /// type, naming their path), then the settings are applied section by section.
     fn apply_file(&mut self, text: &str) -> Result<(), String> {
         check_file_shape(text)?;
-        let f: FileConfig = serde_json::from_str(text).map_err(|e| file_error(text, &e))?;
-        if let Some(h) = f.http {
-            let t = &mut self.http;
-            if let Some(v) = h.addr {
-                t.addr = v;
-            }
-            for (key, src, dst) in [
-                ("http.read_timeout", h.read_timeout, &mut t.read_timeout),
-                ("http.write_timeout", h.write_timeout, &mut t.write_timeout),
-                ("http.idle_timeout", h.idle_timeout, &mut t.idle_timeout),
-                (
-                    "http.shutdown_grace",
-                    h.shutdown_grace,
-                    &mut t.shutdown_grace,
-                ),
-                (
-                    "http.max_consume_wait",
-                    h.max_consume_wait,
-                    &mut t.max_consume_wait,
-                ),
-            ] {
-                if let Some(v) = src {
-                    *dst = dur(key, &v)?;
-                }
-            }
-            for (src, dst) in [
-                (h.max_header_bytes, &mut t.max_header_bytes),
-                (h.max_connections, &mut t.max_connections),
-                (
-                    h.max_consume_in_flight_per_identity,
-                    &mut t.max_consume_in_flight_per_identity,
-                ),
-                (
-                    h.max_produce_in_flight_per_identity,
-                    &mut t.max_produce_in_flight_per_identity,
-                ),
-                (
-                    h.max_batch_body_bytes_in_flight,
-                    &mut t.max_batch_body_bytes_in_flight,
-                ),
-            ] {
-                if let Some(v) = src {
-                    *dst = v as usize;
-                }
-            }
-            if let Some(v) = h.metrics_addr {
-                t.metrics_addr = v;
-            }
-            if let Some(v) = h.metrics_unauthenticated {
-                t.metrics_unauthenticated = v;
-            }
-            if let Some(v) = h.pprof_addr {
-                t.pprof_addr = v;
-            }
-        }
-        if let Some(cl) = f.cluster {
-            if let Some(v) = cl.node_id {
-                self.node_id = v;
-                self.node_id_given = true;
-            }
-            if let Some(v) = cl.addr {
-                self.cluster_addr = v;
-            }
-            if cl.peers.is_some_and(|p| !p.is_empty()) {
-                return Err(
-                    "cluster.peers: multi-node clusters are not supported by this build yet".into(),
-                );
-            }
-            if let Some(v) = cl.raft_snapshot_interval {
-                self.raft_snapshot_interval = dur("cluster.raft_snapshot_interval", &v)?;
-            }
-            if let Some(v) = cl.raft_snapshot_threshold {
-                self.raft_snapshot_threshold = v;
-            }
-            if let Some(v) = cl.raft_trailing_logs {
-                self.raft_trailing_logs = v;
-            }
-        }
-        if let Some(s) = f.storage {
-            for (k, v) in s {
-                if !STORAGE_KEYS_PUBLIC.contains(&k.as_str()) {
-                    return Err(format!(
-                        "storage.{k} is an internal setting and cannot be configured"
-                    ));
-                }
-                let st = &mut self.storage;
-                let text = || {
-                    v.as_str()
-                        .map(String::from)
-                        .ok_or_else(|| format!("storage.{k} must be a string"))
-                };
-                let int = || {
-                    v.as_u64()
-                        .ok_or_else(|| format!("storage.{k} must be a non-negative integer"))
-                };
-                match k.as_str() {
-                    "data_dir" => self.data_dir = PathBuf::from(text()?),
-                    "codec" => st.codec = text()?,
-                    "compression_level" => st.compression_level = text()?,
-                    "idle_log_eviction_ms" => st.idle_log_eviction_ms = int()?,
-                    "cold_retention_walk_ms" => st.cold_retention_walk_ms = int()?,
-                    "consumer_offset_commit_interval_ms" => {
-                        st.consumer_offset_commit_interval_ms = int()?
+        let file: FileValues = serde_json::from_str(text).map_err(|e| file_error(text, &e))?;
+        for &(section, others) in SECTIONS {
+            match others {
+                OtherKeys::Unknown => {
+                    for (s, v) in SETTINGS.iter().zip(&file.values) {
+                        if let (Some(key), Some(v)) = (s.key, v) {
+                            if s.file_key().is_some_and(|(sec, _)| sec == section) {
+                                (s.apply)(self, Source::File(key, v))?;
+                            }
+                        }
                     }
-                    "ingress_wal_prealloc" => {
-                        st.ingress_wal_prealloc = v
-                            .as_bool()
-                            .ok_or("storage.ingress_wal_prealloc must be a boolean")?
-                    }
-                    _ => unreachable!("STORAGE_KEYS_PUBLIC lists {k}"),
                 }
-            }
-        }
-        if let Some(t) = f.topic {
-            let d = &mut self.topic;
-            if let Some(v) = t.default_partitions {
-                d.default_partitions = v;
-            }
-            if let Some(v) = t.max_partitions {
-                d.max_partitions = v;
-            }
-            if let Some(v) = t.default_retention_age_ms {
-                d.default_retention_age_ms = v;
-            }
-            if let Some(v) = t.default_visibility_timeout_ms {
-                d.default_visibility_timeout_ms = v;
-            }
-            if let Some(v) = t.default_max_in_flight_per_partition {
-                d.default_max_in_flight_per_partition = v;
-            }
-            if let Some(v) = t.default_max_acked_ahead_per_partition {
-                d.default_max_acked_ahead_per_partition = v;
-            }
-        }
-        if let Some(fo) = f.fanout {
-            if let Some(v) = fo.max_batch_records {
-                self.fanout.batch_records = usize::try_from(v).unwrap_or(usize::MAX);
-            }
-            if let Some(v) = fo.max_batch_bytes {
-                self.fanout.batch_bytes = usize::try_from(v).unwrap_or(usize::MAX);
-            }
-            if let Some(v) = fo.linger_ms {
-                self.fanout.linger = Duration::from_millis(v);
-            }
-        }
-        if let Some(l) = f.log {
-            if let Some(v) = l.level {
-                self.log_level = v;
-            }
-            if let Some(v) = l.format {
-                self.log_format = v;
-            }
-        }
-        if let Some(r) = f.remotes {
-            let t = &mut self.remotes;
-            if let Some(v) = r.allowed_hosts {
-                t.allowed_hosts = v;
-            }
-            if let Some(v) = r.allowed_ports {
-                t.allowed_ports = v;
-            }
-            if let Some(v) = r.allow_addresses {
-                t.allow_addresses = v;
-            }
-            if let Some(v) = r.max_held_bytes {
-                t.max_held_bytes = v;
-            }
-            if let Some(v) = r.api_hop_encrypted {
-                t.api_hop_encrypted = v;
-            }
-        }
-        if let Some(s) = f.security {
-            if let Some(v) = s.enabled {
-                self.security_enabled = v;
-            }
-            let tls = &mut self.cluster_tls;
-            for (src, dst) in [
-                (s.cluster_tls_cert_file, &mut tls.cert_file),
-                (s.cluster_tls_key_file, &mut tls.key_file),
-                (s.cluster_tls_ca_file, &mut tls.ca_file),
-            ] {
-                if let Some(v) = src {
-                    *dst = v;
+                OtherKeys::Internal => {
+                    let unread = file.unread.iter().filter(|(sec, _)| *sec == section);
+                    for (name, v) in unread.flat_map(|(_, keys)| keys) {
+                        let key = format!("{section}.{name}");
+                        let Some(s) = SETTINGS.iter().find(|s| s.key == Some(key.as_str())) else {
+                            return Err(format!(
+                                "{key} is an internal setting and cannot be configured"
+                            ));
+                        };
+                        (s.apply)(self, Source::File(&key, v))?;
+                    }
                 }
             }
         }
@@ -737,242 +1038,21 @@ impl Config {
     }
 
     fn apply_env(&mut self, env: &BTreeMap<String, String>) -> Result<(), String> {
-        let get = |k: &str| env.get(k).filter(|v| !v.is_empty()).cloned();
-        // Read when the root admin is seeded, after the data is open: checked here so that a
-        // password no login could use stops the node before it creates anything (API.md §2:
-        // passwords are 1-72 bytes; empty means unset, a password is generated).
-        if let Some(p) = get(ADMIN_PASSWORD_ENV) {
-            if p.len() > PASSWORD_BYTES_MAX {
-                return Err(format!(
-                    "{} must be 1-{} bytes (it has {})",
-                    ADMIN_PASSWORD_ENV,
-                    PASSWORD_BYTES_MAX,
-                    p.len()
-                ));
+        for s in SETTINGS {
+            let Some(var) = s.env else { continue };
+            // An empty value is an unset variable.
+            if let Some(v) = env.get(var).filter(|v| !v.is_empty()) {
+                (s.apply)(self, Source::Env(var, v))?;
             }
-        }
-        let num = |k: &str| -> Result<Option<u64>, String> {
-            get(k)
-                .map(|v| {
-                    v.parse::<u64>()
-                        .map_err(|_| format!("{k}: not a non-negative integer: {v}"))
-                })
-                .transpose()
-        };
-        // A setting held in 32 bits: a larger value is refused, never wrapped.
-        let num32 = |k: &str| -> Result<Option<u32>, String> {
-            num(k)?
-                .map(|v| {
-                    u32::try_from(v).map_err(|_| format!("{k}: {v} is larger than {}", u32::MAX))
-                })
-                .transpose()
-        };
-        let boolean = |k: &str| -> Result<Option<bool>, String> {
-            get(k)
-                .map(|v| match v.to_ascii_lowercase().as_str() {
-                    "1" | "true" | "t" | "yes" => Ok(true),
-                    "0" | "false" | "f" | "no" => Ok(false),
-                    _ => Err(format!("{k}: not a boolean: {v}")),
-                })
-                .transpose()
-        };
-        if let Some(v) = get("NARAD_HTTP_ADDR") {
-            self.http.addr = v;
-        }
-        for (key, dst) in [
-            ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
-            ("NARAD_HTTP_WRITE_TIMEOUT", &mut self.http.write_timeout),
-            ("NARAD_HTTP_IDLE_TIMEOUT", &mut self.http.idle_timeout),
-            ("NARAD_HTTP_SHUTDOWN_GRACE", &mut self.http.shutdown_grace),
-            (
-                "NARAD_HTTP_MAX_CONSUME_WAIT",
-                &mut self.http.max_consume_wait,
-            ),
-        ] {
-            if let Some(v) = get(key) {
-                *dst = dur(key, &v)?;
-            }
-        }
-        for (key, dst) in [
-            (
-                "NARAD_HTTP_MAX_HEADER_BYTES",
-                &mut self.http.max_header_bytes,
-            ),
-            ("NARAD_HTTP_MAX_CONNECTIONS", &mut self.http.max_connections),
-            (
-                "NARAD_HTTP_MAX_CONSUME_IN_FLIGHT_PER_IDENTITY",
-                &mut self.http.max_consume_in_flight_per_identity,
-            ),
-            (
-                "NARAD_HTTP_MAX_PRODUCE_IN_FLIGHT_PER_IDENTITY",
-                &mut self.http.max_produce_in_flight_per_identity,
-            ),
-            (
-                "NARAD_HTTP_MAX_BATCH_BODY_BYTES_IN_FLIGHT",
-                &mut self.http.max_batch_body_bytes_in_flight,
-            ),
-        ] {
-            if let Some(v) = num(key)? {
-                *dst = v as usize;
-            }
-        }
-        if let Some(v) = get("NARAD_HTTP_METRICS_ADDR") {
-            self.http.metrics_addr = v;
-        }
-        if let Some(v) = boolean("NARAD_HTTP_METRICS_UNAUTHENTICATED")? {
-            self.http.metrics_unauthenticated = v;
-        }
-        if let Some(v) = get("NARAD_HTTP_PPROF_ADDR") {
-            self.http.pprof_addr = v;
-        }
-        if let Some(v) = get("NARAD_NODE_ID") {
-            self.node_id = v;
-            self.node_id_given = true;
-        }
-        if let Some(v) = get("NARAD_CLUSTER_ADDR") {
-            self.cluster_addr = v;
-        }
-        if let Some(v) = get("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL") {
-            self.raft_snapshot_interval = dur("NARAD_CLUSTER_RAFT_SNAPSHOT_INTERVAL", &v)?;
-        }
-        if let Some(v) = num("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD")? {
-            self.raft_snapshot_threshold = v;
-        }
-        if let Some(v) = num("NARAD_CLUSTER_RAFT_TRAILING_LOGS")? {
-            self.raft_trailing_logs = v;
-        }
-        for (key, dst) in [
-            (
-                "NARAD_CLUSTER_TLS_CERT_FILE",
-                &mut self.cluster_tls.cert_file,
-            ),
-            ("NARAD_CLUSTER_TLS_KEY_FILE", &mut self.cluster_tls.key_file),
-            ("NARAD_CLUSTER_TLS_CA_FILE", &mut self.cluster_tls.ca_file),
-        ] {
-            if let Some(v) = get(key) {
-                *dst = v;
-            }
-        }
-        if get("NARAD_CLUSTER_PEERS").is_some() {
-            return Err(
-                "NARAD_CLUSTER_PEERS: multi-node clusters are not supported by this build yet"
-                    .into(),
-            );
-        }
-        if let Some(v) = num("NARAD_FANOUT_MAX_BATCH_RECORDS")? {
-            self.fanout.batch_records = usize::try_from(v).unwrap_or(usize::MAX);
-        }
-        if let Some(v) = num("NARAD_FANOUT_MAX_BATCH_BYTES")? {
-            self.fanout.batch_bytes = usize::try_from(v).unwrap_or(usize::MAX);
-        }
-        if let Some(v) = num("NARAD_FANOUT_LINGER_MS")? {
-            self.fanout.linger = Duration::from_millis(v);
-        }
-        // Checked for shape like their file keys; not used by a single-node build yet.
-        for k in [
-            "NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT",
-            "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER",
-            "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH",
-        ] {
-            boolean(k)?;
-        }
-        if let Some(v) = get("NARAD_DATA_DIR") {
-            self.data_dir = PathBuf::from(v);
-        }
-        let t = &mut self.topic;
-        if let Some(v) = num("NARAD_TOPIC_DEFAULT_PARTITIONS")? {
-            t.default_partitions = u32::try_from(v).unwrap_or(u32::MAX);
-        }
-        if let Some(v) = num("NARAD_TOPIC_MAX_PARTITIONS")? {
-            t.max_partitions = u32::try_from(v).unwrap_or(u32::MAX);
-        }
-        if let Some(v) = num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS")? {
-            t.default_retention_age_ms = v;
-        }
-        if let Some(v) = num("NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS")? {
-            t.default_visibility_timeout_ms = v;
-        }
-        if let Some(v) = num32("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION")? {
-            t.default_max_in_flight_per_partition = v;
-        }
-        if let Some(v) = num32("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION")? {
-            t.default_max_acked_ahead_per_partition = v;
-        }
-        if let Some(v) = get("NARAD_LOG_LEVEL") {
-            self.log_level = v;
-        }
-        if let Some(v) = get("NARAD_LOG_FORMAT") {
-            self.log_format = v;
-        }
-        if let Some(v) = boolean("NARAD_SECURITY_ENABLED")? {
-            self.security_enabled = v;
-        }
-        let list = |k: &str| -> Option<Vec<String>> {
-            get(k).map(|v| {
-                v.split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(String::from)
-                    .collect()
-            })
-        };
-        if let Some(v) = list("NARAD_REMOTES_ALLOWED_HOSTS") {
-            self.remotes.allowed_hosts = v;
-        }
-        if let Some(v) = list("NARAD_REMOTES_ALLOWED_PORTS") {
-            self.remotes.allowed_ports = v
-                .iter()
-                .map(|p| {
-                    p.parse::<u16>()
-                        .map_err(|_| format!("NARAD_REMOTES_ALLOWED_PORTS: not a port number: {p}"))
-                })
-                .collect::<Result<_, _>>()?;
-        }
-        if let Some(v) = list("NARAD_REMOTES_ALLOW_ADDRESSES") {
-            self.remotes.allow_addresses = v;
-        }
-        if let Some(v) = num("NARAD_REMOTES_MAX_HELD_BYTES")? {
-            self.remotes.max_held_bytes = v;
-        }
-        if let Some(v) = boolean("NARAD_REMOTES_API_HOP_ENCRYPTED")? {
-            self.remotes.api_hop_encrypted = v;
-        }
-        if let Some(v) = num32("NARAD_SHARDS")? {
-            self.shards = v;
         }
         Ok(())
     }
 
-    fn apply_flags(&mut self, f: &FlagOverrides) {
-        if let Some(a) = &f.addr {
-            self.http.addr = a.clone();
+    fn apply_flags(&mut self, flags: &FlagOverrides) -> Result<(), String> {
+        for s in SETTINGS {
+            (s.apply)(self, Source::Flags(flags))?;
         }
-        if let Some(p) = f.port {
-            self.http.addr = format!(":{p}");
-        }
-        if let Some(p) = f.cluster_port {
-            self.cluster_addr = format!(":{p}");
-        }
-        if let Some(v) = &f.node_id {
-            self.node_id = v.clone();
-            self.node_id_given = true;
-        }
-        if let Some(v) = &f.data_dir {
-            self.data_dir = v.clone();
-        }
-        if let Some(v) = &f.log_level {
-            self.log_level = v.clone();
-        }
-        if let Some(v) = &f.log_format {
-            self.log_format = v.clone();
-        }
-        if let Some(v) = &f.pprof_addr {
-            self.pprof_addr_set(v);
-        }
-    }
-
-    fn pprof_addr_set(&mut self, v: &str) {
-        self.http.pprof_addr = v.to_string();
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), String> {
