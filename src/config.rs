@@ -121,6 +121,8 @@ macro_rules! settings {
                     $($hook(c);)?
                     Ok(())
                 },
+                #[cfg(test)]
+                kept: kept!([$($fty)?], [$($($to).+)?]),
             },
         )*)*];
     };
@@ -156,6 +158,20 @@ macro_rules! store {
     };
     ($c:ident, $v:ident, $S:ident, $field:ident, [], []) => {
         let _ = ($c, $v);
+    };
+}
+
+/// Whether a setting is stored (in its field or at its `to` path).
+#[cfg(test)]
+macro_rules! kept {
+    ([$fty:ty], []) => {
+        true
+    };
+    ([], [$($to:ident).+]) => {
+        true
+    };
+    ([], []) => {
+        false
     };
 }
 
@@ -392,6 +408,9 @@ struct Setting {
     json: Json,
     /// Parses a value from one source and stores it.
     apply: fn(&mut Config, Source<'_>) -> Result<(), String>,
+    /// Whether the value is stored, not only checked.
+    #[cfg(test)]
+    kept: bool,
 }
 
 impl Setting {
@@ -1339,6 +1358,152 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    /// Two different values of the JSON type, each as the file and the environment write it.
+    fn samples(json: Json) -> [(&'static str, &'static str); 2] {
+        match json {
+            Json::Text => [(r#""7s""#, "7s"), (r#""9ms""#, "9ms")],
+            Json::Bool => [("true", "true"), ("false", "false")],
+            Json::U32 | Json::U64 => [("7", "7"), ("9", "9")],
+            Json::Texts => [
+                (r#"["a.example"]"#, "a.example"),
+                (r#"["b.example","c.example"]"#, " b.example, c.example"),
+            ],
+            Json::Ports => [("[8443]", "8443"), ("[1,2]", "1,2")],
+            Json::Array => [
+                (r#"[{"id":"n1","addr":"n1:7943"}]"#, "n1@n1:7943"),
+                (r#"[{"id":"n2","addr":"n2:7943"}]"#, "n2@n2:7943"),
+            ],
+        }
+    }
+
+    #[test]
+    fn every_setting_is_read_from_the_file_and_from_its_variable() {
+        // Proves the readers are derived from the table: every declared setting with a file key
+        // is read from the file and every one with a variable from the environment, both into
+        // the same typed field (the two configs are equal, and differ from the defaults for some
+        // value when the setting is kept); a setting that is only checked is accepted or refused
+        // alike by both readers and changes nothing.
+        let defaults = format!("{:?}", Config::default());
+        for s in SETTINGS {
+            let name = format!("{:?} / {:?}", s.key, s.env);
+            let mut changed = false;
+            for (json, text) in samples(s.json) {
+                let by_file = s.file_key().map(|(section, key)| {
+                    let mut c = Config::default();
+                    let r = c.apply_file(&format!(r#"{{"{section}":{{"{key}":{json}}}}}"#));
+                    r.map(|()| format!("{c:?}"))
+                });
+                let by_env = s.env.map(|var| {
+                    let mut c = Config::default();
+                    let r = c.apply_env(&env(&[(var, text)]));
+                    r.map(|()| format!("{c:?}"))
+                });
+                if let Some(Err(e)) = &by_file {
+                    assert!(e.contains(s.key.unwrap()), "{name}: {e}");
+                }
+                if let Some(Err(e)) = &by_env {
+                    assert!(e.starts_with(s.env.unwrap()), "{name}: {e}");
+                }
+                let read = match (by_file, by_env) {
+                    (Some(f), Some(e)) => {
+                        assert_eq!(f.is_ok(), e.is_ok(), "{name}: {json} {f:?} / {text} {e:?}");
+                        if let (Ok(f), Ok(e)) = (&f, &e) {
+                            assert_eq!(f, e, "{name}: file {json}, environment {text}");
+                        }
+                        f
+                    }
+                    (Some(r), None) | (None, Some(r)) => r,
+                    (None, None) => panic!("{name}: neither in the file nor in the environment"),
+                };
+                match read {
+                    Ok(c) => changed |= c != defaults,
+                    Err(e) => assert!(!s.kept, "{name}: {json} / {text}: {e}"),
+                }
+            }
+            assert_eq!(changed, s.kept, "{name}: read into the config or not");
+        }
+    }
+
+    #[test]
+    fn the_table_declares_each_name_once_and_every_section() {
+        // Proves no two settings share a file key or a variable, every variable is a NARAD_ one,
+        // every file key is `section.key` with a section of SECTIONS, and every section holds
+        // settings (its known keys come from them).
+        let keys: Vec<&str> = SETTINGS.iter().filter_map(|s| s.key).collect();
+        let vars: Vec<&str> = SETTINGS.iter().filter_map(|s| s.env).collect();
+        for names in [&keys, &vars] {
+            let mut sorted = names.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), names.len(), "declared twice: {names:?}");
+        }
+        assert!(vars.iter().all(|v| v.starts_with("NARAD_")), "{vars:?}");
+        for s in SETTINGS {
+            if let Some(key) = s.key {
+                let (section, rest) = s.file_key().expect(key);
+                assert!(!rest.contains('.'), "{key}");
+                assert!(SECTIONS.iter().any(|(name, _)| *name == section), "{key}");
+            }
+        }
+        for (section, _) in SECTIONS {
+            let held = |s: &Setting| s.file_key().is_some_and(|(name, _)| name == *section);
+            assert!(SETTINGS.iter().any(held), "{section} declares no setting");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_in_serdes_words() {
+        // Proves the unknown-key error reads as serde's `deny_unknown_fields` one does, for
+        // lists of every length it words differently.
+        use serde::de::Error as _;
+        let lists: [&'static [&'static str]; 4] = [&[], &["a"], &["a", "b"], &["a", "b", "c"]];
+        for known in lists {
+            let ours: serde_json::Error = unknown_key("x", known.iter().copied());
+            let serde = serde_json::Error::unknown_field("x", known);
+            assert_eq!(ours.to_string(), serde.to_string());
+        }
+    }
+
+    #[test]
+    fn every_flag_sets_its_setting() {
+        // Proves each command-line flag reaches its setting over the file and the environment,
+        // `--port` and `--cluster-port` as the port on every interface, and `--port` over
+        // `--addr`.
+        let flags = FlagOverrides {
+            addr: Some("127.0.0.1:1".into()),
+            port: None,
+            cluster_port: Some(2),
+            node_id: Some("n9".into()),
+            data_dir: Some("/d".into()),
+            log_level: Some("warn".into()),
+            log_format: Some("text".into()),
+            pprof_addr: Some("127.0.0.1:3".into()),
+        };
+        let vars = env(&[("NARAD_HTTP_ADDR", ":4"), ("NARAD_LOG_LEVEL", "error")]);
+        let c = Config::load(None, &vars, &flags).unwrap();
+        assert_eq!(
+            (
+                c.http.addr.as_str(),
+                c.cluster_addr.as_str(),
+                c.node_id.as_str()
+            ),
+            ("127.0.0.1:1", ":2", "n9")
+        );
+        assert!(c.node_id_given);
+        assert_eq!(c.data_dir, PathBuf::from("/d"));
+        assert_eq!(
+            (c.log_level.as_str(), c.log_format.as_str()),
+            ("warn", "text")
+        );
+        assert_eq!(c.http.pprof_addr, "127.0.0.1:3");
+        let flags = FlagOverrides {
+            port: Some(5),
+            ..flags
+        };
+        let c = Config::load(None, &vars, &flags).unwrap();
+        assert_eq!(c.http.addr, ":5");
     }
 
     #[test]
