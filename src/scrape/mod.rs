@@ -59,19 +59,24 @@
 //! other requests run to their answer.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
-use std::time::{Duration, Instant};
 
 use narad_io::log::LogFailures;
 use narad_io::partition::PartitionIoStats;
 use narad_io::stats::{Durations, DURATION_BOUNDS_US};
-use narad_io::types::{PartitionId, PartitionKey, TopicId, UnixMillis};
+use narad_io::types::{PartitionId, PartitionKey, TopicId};
 use narad_shard::fanout::{LinkCounts, FANOUT_BATCH_BYTES_BOUNDS, FANOUT_BATCH_RECORDS_BOUNDS};
 
 use crate::http::Response;
 use crate::metrics::expo::{Expo, Histogram, Kind};
 use crate::metrics::*;
 use crate::node::Node;
+
+mod facts;
+#[cfg(test)]
+mod tests;
+
+pub use facts::APPLY_STALL_AFTER;
+pub(crate) use facts::{MetastoreFacts, NodeFacts};
 
 /// `/metrics` as the API port answers it: `404` when a separate metrics listener is configured
 /// (API.md §15.3), else the node-wide document. (Whether credentials are needed first is the
@@ -87,41 +92,6 @@ pub async fn api_port_response(node: &Node) -> Response {
 pub async fn document(node: &Node) -> Response {
     let shards = node.metrics_snapshots().await;
     response(render(node, shards))
-}
-
-/// Bytes under `dir`, visiting at most [`DATA_DIR_WALK_ENTRIES_MAX`] entries (symbolic links are
-/// not followed).
-fn dir_size(dir: &Path) -> u64 {
-    let mut total = 0u64;
-    let mut visited = 0usize;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            visited += 1;
-            if visited > DATA_DIR_WALK_ENTRIES_MAX {
-                return total;
-            }
-            let Ok(md) = e.metadata() else { continue };
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.is_file() {
-                total += md.len();
-            }
-        }
-    }
-    total
-}
-
-/// Topic directories under `<data_dir>/topics` whose topic is not in `live`, visiting at most
-/// [`DATA_DIR_WALK_ENTRIES_MAX`] entries. Entries that are not topic directories are not counted.
-fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>) -> u64 {
-    narad_io::partition::topic_dir_ids(data_dir, DATA_DIR_WALK_ENTRIES_MAX)
-        .into_iter()
-        .filter(|id| !live.contains(id))
-        .count() as u64
 }
 
 /// A storage timing as a histogram of seconds' worth of microseconds.
@@ -299,42 +269,28 @@ fn render_metastore(e: &mut Expo, r: &narad_raft::RaftGauges) {
     );
 }
 
-/// How long committed metadata entries may wait with the applied index standing still before
-/// `narad_metastore_apply_stalled` reads 1.
-pub const APPLY_STALL_AFTER: Duration = Duration::from_secs(10);
-
 /// The §9.6 metastore and membership health series: the metastore's bytes on disk, whether
 /// applying stalls, and the member-heartbeat and dead-marking gauges, whose meaning is settled
 /// for a node that is its whole cluster (it is its own leader: no heartbeat travels, no other
 /// member can be marked dead).
-fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges) {
+fn render_metastore_health(e: &mut Expo, h: &MetastoreFacts, r: &narad_raft::RaftGauges) {
     e.family(
         "narad_metastore_fsm_bytes",
         Kind::Gauge,
         "Bytes of the metadata state machine's files on disk (Raft log, vote and snapshot).",
     );
-    e.int(
-        "narad_metastore_fsm_bytes",
-        &[],
-        dir_size(&narad_raft::metastore_dir(&node.config.data_dir)),
-    );
-    let now = Instant::now();
-    let since = match node.metrics.applied_seen.get() {
-        Some((index, since)) if index == r.applied_index => since,
-        _ => now,
-    };
-    node.metrics
-        .applied_seen
-        .set(Some((r.applied_index, since)));
-    let stalled =
-        r.commit_index > r.applied_index && now.duration_since(since) >= APPLY_STALL_AFTER;
+    e.int("narad_metastore_fsm_bytes", &[], h.fsm_bytes);
     e.family(
         "narad_metastore_apply_stalled",
         Kind::Gauge,
         "1 when committed metadata entries wait and the applied index has not moved for 10 s \
          (judged between scrapes).",
     );
-    e.int("narad_metastore_apply_stalled", &[], u64::from(stalled));
+    e.int(
+        "narad_metastore_apply_stalled",
+        &[],
+        u64::from(h.apply_stalled),
+    );
     e.family(
         "narad_member_heartbeat_failures",
         Kind::Gauge,
@@ -342,7 +298,7 @@ fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges
          is its own leader and sends none.",
     );
     e.int("narad_member_heartbeat_failures", &[], 0);
-    if let Some(ago) = r.last_contact_seconds {
+    if let Some(at) = h.heartbeat_last_success_s {
         e.family(
             "narad_member_heartbeat_last_success_timestamp_seconds",
             Kind::Gauge,
@@ -351,7 +307,7 @@ fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges
         e.float(
             "narad_member_heartbeat_last_success_timestamp_seconds",
             &[],
-            unix_seconds_now() - ago,
+            at,
         );
     }
     if r.state == "leader" {
@@ -363,10 +319,6 @@ fn render_metastore_health(e: &mut Expo, node: &Node, r: &narad_raft::RaftGauges
         );
         e.int("narad_dead_marking_refused", &[], 0);
     }
-}
-
-fn unix_seconds_now() -> f64 {
-    UnixMillis::now().0 as f64 / 1e3
 }
 
 /// Upper bounds (seconds) of `narad_moves_duration_seconds`.
@@ -530,7 +482,7 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 26] = [
 /// that is its whole cluster: no partition moves (there is no other node), no member draining
 /// (a decommission is refused), no remotes held; the allowlist and co-location are facts of
 /// this node's configuration and metadata.
-fn render_cluster(e: &mut Expo, node: &Node, meta: &narad_raft::MetaState) {
+fn render_cluster(e: &mut Expo, facts: &NodeFacts, meta: &narad_raft::MetaState) {
     e.family(
         "narad_remotes_allowlist_configured",
         Kind::Gauge,
@@ -539,7 +491,7 @@ fn render_cluster(e: &mut Expo, node: &Node, meta: &narad_raft::MetaState) {
     e.int(
         "narad_remotes_allowlist_configured",
         &[],
-        u64::from(!node.config.remotes.allowed_hosts.is_empty()),
+        u64::from(facts.remotes_allowlist_configured),
     );
     e.family(
         "narad_remotes_plaintext_raft",
@@ -626,6 +578,19 @@ fn render_cluster(e: &mut Expo, node: &Node, meta: &narad_raft::MetaState) {
 /// Merges every shard's snapshot and renders the node's `/metrics` document.
 pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let meta = node.meta();
+    // The shard that hosts the metadata group reports the Raft gauges (the last one wins).
+    let raft = shards.iter().rev().find_map(|s| s.raft.as_ref());
+    let facts = NodeFacts::gather(node, &meta, raft);
+    render_doc(&meta, &facts, &shards)
+}
+
+/// The `/metrics` document of plain values: the metadata, the node's own figures and every
+/// shard's snapshot. Pure: the same inputs render the same bytes.
+pub(crate) fn render_doc(
+    meta: &narad_raft::MetaState,
+    facts: &NodeFacts,
+    shards: &[ShardMetrics],
+) -> String {
     let mut http: BTreeMap<HttpKey, HttpSeries> = BTreeMap::new();
     let mut traffic: HashMap<PartitionKey, Traffic> = HashMap::new();
     let mut topics: HashMap<TopicId, TopicCounters> = HashMap::new();
@@ -651,7 +616,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let mut log_failures = LogFailures::default();
     let mut shards_poisoned = 0u64;
     let mut schema_seconds = Histogram::new(&DURATION_BOUNDS_US);
-    for s in &shards {
+    for s in shards {
         partition_io.extend(s.partition_io.iter().copied());
         log_failures.checkpoints += s.log_failures.checkpoints;
         log_failures.retention += s.log_failures.retention;
@@ -1027,7 +992,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             .sum();
         e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
     }
-    render_partition_storage(&mut e, &meta, &partition_io);
+    render_partition_storage(&mut e, meta, &partition_io);
 
     // §9.3 schema.
     e.family(
@@ -1181,13 +1146,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         Kind::Gauge,
         "Password verifications waiting or running on the helper threads.",
     );
-    // With security off nothing is verified; asking would start the helper threads.
-    let queued = if node.config.security_enabled {
-        crate::auth::node_auth().verify_queued() as u64
-    } else {
-        0
-    };
-    e.int("narad_auth_verify_queued", &[], queued);
+    e.int("narad_auth_verify_queued", &[], facts.auth_verify_queued);
 
     e.family(
         "narad_metastore_applied_index",
@@ -1260,9 +1219,13 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     }
     if let Some(r) = &raft {
         render_metastore(&mut e, r);
-        render_metastore_health(&mut e, node, r);
+        let health = facts
+            .metastore
+            .as_ref()
+            .expect("the metastore's health is gathered with the Raft gauges");
+        render_metastore_health(&mut e, health, r);
     }
-    render_cluster(&mut e, node, &meta);
+    render_cluster(&mut e, facts, meta);
     let http_5xx: u64 = http
         .iter()
         .filter(|(k, _)| k.status >= 500)
@@ -1287,7 +1250,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
             n,
         );
     }
-    let boot_us = BOOT_DURATION_US.load(std::sync::atomic::Ordering::Relaxed);
+    let boot_us = facts.boot_duration_us;
     if boot_us > 0 {
         e.family(
             "narad_boot_duration_seconds",
@@ -1393,52 +1356,31 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         "Topic directories under the data directory whose topic the metadata no longer knows \
          (a delete that did not finish removing them).",
     );
-    let live = meta.topic_ids();
-    e.int(
-        "narad_orphan_topic_dirs",
-        &[],
-        orphan_topic_dirs(&node.config.data_dir, &live),
-    );
+    e.int("narad_orphan_topic_dirs", &[], facts.orphan_topic_dirs);
 
-    let now_for_poll = Instant::now();
-    let dir = &node.config.data_dir;
-    let size = match node.metrics.data_dir_size.get() {
-        Some((at, bytes)) if at.elapsed() < DATA_DIR_SIZE_TTL => bytes,
-        _ => {
-            let bytes = dir_size(dir);
-            node.metrics
-                .data_dir_size
-                .set(Some((Instant::now(), bytes)));
-            bytes
-        }
-    };
     e.family(
         "narad_data_dir_size_bytes",
         Kind::Gauge,
         "Bytes of files under the data directory.",
     );
-    e.int("narad_data_dir_size_bytes", &[], size);
-    // The vitals (the data directory's size) are measured at most every DATA_DIR_SIZE_TTL; the
-    // inventory (topics, partitions, their figures) is read at every scrape.
-    let measured = node
-        .metrics
-        .data_dir_size
-        .get()
-        .map_or(now_for_poll, |(at, _)| at);
+    e.int("narad_data_dir_size_bytes", &[], facts.data_dir_size_bytes);
     e.family(
         "narad_poller_last_success_timestamp_seconds",
         Kind::Gauge,
         "Unix time the node's figures were last collected, by loop: vitals (data directory \
          size, measured at most every 5 s), inventory (topics and partitions, every scrape).",
     );
-    for (lp, at) in [("vitals", measured), ("inventory", now_for_poll)] {
+    for (lp, at) in [
+        ("vitals", facts.vitals_collected_at_s),
+        ("inventory", facts.inventory_collected_at_s),
+    ] {
         e.float(
             "narad_poller_last_success_timestamp_seconds",
             &[("loop", lp)],
-            unix_seconds_now() - at.elapsed().as_secs_f64(),
+            at,
         );
     }
-    if let Some(avail) = narad_io::sys::filesystem_available_bytes(dir) {
+    if let Some(avail) = facts.data_dir_available_bytes {
         e.family(
             "narad_data_dir_available_bytes",
             Kind::Gauge,
@@ -1453,7 +1395,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         Kind::Histogram,
         "fdatasync latency of the shard's write-ahead log (one per group commit).",
     );
-    for s in &shards {
+    for s in shards {
         let id = s.shard.to_string();
         e.histogram(
             "narad_wal_fsync_duration_seconds",
@@ -1467,7 +1409,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
         Kind::Histogram,
         "Records per group commit of the shard's write-ahead log.",
     );
-    for s in &shards {
+    for s in shards {
         let id = s.shard.to_string();
         e.histogram(
             "narad_wal_batch_records",
@@ -1499,7 +1441,7 @@ pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     ];
     for (name, kind, help, get) in per_shard {
         e.family(name, kind, help);
-        for s in &shards {
+        for s in shards {
             e.int(name, &[("shard", &s.shard.to_string())], get(s));
         }
     }
