@@ -60,7 +60,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use narad_io::log::LogFailures;
 use narad_io::partition::PartitionIoStats;
 use narad_io::stats::{Durations, DURATION_BOUNDS_US};
 use narad_io::types::{PartitionId, PartitionKey, TopicId};
@@ -72,11 +71,13 @@ use crate::metrics::*;
 use crate::node::Node;
 
 mod facts;
+mod merge;
 #[cfg(test)]
 mod tests;
 
 pub use facts::APPLY_STALL_AFTER;
 pub(crate) use facts::{MetastoreFacts, NodeFacts};
+pub(crate) use merge::Merged;
 
 /// `/metrics` as the API port answers it: `404` when a separate metrics listener is configured
 /// (API.md §15.3), else the node-wide document. (Whether credentials are needed first is the
@@ -578,135 +579,20 @@ fn render_cluster(e: &mut Expo, facts: &NodeFacts, meta: &narad_raft::MetaState)
 /// Merges every shard's snapshot and renders the node's `/metrics` document.
 pub fn render(node: &Node, shards: Vec<ShardMetrics>) -> String {
     let meta = node.meta();
-    // The shard that hosts the metadata group reports the Raft gauges (the last one wins).
-    let raft = shards.iter().rev().find_map(|s| s.raft.as_ref());
-    let facts = NodeFacts::gather(node, &meta, raft);
-    render_doc(&meta, &facts, &shards)
+    let merged = Merged::of(&shards);
+    let facts = NodeFacts::gather(node, &meta, merged.raft.as_ref());
+    render_doc(&meta, &merged, &facts, &shards)
 }
 
-/// The `/metrics` document of plain values: the metadata, the node's own figures and every
-/// shard's snapshot. Pure: the same inputs render the same bytes.
+/// The `/metrics` document of plain values: the metadata, the shards' figures merged, the
+/// node's own figures and every shard's snapshot (for the per-shard series). Pure: the same
+/// inputs render the same bytes.
 pub(crate) fn render_doc(
     meta: &narad_raft::MetaState,
+    m: &Merged,
     facts: &NodeFacts,
     shards: &[ShardMetrics],
 ) -> String {
-    let mut http: BTreeMap<HttpKey, HttpSeries> = BTreeMap::new();
-    let mut traffic: HashMap<PartitionKey, Traffic> = HashMap::new();
-    let mut topics: HashMap<TopicId, TopicCounters> = HashMap::new();
-    let mut gauges: HashMap<PartitionKey, PartitionGauges> = HashMap::new();
-    let mut consume_wait: HashMap<(TopicId, &'static str), Histogram> = HashMap::new();
-    let mut in_flight = 0u64;
-    let mut wal_failed = false;
-    let mut open_logs = 0u64;
-    let mut idle_evicted = 0u64;
-    let mut cold_swept = 0u64;
-    let mut retention_panics = 0u64;
-    let mut reaper_restarts = 0u64;
-    let mut transit_backlog = 0u64;
-    let mut schema = crate::schema::Counters::default();
-    let mut fanout = narad_shard::fanout::FanoutCounters::default();
-    let mut fanout_lag: BTreeMap<(TopicId, TopicId, u32), (u64, u64)> = BTreeMap::new();
-    let mut fanout_links: BTreeMap<(TopicId, TopicId), narad_shard::fanout::LinkCounts> =
-        BTreeMap::new();
-    let mut expired: HashMap<TopicId, u64> = HashMap::new();
-    let mut budget_rejections = 0u64;
-    let mut raft = None;
-    let mut partition_io: HashMap<PartitionKey, PartitionIoStats> = HashMap::new();
-    let mut log_failures = LogFailures::default();
-    let mut shards_poisoned = 0u64;
-    let mut schema_seconds = Histogram::new(&DURATION_BOUNDS_US);
-    for s in shards {
-        partition_io.extend(s.partition_io.iter().copied());
-        log_failures.checkpoints += s.log_failures.checkpoints;
-        log_failures.retention += s.log_failures.retention;
-        shards_poisoned += u64::from(s.wal_failed);
-        schema_seconds.merge(&durations(&s.schema.slot_validation));
-        for (a, b) in fanout.batch_records.iter_mut().zip(s.fanout.batch_records) {
-            *a += b;
-        }
-        for (a, b) in fanout.batch_bytes.iter_mut().zip(s.fanout.batch_bytes) {
-            *a += b;
-        }
-        fanout.batch_bytes_sum += s.fanout.batch_bytes_sum;
-        budget_rejections += s.budget_rejections;
-        if s.raft.is_some() {
-            raft.clone_from(&s.raft);
-        }
-        in_flight += s.in_flight;
-        wal_failed |= s.wal_failed;
-        open_logs += s.open_partition_logs;
-        idle_evicted += s.idle_logs_evicted;
-        cold_swept += s.cold_retention_swept;
-        retention_panics += s.retention_panics;
-        reaper_restarts += s.reaper_restarts;
-        transit_backlog += s.transit_backlog;
-        schema.validations += s.schema.validations;
-        schema.rejected_depth += s.schema.rejected_depth;
-        schema.rejected_malformed += s.schema.rejected_malformed;
-        schema.rejected_invalid += s.schema.rejected_invalid;
-        schema.rejected_busy += s.schema.rejected_busy;
-        schema.rejected_definition_paths += s.schema.rejected_definition_paths;
-        schema.rejected_definition_pattern += s.schema.rejected_definition_pattern;
-        schema.in_flight += s.schema.in_flight;
-        fanout.copied += s.fanout.copied;
-        fanout.unreadable += s.fanout.unreadable;
-        fanout.failed_copies += s.fanout.failed_copies;
-        for l in &s.fanout_lag {
-            let e = fanout_lag
-                .entry((l.parent.topic, l.child, l.parent.partition.0))
-                .or_default();
-            e.0 += l.lag_messages;
-            e.1 = e.1.max(l.due_lag_ms);
-        }
-        for &(parent, child, k) in &s.fanout_links {
-            let e = fanout_links.entry((parent, child)).or_default();
-            e.copied += k.copied;
-            e.dropped += k.dropped;
-        }
-        for &(topic, n) in &s.leases_expired {
-            *expired.entry(topic).or_default() += n;
-        }
-        for (k, v) in &s.http {
-            match http.get_mut(k) {
-                Some(e) => {
-                    e.duration_us.merge(&v.duration_us);
-                    e.bytes_in += v.bytes_in;
-                    e.bytes_out += v.bytes_out;
-                }
-                None => {
-                    http.insert(*k, v.clone());
-                }
-            }
-        }
-        for (k, v) in &s.traffic {
-            let e = traffic.entry(*k).or_default();
-            e.produced += v.produced;
-            e.produced_bytes += v.produced_bytes;
-            e.consumed += v.consumed;
-            e.consumed_bytes += v.consumed_bytes;
-        }
-        for (k, v) in &s.topics {
-            let e = topics.entry(*k).or_default();
-            e.acked += v.acked;
-            e.extended += v.extended;
-            e.nacked += v.nacked;
-            e.consume_empty += v.consume_empty;
-            e.rejected_schema += v.rejected_schema;
-            e.rejected_delayed_child += v.rejected_delayed_child;
-        }
-        for (k, v) in &s.partitions {
-            gauges.insert(*k, *v);
-        }
-        for (k, v) in &s.consume_wait {
-            match consume_wait.get_mut(k) {
-                Some(h) => h.merge(v),
-                None => {
-                    consume_wait.insert(*k, v.clone());
-                }
-            }
-        }
-    }
     let mut e = Expo::new();
 
     // §9.1 traffic and HTTP.
@@ -715,7 +601,7 @@ pub(crate) fn render_doc(
         Kind::Counter,
         "HTTP answers by matched route, method and status.",
     );
-    for (k, v) in &http {
+    for (k, v) in &m.http {
         let status = k.status.to_string();
         let labels = [
             ("route", k.route),
@@ -729,7 +615,7 @@ pub(crate) fn render_doc(
         Kind::Histogram,
         "Time from a request's body being read to its answer.",
     );
-    for (k, v) in &http {
+    for (k, v) in &m.http {
         let status = k.status.to_string();
         let labels = [
             ("route", k.route),
@@ -744,7 +630,7 @@ pub(crate) fn render_doc(
         );
     }
     let mut by_route: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for (k, v) in &http {
+    for (k, v) in &m.http {
         let r = by_route.entry(k.route).or_default();
         r.0 += v.bytes_in;
         r.1 += v.bytes_out;
@@ -778,7 +664,7 @@ pub(crate) fn render_doc(
         Kind::Gauge,
         "Requests being handled.",
     );
-    e.int("narad_http_requests_in_flight", &[], in_flight);
+    e.int("narad_http_requests_in_flight", &[], m.in_flight);
 
     // Per partition of every topic, in name order (zero until traffic).
     type PartitionSeries = (&'static str, &'static str, fn(&Traffic) -> u64);
@@ -813,7 +699,7 @@ pub(crate) fn render_doc(
                     topic: t.id,
                     partition: PartitionId(p),
                 };
-                let v = traffic.get(&key).unwrap_or(&zero);
+                let v = m.traffic.get(&key).unwrap_or(&zero);
                 let ps = p.to_string();
                 e.int(name, &[("topic", &t.name), ("partition", &ps)], get(v));
             }
@@ -846,7 +732,7 @@ pub(crate) fn render_doc(
     for (name, help, get) in per_topic {
         e.family(name, Kind::Counter, help);
         for t in meta.topics.values() {
-            let v = topics.get(&t.id).unwrap_or(&none);
+            let v = m.topics.get(&t.id).unwrap_or(&none);
             e.int(name, &[("topic", &t.name)], get(v));
         }
     }
@@ -857,7 +743,7 @@ pub(crate) fn render_doc(
         "Produces refused before storage, by topic and reason (a batch counts once).",
     );
     for t in meta.topics.values() {
-        let v = topics.get(&t.id).unwrap_or(&none);
+        let v = m.topics.get(&t.id).unwrap_or(&none);
         for (reason, n) in [
             ("schema", v.rejected_schema),
             ("delayed_child", v.rejected_delayed_child),
@@ -879,7 +765,7 @@ pub(crate) fn render_doc(
         "Leases whose visibility timeout passed (message released for redelivery), by topic.",
     );
     for t in meta.topics.values() {
-        let n = expired.get(&t.id).copied().unwrap_or(0);
+        let n = m.expired.get(&t.id).copied().unwrap_or(0);
         e.int("narad_lease_expired_total", &[("topic", &t.name)], n);
     }
 
@@ -890,7 +776,7 @@ pub(crate) fn render_doc(
     );
     for t in meta.topics.values() {
         for outcome in ["hit", "timeout", "cancelled", "no_wait"] {
-            if let Some(h) = consume_wait.get(&(t.id, outcome)) {
+            if let Some(h) = m.consume_wait.get(&(t.id, outcome)) {
                 e.histogram(
                     "narad_consume_wait_seconds",
                     &[("topic", &t.name), ("outcome", outcome)],
@@ -949,7 +835,7 @@ pub(crate) fn render_doc(
                     topic: t.id,
                     partition: PartitionId(p),
                 };
-                let g = gauges.get(&key).unwrap_or(&blank);
+                let g = m.gauges.get(&key).unwrap_or(&blank);
                 let ps = p.to_string();
                 e.int(name, &[("topic", &t.name), ("partition", &ps)], get(g));
             }
@@ -966,7 +852,7 @@ pub(crate) fn render_doc(
                 topic: t.id,
                 partition: PartitionId(p),
             };
-            let ms = gauges.get(&key).map_or(0, |g| g.oldest_unconsumed_age_ms);
+            let ms = m.gauges.get(&key).map_or(0, |g| g.oldest_unconsumed_age_ms);
             let ps = p.to_string();
             e.float(
                 "narad_oldest_unconsumed_message_age_seconds",
@@ -983,7 +869,7 @@ pub(crate) fn render_doc(
     for t in meta.topics.values() {
         let bytes: u64 = (0..t.partitions)
             .filter_map(|p| {
-                gauges.get(&PartitionKey {
+                m.gauges.get(&PartitionKey {
                     topic: t.id,
                     partition: PartitionId(p),
                 })
@@ -992,7 +878,7 @@ pub(crate) fn render_doc(
             .sum();
         e.int("narad_topic_bytes", &[("topic", &t.name)], bytes);
     }
-    render_partition_storage(&mut e, meta, &partition_io);
+    render_partition_storage(&mut e, meta, &m.partition_io);
 
     // §9.3 schema.
     e.family(
@@ -1001,34 +887,43 @@ pub(crate) fn render_doc(
         "Time of each validation run under the validation slot (payloads over 16 KiB, costly \
          schemas), decoding included, the wait for the slot excluded; others are not timed.",
     );
-    e.histogram("narad_schema_validation_seconds", &[], &schema_seconds, 1e6);
+    e.histogram(
+        "narad_schema_validation_seconds",
+        &[],
+        &m.schema_seconds,
+        1e6,
+    );
     e.family(
         "narad_schema_validations_total",
         Kind::Counter,
         "Produce payloads validated against a topic schema.",
     );
-    e.int("narad_schema_validations_total", &[], schema.validations);
+    e.int("narad_schema_validations_total", &[], m.schema.validations);
     e.family(
         "narad_schema_validations_in_flight",
         Kind::Gauge,
         "Payload validations running now.",
     );
-    e.int("narad_schema_validations_in_flight", &[], schema.in_flight);
+    e.int(
+        "narad_schema_validations_in_flight",
+        &[],
+        m.schema.in_flight,
+    );
     e.family(
         "narad_schema_rejections_total",
         Kind::Counter,
         "Produces refused by schema validation, by reason.",
     );
     for (reason, n) in [
-        ("depth", schema.rejected_depth),
-        ("malformed", schema.rejected_malformed),
-        ("invalid", schema.rejected_invalid),
-        ("busy", schema.rejected_busy),
+        ("depth", m.schema.rejected_depth),
+        ("malformed", m.schema.rejected_malformed),
+        ("invalid", m.schema.rejected_invalid),
+        ("busy", m.schema.rejected_busy),
         // A produce is not cancelled while it validates: the answer is computed even when the
         // client has gone (only long-polls notice a departed client).
         ("canceled", 0),
-        ("definition_paths", schema.rejected_definition_paths),
-        ("definition_pattern", schema.rejected_definition_pattern),
+        ("definition_paths", m.schema.rejected_definition_paths),
+        ("definition_pattern", m.schema.rejected_definition_pattern),
     ] {
         e.int("narad_schema_rejections_total", &[("reason", reason)], n);
     }
@@ -1044,7 +939,7 @@ pub(crate) fn render_doc(
         Kind::Gauge,
         "Parent records of the partition not yet copied into the child.",
     );
-    for ((parent, child, partition), (lag, _)) in &fanout_lag {
+    for ((parent, child, partition), (lag, _)) in &m.fanout_lag {
         if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
             let partition = partition.to_string();
             e.int(
@@ -1060,7 +955,7 @@ pub(crate) fn render_doc(
         "How long past due the partition's oldest uncopied record is (commit time plus the \
          child's delay); 0 when caught up.",
     );
-    for ((parent, child, partition), (_, due_ms)) in &fanout_lag {
+    for ((parent, child, partition), (_, due_ms)) in &m.fanout_lag {
         if let (Some(p), Some(c)) = (names.get(parent), names.get(child)) {
             let partition = partition.to_string();
             e.float(
@@ -1089,7 +984,11 @@ pub(crate) fn render_doc(
         .values()
         .filter_map(|c| {
             let p = meta.topic(c.parent.as_deref()?)?;
-            let k = fanout_links.get(&(p.id, c.id)).copied().unwrap_or_default();
+            let k = m
+                .fanout_links
+                .get(&(p.id, c.id))
+                .copied()
+                .unwrap_or_default();
             Some((p.name.as_str(), c.name.as_str(), k))
         })
         .collect();
@@ -1105,12 +1004,12 @@ pub(crate) fn render_doc(
         (
             "narad_fanout_unreadable_skipped_total",
             "Parent records skipped by fan-out because they could not be read.",
-            fanout.unreadable,
+            m.fanout.unreadable,
         ),
         (
             "narad_fanout_copy_failures_total",
             "Fan-out copy attempts the child refused (retried).",
-            fanout.failed_copies,
+            m.fanout.failed_copies,
         ),
     ];
     for (name, help, v) in fanout_series {
@@ -1124,8 +1023,8 @@ pub(crate) fn render_doc(
     );
     let h = Histogram::from_counts(
         &FANOUT_BATCH_RECORDS_BOUNDS,
-        &fanout.batch_records,
-        fanout.copied,
+        &m.fanout.batch_records,
+        m.fanout.copied,
     );
     e.histogram("narad_fanout_batch_records", &[], &h, 1.0);
     e.family(
@@ -1135,8 +1034,8 @@ pub(crate) fn render_doc(
     );
     let h = Histogram::from_counts(
         &FANOUT_BATCH_BYTES_BOUNDS,
-        &fanout.batch_bytes,
-        fanout.batch_bytes_sum,
+        &m.fanout.batch_bytes,
+        m.fanout.batch_bytes_sum,
     );
     e.histogram("narad_fanout_batch_bytes", &[], &h, 1.0);
 
@@ -1154,7 +1053,7 @@ pub(crate) fn render_doc(
         "Raft log index of the last metadata change applied on this node.",
     );
     e.int("narad_metastore_applied_index", &[], meta.applied_index);
-    if let Some(r) = &raft {
+    if let Some(r) = &m.raft {
         e.family(
             "narad_raft_state",
             Kind::Gauge,
@@ -1217,7 +1116,7 @@ pub(crate) fn render_doc(
             e.float("narad_raft_last_contact_seconds", &[], s);
         }
     }
-    if let Some(r) = &raft {
+    if let Some(r) = &m.raft {
         render_metastore(&mut e, r);
         let health = facts
             .metastore
@@ -1226,7 +1125,8 @@ pub(crate) fn render_doc(
         render_metastore_health(&mut e, health, r);
     }
     render_cluster(&mut e, facts, meta);
-    let http_5xx: u64 = http
+    let http_5xx: u64 = m
+        .http
         .iter()
         .filter(|(k, _)| k.status >= 500)
         .map(|(_, v)| v.duration_us.count())
@@ -1240,9 +1140,9 @@ pub(crate) fn render_doc(
     );
     for (component, kind, n) in [
         ("http", "5xx", http_5xx),
-        ("storage", "fsync_poisoned", shards_poisoned),
-        ("storage", "checkpoint", log_failures.checkpoints),
-        ("storage", "retention_unlink", log_failures.retention),
+        ("storage", "fsync_poisoned", m.shards_poisoned),
+        ("storage", "checkpoint", m.log_failures.checkpoints),
+        ("storage", "retention_unlink", m.log_failures.retention),
     ] {
         e.int(
             "narad_errors_total",
@@ -1267,7 +1167,7 @@ pub(crate) fn render_doc(
     e.int(
         "narad_http_batch_body_budget_rejections_total",
         &[],
-        budget_rejections,
+        m.budget_rejections,
     );
     e.family(
         "narad_ack_rejected_total",
@@ -1291,33 +1191,33 @@ pub(crate) fn render_doc(
         Kind::Gauge,
         "Partition logs open on this node.",
     );
-    e.int("narad_open_partition_logs", &[], open_logs);
+    e.int("narad_open_partition_logs", &[], m.open_logs);
     e.family(
         "narad_idle_logs_evicted_total",
         Kind::Counter,
         "Partition logs whose files were closed after storage.idle_log_eviction_ms without use.",
     );
-    e.int("narad_idle_logs_evicted_total", &[], idle_evicted);
+    e.int("narad_idle_logs_evicted_total", &[], m.idle_evicted);
     e.family(
         "narad_cold_retention_swept_total",
         Kind::Counter,
         "Retention passes that deleted segments of a partition whose log was closed for \
          idleness (every retention pass covers closed logs; there is no separate walk).",
     );
-    e.int("narad_cold_retention_swept_total", &[], cold_swept);
+    e.int("narad_cold_retention_swept_total", &[], m.cold_swept);
     e.family(
         "narad_cold_retention_panics_total",
         Kind::Counter,
         "Retention passes (they cover closed logs too) that panicked and were recovered: the \
          loop goes on with its next pass.",
     );
-    e.int("narad_cold_retention_panics_total", &[], retention_panics);
+    e.int("narad_cold_retention_panics_total", &[], m.retention_panics);
     e.family(
         "narad_reaper_restarts",
         Kind::Gauge,
         "Restarts of the lease-expiry loop after a panic, summed over the shards since start.",
     );
-    e.int("narad_reaper_restarts", &[], reaper_restarts);
+    e.int("narad_reaper_restarts", &[], m.reaper_restarts);
     for (name, help) in [
         (
             "narad_quarantined_copies",
@@ -1338,7 +1238,7 @@ pub(crate) fn render_doc(
         Kind::Gauge,
         "1 when a shard's write-ahead log stopped accepting writes after an I/O failure.",
     );
-    e.int("narad_ingress_wal_failed", &[], u64::from(wal_failed));
+    e.int("narad_ingress_wal_failed", &[], u64::from(m.wal_failed));
     e.family(
         "narad_ingress_dispatch_backlog_records",
         Kind::Gauge,
@@ -1348,7 +1248,7 @@ pub(crate) fn render_doc(
     e.int(
         "narad_ingress_dispatch_backlog_records",
         &[],
-        transit_backlog,
+        m.transit_backlog,
     );
     e.family(
         "narad_orphan_topic_dirs",

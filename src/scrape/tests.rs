@@ -13,7 +13,7 @@ use narad_io::types::{PartitionId, PartitionKey, TopicId};
 use narad_raft::{MetaState, RaftGauges, TopicMeta};
 use narad_shard::fanout::{FanoutCounters, LinkCounts, PartitionLag};
 
-use super::{render_doc, MetastoreFacts, NodeFacts};
+use super::{render_doc, Merged, MetastoreFacts, NodeFacts};
 use crate::metrics::expo::Histogram;
 use crate::metrics::{
     HttpKey, HttpSeries, PartitionGauges, ShardMetrics, TopicCounters, Traffic,
@@ -377,7 +377,8 @@ fn busy_node_document_is_unchanged() {
     // Proves the rendering of a node with traffic on two shards, children, schema rejections,
     // storage figures, a stalled metastore it leads, every node figure present: byte for byte
     // the snapshot.
-    let doc = render_doc(&meta(), &busy_facts(), &busy_shards());
+    let shards = busy_shards();
+    let doc = render_doc(&meta(), &Merged::of(&shards), &busy_facts(), &shards);
     assert_snapshot("busy.prom", include_str!("testdata/busy.prom"), &doc);
 }
 
@@ -400,7 +401,8 @@ fn quiet_node_document_is_unchanged() {
         inventory_collected_at_s: 1_700_000_000.0,
         data_dir_available_bytes: None,
     };
-    let doc = render_doc(&meta, &facts, &[quiet_shard(0)]);
+    let shards = [quiet_shard(0)];
+    let doc = render_doc(&meta, &Merged::of(&shards), &facts, &shards);
     assert_snapshot("quiet.prom", include_str!("testdata/quiet.prom"), &doc);
 }
 
@@ -431,7 +433,8 @@ fn follower_document_is_unchanged() {
         }),
         ..busy_facts()
     };
-    let doc = render_doc(&meta(), &facts, &[shard]);
+    let shards = [shard];
+    let doc = render_doc(&meta(), &Merged::of(&shards), &facts, &shards);
     assert_snapshot(
         "follower.prom",
         include_str!("testdata/follower.prom"),
