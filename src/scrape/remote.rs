@@ -1,0 +1,193 @@
+//! §9.4 remote plane, and the families of the planes this build does not run (remote children,
+//! node-to-node RPC, Raft TLS): the allowlist is a fact of the configuration, the label-less
+//! remote series are zero (no remotes are held, nothing is sealed), the labelled families are
+//! declared without series so that dashboards and alerts that name them find them.
+//!
+//! Owns the rendering of those families from the node's facts; never reads the node.
+
+use super::NodeFacts;
+use crate::metrics::expo::{Expo, Kind};
+
+/// Label-less §9.4 series of the remote plane, zero on a node that holds no remotes.
+const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
+    (
+        "narad_remote_held_bytes",
+        Kind::Gauge,
+        "Bytes of remote-child records held for sending (no remotes on this node).",
+    ),
+    (
+        "narad_remote_seals_total",
+        Kind::Counter,
+        "Remote credentials sealed (no remotes on this node).",
+    ),
+    (
+        "narad_remote_reseal_opens_total",
+        Kind::Counter,
+        "Remote credentials opened to be resealed (no remotes on this node).",
+    ),
+];
+
+/// OPERATIONS.md §9.4 and §9.6 families with labels whose series only a remote plane, node RPC
+/// or Raft TLS would produce; this build runs none of them, so they carry no series.
+const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 26] = [
+    (
+        "narad_fanout_remote_state",
+        Kind::Gauge,
+        "State of a remote child's partition.",
+    ),
+    (
+        "narad_fanout_remote_lag_seconds",
+        Kind::Gauge,
+        "Age of a remote child's oldest unsent record.",
+    ),
+    (
+        "narad_fanout_remote_retention_headroom_seconds",
+        Kind::Gauge,
+        "Time before a remote child's unsent records age out of the parent's retention.",
+    ),
+    (
+        "narad_fanout_remote_last_success_timestamp_seconds",
+        Kind::Gauge,
+        "When a remote child last delivered a batch.",
+    ),
+    (
+        "narad_fanout_remote_check_failures_total",
+        Kind::Counter,
+        "Failed remote child checks.",
+    ),
+    (
+        "narad_fanout_remote_skipped_records_total",
+        Kind::Counter,
+        "Records skipped for a remote child.",
+    ),
+    (
+        "narad_remote_requests_total",
+        Kind::Counter,
+        "Requests to a remote, by status code.",
+    ),
+    (
+        "narad_remote_request_seconds",
+        Kind::Histogram,
+        "Duration of requests to a remote.",
+    ),
+    (
+        "narad_remote_inflight_wait_seconds",
+        Kind::Histogram,
+        "Wait for an in-flight slot of a remote.",
+    ),
+    (
+        "narad_remote_rtt_seconds",
+        Kind::Gauge,
+        "Round-trip time to a remote.",
+    ),
+    (
+        "narad_remote_gate_backoff_seconds",
+        Kind::Gauge,
+        "Current back-off of a remote's gate.",
+    ),
+    (
+        "narad_remote_chunk_bytes_limit",
+        Kind::Gauge,
+        "Largest chunk sent to a remote.",
+    ),
+    (
+        "narad_remote_errors_total",
+        Kind::Counter,
+        "Errors talking to a remote, by class.",
+    ),
+    (
+        "narad_remote_resent_records_total",
+        Kind::Counter,
+        "Records sent to a remote again.",
+    ),
+    (
+        "narad_remote_wire_bytes_total",
+        Kind::Counter,
+        "Bytes sent to a remote on the wire.",
+    ),
+    (
+        "narad_remote_body_bytes_total",
+        Kind::Counter,
+        "Body bytes sent to a remote.",
+    ),
+    (
+        "narad_remote_credential_decrypts_total",
+        Kind::Counter,
+        "Decryptions of a remote's credential.",
+    ),
+    (
+        "narad_remote_credential_state",
+        Kind::Gauge,
+        "State of a remote's credential.",
+    ),
+    (
+        "narad_remote_credential_age_seconds",
+        Kind::Gauge,
+        "Age of a remote's credential.",
+    ),
+    (
+        "narad_remote_credential_key_current",
+        Kind::Gauge,
+        "1 when a remote's credential uses the current key.",
+    ),
+    (
+        "narad_remote_key_seals",
+        Kind::Gauge,
+        "Credentials sealed with a key.",
+    ),
+    (
+        "narad_remote_key_age_seconds",
+        Kind::Gauge,
+        "Age of a sealing key.",
+    ),
+    (
+        "narad_remote_destination_refused_total",
+        Kind::Counter,
+        "Remote destinations refused by the address guard, by reason.",
+    ),
+    (
+        "narad_raft_tls_cert_not_after_seconds",
+        Kind::Gauge,
+        "Expiry of the Raft TLS certificates.",
+    ),
+    (
+        "narad_cluster_rpc_requests_total",
+        Kind::Counter,
+        "Node-to-node RPCs, by op and outcome.",
+    ),
+    (
+        "narad_cluster_rpc_request_seconds",
+        Kind::Histogram,
+        "Duration of node-to-node RPCs, by op.",
+    ),
+];
+
+/// Every family of this module, in that order.
+pub(super) fn render(e: &mut Expo, facts: &NodeFacts) {
+    e.family(
+        "narad_remotes_allowlist_configured",
+        Kind::Gauge,
+        "1 when remotes.allowed_hosts is set on this node.",
+    );
+    e.int(
+        "narad_remotes_allowlist_configured",
+        &[],
+        u64::from(facts.remotes_allowlist_configured),
+    );
+    e.family(
+        "narad_remotes_plaintext_raft",
+        Kind::Gauge,
+        "1 when this node holds remotes and its Raft transport runs without TLS (it holds none).",
+    );
+    e.int("narad_remotes_plaintext_raft", &[], 0);
+    // No remotes are held and nothing is sealed here: the label-less series are zero.
+    for (name, kind, help) in REMOTE_ZERO_SERIES {
+        e.family(name, kind, help);
+        e.int(name, &[], 0);
+    }
+    // Families of the planes this node does not run: declared, so that dashboards and alerts
+    // that name them find them, with no series (as `narad_ack_rejected_total`).
+    for (name, kind, help) in UNUSED_PLANE_FAMILIES {
+        e.family(name, kind, help);
+    }
+}
