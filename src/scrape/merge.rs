@@ -64,147 +64,158 @@ pub(crate) struct Merged {
 impl Merged {
     /// Folds the shards' snapshots, in the order given.
     pub(crate) fn of(shards: &[ShardMetrics]) -> Merged {
-        let mut http: BTreeMap<HttpKey, HttpSeries> = BTreeMap::new();
-        let mut traffic: HashMap<PartitionKey, Traffic> = HashMap::new();
-        let mut topics: HashMap<TopicId, TopicCounters> = HashMap::new();
-        let mut gauges: HashMap<PartitionKey, PartitionGauges> = HashMap::new();
-        let mut consume_wait: HashMap<(TopicId, &'static str), Histogram> = HashMap::new();
-        let mut in_flight = 0u64;
-        let mut wal_failed = false;
-        let mut open_logs = 0u64;
-        let mut idle_evicted = 0u64;
-        let mut cold_swept = 0u64;
-        let mut retention_panics = 0u64;
-        let mut reaper_restarts = 0u64;
-        let mut transit_backlog = 0u64;
-        let mut schema = crate::schema::Counters::default();
-        let mut fanout = narad_shard::fanout::FanoutCounters::default();
-        let mut fanout_lag: BTreeMap<(TopicId, TopicId, u32), (u64, u64)> = BTreeMap::new();
-        let mut fanout_links: BTreeMap<(TopicId, TopicId), narad_shard::fanout::LinkCounts> =
-            BTreeMap::new();
-        let mut expired: HashMap<TopicId, u64> = HashMap::new();
-        let mut budget_rejections = 0u64;
-        let mut raft = None;
-        let mut partition_io: HashMap<PartitionKey, PartitionIoStats> = HashMap::new();
-        let mut log_failures = LogFailures::default();
-        let mut shards_poisoned = 0u64;
-        let mut schema_seconds = Histogram::new(&DURATION_BOUNDS_US);
+        let mut m = Merged::empty();
         for s in shards {
-            partition_io.extend(s.partition_io.iter().copied());
-            log_failures.checkpoints += s.log_failures.checkpoints;
-            log_failures.retention += s.log_failures.retention;
-            shards_poisoned += u64::from(s.wal_failed);
-            schema_seconds.merge(&durations(&s.schema.slot_validation));
-            for (a, b) in fanout.batch_records.iter_mut().zip(s.fanout.batch_records) {
-                *a += b;
-            }
-            for (a, b) in fanout.batch_bytes.iter_mut().zip(s.fanout.batch_bytes) {
-                *a += b;
-            }
-            fanout.batch_bytes_sum += s.fanout.batch_bytes_sum;
-            budget_rejections += s.budget_rejections;
-            if s.raft.is_some() {
-                raft.clone_from(&s.raft);
-            }
-            in_flight += s.in_flight;
-            wal_failed |= s.wal_failed;
-            open_logs += s.open_partition_logs;
-            idle_evicted += s.idle_logs_evicted;
-            cold_swept += s.cold_retention_swept;
-            retention_panics += s.retention_panics;
-            reaper_restarts += s.reaper_restarts;
-            transit_backlog += s.transit_backlog;
-            schema.validations += s.schema.validations;
-            schema.rejected_depth += s.schema.rejected_depth;
-            schema.rejected_malformed += s.schema.rejected_malformed;
-            schema.rejected_invalid += s.schema.rejected_invalid;
-            schema.rejected_busy += s.schema.rejected_busy;
-            schema.rejected_definition_paths += s.schema.rejected_definition_paths;
-            schema.rejected_definition_pattern += s.schema.rejected_definition_pattern;
-            schema.in_flight += s.schema.in_flight;
-            fanout.copied += s.fanout.copied;
-            fanout.unreadable += s.fanout.unreadable;
-            fanout.failed_copies += s.fanout.failed_copies;
-            for l in &s.fanout_lag {
-                let e = fanout_lag
-                    .entry((l.parent.topic, l.child, l.parent.partition.0))
-                    .or_default();
-                e.0 += l.lag_messages;
-                e.1 = e.1.max(l.due_lag_ms);
-            }
-            for &(parent, child, k) in &s.fanout_links {
-                let e = fanout_links.entry((parent, child)).or_default();
-                e.copied += k.copied;
-                e.dropped += k.dropped;
-            }
-            for &(topic, n) in &s.leases_expired {
-                *expired.entry(topic).or_default() += n;
-            }
-            for (k, v) in &s.http {
-                match http.get_mut(k) {
-                    Some(e) => {
-                        e.duration_us.merge(&v.duration_us);
-                        e.bytes_in += v.bytes_in;
-                        e.bytes_out += v.bytes_out;
-                    }
-                    None => {
-                        http.insert(*k, v.clone());
-                    }
+            m.add_node_figures(s);
+            m.add_schema(s);
+            m.add_fanout(s);
+            m.add_messages(s);
+            m.add_partitions(s);
+        }
+        m
+    }
+
+    fn empty() -> Merged {
+        Merged {
+            http: BTreeMap::new(),
+            traffic: HashMap::new(),
+            topics: HashMap::new(),
+            gauges: HashMap::new(),
+            consume_wait: HashMap::new(),
+            in_flight: 0,
+            wal_failed: false,
+            open_logs: 0,
+            idle_evicted: 0,
+            cold_swept: 0,
+            retention_panics: 0,
+            reaper_restarts: 0,
+            transit_backlog: 0,
+            schema: crate::schema::Counters::default(),
+            fanout: narad_shard::fanout::FanoutCounters::default(),
+            fanout_lag: BTreeMap::new(),
+            fanout_links: BTreeMap::new(),
+            expired: HashMap::new(),
+            budget_rejections: 0,
+            raft: None,
+            partition_io: HashMap::new(),
+            log_failures: LogFailures::default(),
+            shards_poisoned: 0,
+            schema_seconds: Histogram::new(&DURATION_BOUNDS_US),
+        }
+    }
+
+    /// The shard's label-less counters and flags, and the Raft gauges if it hosts the group.
+    fn add_node_figures(&mut self, s: &ShardMetrics) {
+        self.log_failures.checkpoints += s.log_failures.checkpoints;
+        self.log_failures.retention += s.log_failures.retention;
+        self.shards_poisoned += u64::from(s.wal_failed);
+        self.budget_rejections += s.budget_rejections;
+        if s.raft.is_some() {
+            self.raft.clone_from(&s.raft);
+        }
+        self.in_flight += s.in_flight;
+        self.wal_failed |= s.wal_failed;
+        self.open_logs += s.open_partition_logs;
+        self.idle_evicted += s.idle_logs_evicted;
+        self.cold_swept += s.cold_retention_swept;
+        self.retention_panics += s.retention_panics;
+        self.reaper_restarts += s.reaper_restarts;
+        self.transit_backlog += s.transit_backlog;
+    }
+
+    fn add_schema(&mut self, s: &ShardMetrics) {
+        self.schema_seconds
+            .merge(&durations(&s.schema.slot_validation));
+        let (sum, add) = (&mut self.schema, &s.schema);
+        sum.validations += add.validations;
+        sum.rejected_depth += add.rejected_depth;
+        sum.rejected_malformed += add.rejected_malformed;
+        sum.rejected_invalid += add.rejected_invalid;
+        sum.rejected_busy += add.rejected_busy;
+        sum.rejected_definition_paths += add.rejected_definition_paths;
+        sum.rejected_definition_pattern += add.rejected_definition_pattern;
+        sum.in_flight += add.in_flight;
+    }
+
+    /// Copy counters and batch buckets added up; a cursor's lag summed, its due lag the
+    /// largest any shard reported.
+    fn add_fanout(&mut self, s: &ShardMetrics) {
+        let fanout = &mut self.fanout;
+        for (a, b) in fanout.batch_records.iter_mut().zip(s.fanout.batch_records) {
+            *a += b;
+        }
+        for (a, b) in fanout.batch_bytes.iter_mut().zip(s.fanout.batch_bytes) {
+            *a += b;
+        }
+        fanout.batch_bytes_sum += s.fanout.batch_bytes_sum;
+        fanout.copied += s.fanout.copied;
+        fanout.unreadable += s.fanout.unreadable;
+        fanout.failed_copies += s.fanout.failed_copies;
+        for l in &s.fanout_lag {
+            let e = self
+                .fanout_lag
+                .entry((l.parent.topic, l.child, l.parent.partition.0))
+                .or_default();
+            e.0 += l.lag_messages;
+            e.1 = e.1.max(l.due_lag_ms);
+        }
+        for &(parent, child, k) in &s.fanout_links {
+            let e = self.fanout_links.entry((parent, child)).or_default();
+            e.copied += k.copied;
+            e.dropped += k.dropped;
+        }
+    }
+
+    /// HTTP series, traffic, topic counters, lapsed leases and consume waits, added up key by
+    /// key (every shard records what it handled).
+    fn add_messages(&mut self, s: &ShardMetrics) {
+        for &(topic, n) in &s.leases_expired {
+            *self.expired.entry(topic).or_default() += n;
+        }
+        for (k, v) in &s.http {
+            match self.http.get_mut(k) {
+                Some(e) => {
+                    e.duration_us.merge(&v.duration_us);
+                    e.bytes_in += v.bytes_in;
+                    e.bytes_out += v.bytes_out;
                 }
-            }
-            for (k, v) in &s.traffic {
-                let e = traffic.entry(*k).or_default();
-                e.produced += v.produced;
-                e.produced_bytes += v.produced_bytes;
-                e.consumed += v.consumed;
-                e.consumed_bytes += v.consumed_bytes;
-            }
-            for (k, v) in &s.topics {
-                let e = topics.entry(*k).or_default();
-                e.acked += v.acked;
-                e.extended += v.extended;
-                e.nacked += v.nacked;
-                e.consume_empty += v.consume_empty;
-                e.rejected_schema += v.rejected_schema;
-                e.rejected_delayed_child += v.rejected_delayed_child;
-            }
-            for (k, v) in &s.partitions {
-                gauges.insert(*k, *v);
-            }
-            for (k, v) in &s.consume_wait {
-                match consume_wait.get_mut(k) {
-                    Some(h) => h.merge(v),
-                    None => {
-                        consume_wait.insert(*k, v.clone());
-                    }
+                None => {
+                    self.http.insert(*k, v.clone());
                 }
             }
         }
-        Merged {
-            http,
-            traffic,
-            topics,
-            gauges,
-            consume_wait,
-            in_flight,
-            wal_failed,
-            open_logs,
-            idle_evicted,
-            cold_swept,
-            retention_panics,
-            reaper_restarts,
-            transit_backlog,
-            schema,
-            fanout,
-            fanout_lag,
-            fanout_links,
-            expired,
-            budget_rejections,
-            raft,
-            partition_io,
-            log_failures,
-            shards_poisoned,
-            schema_seconds,
+        for (k, v) in &s.traffic {
+            let e = self.traffic.entry(*k).or_default();
+            e.produced += v.produced;
+            e.produced_bytes += v.produced_bytes;
+            e.consumed += v.consumed;
+            e.consumed_bytes += v.consumed_bytes;
+        }
+        for (k, v) in &s.topics {
+            let e = self.topics.entry(*k).or_default();
+            e.acked += v.acked;
+            e.extended += v.extended;
+            e.nacked += v.nacked;
+            e.consume_empty += v.consume_empty;
+            e.rejected_schema += v.rejected_schema;
+            e.rejected_delayed_child += v.rejected_delayed_child;
+        }
+        for (k, v) in &s.consume_wait {
+            match self.consume_wait.get_mut(k) {
+                Some(h) => h.merge(v),
+                None => {
+                    self.consume_wait.insert(*k, v.clone());
+                }
+            }
+        }
+    }
+
+    /// The gauges and storage figures of the partitions the shard owns: taken, not added (only
+    /// the owner reports a partition).
+    fn add_partitions(&mut self, s: &ShardMetrics) {
+        self.partition_io.extend(s.partition_io.iter().copied());
+        for (k, v) in &s.partitions {
+            self.gauges.insert(*k, *v);
         }
     }
 }
