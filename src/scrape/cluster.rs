@@ -47,8 +47,8 @@ pub(super) fn render_membership(e: &mut Expo, r: &RaftGauges, h: &MetastoreFacts
     }
 }
 
-/// Partition moves, draining and the co-location of child partitions.
-pub(super) fn render_moves(e: &mut Expo, meta: &MetaState) {
+/// Partition moves: none on a node that is its whole cluster.
+pub(super) fn render_moves(e: &mut Expo) {
     e.family(
         "narad_moves_inflight",
         Kind::Gauge,
@@ -93,6 +93,11 @@ pub(super) fn render_moves(e: &mut Expo, meta: &MetaState) {
     ] {
         e.int("narad_moves_blocked", &[("reason", reason)], 0);
     }
+}
+
+/// Draining (no node drains: the family has no series) and the co-location of child
+/// partitions.
+pub(super) fn render_placement(e: &mut Expo, meta: &MetaState) {
     e.family(
         "narad_decommission_blocked",
         Kind::Gauge,

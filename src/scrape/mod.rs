@@ -162,7 +162,8 @@ pub(crate) fn render_doc(
     }
     // §9.4 remote plane and the planes this build does not run; §9.6 cluster.
     remote::render(&mut e, facts);
-    cluster::render_moves(&mut e, meta);
+    cluster::render_moves(&mut e);
+    cluster::render_placement(&mut e, meta);
     // The node's own series, then the families that sit next to them in the document.
     process::render_errors(&mut e, m);
     process::render_boot(&mut e, facts);

@@ -6,6 +6,8 @@
 //! Owns the rendering of those families from the merged figures and the node's facts; never
 //! reads the node or a file itself (`facts` does).
 
+use std::collections::HashMap;
+
 use narad_io::partition::PartitionIoStats;
 use narad_io::stats::Durations;
 use narad_io::types::{PartitionId, PartitionKey};
@@ -18,23 +20,36 @@ use crate::metrics::expo::{Expo, Kind};
 /// every partition of every topic (0 until the owner did the work); histograms for the
 /// partitions whose owner holds a log (one was written, or recovered, since the shard started).
 pub(super) fn render_partitions(e: &mut Expo, meta: &MetaState, m: &Merged) {
-    let io = &m.partition_io;
+    render_timings(e, meta, &m.partition_io);
+    render_persist(e, meta, &m.partition_io);
+    render_counters(e, meta, &m.partition_io);
+}
+
+/// Calls `f` for every partition of every topic, in name order, with its topic's name, its
+/// index, its figures (empty when its owner holds no log) and whether its owner holds a log.
+fn each_partition(
+    meta: &MetaState,
+    io: &HashMap<PartitionKey, PartitionIoStats>,
+    f: &mut dyn FnMut(&str, &str, &PartitionIoStats, bool),
+) {
     let blank = PartitionIoStats::default();
-    let each = |f: &mut dyn FnMut(&str, &str, &PartitionIoStats, bool)| {
-        for t in meta.topics.values() {
-            for p in 0..t.partitions {
-                let key = PartitionKey {
-                    topic: t.id,
-                    partition: PartitionId(p),
-                };
-                let ps = p.to_string();
-                match io.get(&key) {
-                    Some(s) => f(&t.name, &ps, s, true),
-                    None => f(&t.name, &ps, &blank, false),
-                }
+    for t in meta.topics.values() {
+        for p in 0..t.partitions {
+            let key = PartitionKey {
+                topic: t.id,
+                partition: PartitionId(p),
+            };
+            let ps = p.to_string();
+            match io.get(&key) {
+                Some(s) => f(&t.name, &ps, s, true),
+                None => f(&t.name, &ps, &blank, false),
             }
         }
-    };
+    }
+}
+
+/// Segment writes, segment fsyncs and retention passes, timed.
+fn render_timings(e: &mut Expo, meta: &MetaState, io: &HashMap<PartitionKey, PartitionIoStats>) {
     type TimingSeries = (
         &'static str,
         &'static str,
@@ -61,13 +76,17 @@ pub(super) fn render_partitions(e: &mut Expo, meta: &MetaState, m: &Merged) {
     ];
     for (name, help, get) in timings {
         e.family(name, Kind::Histogram, help);
-        each(&mut |topic, partition, s, open| {
+        each_partition(meta, io, &mut |topic, partition, s, open| {
             if open {
                 let labels = [("topic", topic), ("partition", partition)];
                 e.histogram(name, &labels, &durations(get(s)), 1e6);
             }
         });
     }
+}
+
+/// `narad_storage_high_watermark_persist_duration_seconds`, by outcome.
+fn render_persist(e: &mut Expo, meta: &MetaState, io: &HashMap<PartitionKey, PartitionIoStats>) {
     let name = "narad_storage_high_watermark_persist_duration_seconds";
     e.family(
         name,
@@ -75,7 +94,7 @@ pub(super) fn render_partitions(e: &mut Expo, meta: &MetaState, m: &Merged) {
         "Time spent making the partition's high watermark durable without the write-ahead log: \
          its share of a checkpoint (segment fsyncs, index and consumer state files), by outcome.",
     );
-    each(&mut |topic, partition, s, open| {
+    each_partition(meta, io, &mut |topic, partition, s, open| {
         if open {
             for (outcome, d) in [("ok", &s.persist_ok), ("error", &s.persist_failed)] {
                 let labels = [
@@ -87,13 +106,17 @@ pub(super) fn render_partitions(e: &mut Expo, meta: &MetaState, m: &Merged) {
             }
         }
     });
+}
+
+/// Bytes written, and bytes and messages retention deleted.
+fn render_counters(e: &mut Expo, meta: &MetaState, io: &HashMap<PartitionKey, PartitionIoStats>) {
     let name = "narad_storage_flush_bytes_total";
     e.family(
         name,
         Kind::Counter,
         "Bytes of record frames written to the partition's segment files.",
     );
-    each(&mut |topic, partition, s, _| {
+    each_partition(meta, io, &mut |topic, partition, s, _| {
         e.int(
             name,
             &[("topic", topic), ("partition", partition)],
@@ -115,7 +138,7 @@ pub(super) fn render_partitions(e: &mut Expo, meta: &MetaState, m: &Merged) {
     ];
     for (name, help, get) in deleted {
         e.family(name, Kind::Counter, help);
-        each(&mut |topic, partition, s, _| {
+        each_partition(meta, io, &mut |topic, partition, s, _| {
             let labels = [
                 ("topic", topic),
                 ("partition", partition),
