@@ -6,6 +6,17 @@
 //! mesh, merges them and renders one document ([`render`]). Never touches another shard's state
 //! directly, never blocks a request on a scrape.
 //!
+//! Layout. [`render`] does three things in turn: `merge` folds the shards' snapshots into one
+//! `Merged` (counters and histograms added up, partition gauges from their owner), `facts`
+//! reads what only the node knows (`NodeFacts`: its directories, configuration, clock and the
+//! scrape's caches), and `render_doc`, a pure function of those values, writes the document.
+//! `render_doc` is its table of contents: one call per family group, in document order, to the
+//! file of its OPERATIONS.md §9 section (`http`, `messages`, `partitions`, `storage`, `schema`,
+//! `fanout`, `auth`, `raft`, `cluster`, `remote`, `process`, `shards`). Only `facts` reads the
+//! node; the renderers never do. `tests` snapshots the whole document byte for byte
+//! (`testdata/`): a new series goes in its section's file, is called from `render_doc` where
+//! it belongs in the document, and updates the snapshots.
+//!
 //! What is counted where. HTTP series are recorded by `crate::metrics::observe` around every
 //! handled request, and for answers the HTTP layer gives without the handler. Message counters
 //! are recorded on the shard that accepted the request (a single node: the node-wide sum is the owner's count
