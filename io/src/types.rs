@@ -23,7 +23,19 @@ pub enum Destination {
 
 /// Incarnation id of a topic: a topic deleted and recreated under the same name gets a new one.
 /// Rendered as 16 lowercase hex characters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct TopicId(pub u64);
 
 impl fmt::Display for TopicId {
@@ -33,22 +45,61 @@ impl fmt::Display for TopicId {
 }
 
 /// Partition number inside one topic (0-based).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct PartitionId(pub u32);
 
 /// One partition of one topic incarnation: the unit a shard owns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct PartitionKey {
     pub topic: TopicId,
     pub partition: PartitionId,
 }
 
 /// Position of a record inside a partition. Dense, starting at 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct Offset(pub u64);
 
 /// Random per-lease token inside a receipt handle. Never 0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
 pub struct Nonce(pub u64);
 
 /// Milliseconds since the Unix epoch.
@@ -193,6 +244,47 @@ impl PartialEq<[u8]> for SharedBytes {
 impl PartialEq<Vec<u8>> for SharedBytes {
     fn eq(&self, other: &Vec<u8>) -> bool {
         **self == **other
+    }
+}
+
+/// The wire form of a [`SharedBytes`] (`#[rkyv(with = AsBytes)]`): its bytes, archived as a
+/// byte vector; read back into a buffer of its own.
+pub struct AsBytes;
+
+impl rkyv::with::ArchiveWith<SharedBytes> for AsBytes {
+    type Archived = rkyv::vec::ArchivedVec<u8>;
+    type Resolver = rkyv::vec::VecResolver;
+
+    fn resolve_with(
+        field: &SharedBytes,
+        resolver: rkyv::vec::VecResolver,
+        out: rkyv::Place<Self::Archived>,
+    ) {
+        rkyv::vec::ArchivedVec::resolve_from_len(field.len(), resolver, out);
+    }
+}
+
+impl<S> rkyv::with::SerializeWith<SharedBytes, S> for AsBytes
+where
+    S: rkyv::rancor::Fallible + rkyv::ser::Allocator + rkyv::ser::Writer + ?Sized,
+{
+    fn serialize_with(
+        field: &SharedBytes,
+        serializer: &mut S,
+    ) -> Result<rkyv::vec::VecResolver, S::Error> {
+        rkyv::vec::ArchivedVec::<u8>::serialize_from_slice(field.as_ref(), serializer)
+    }
+}
+
+impl<D> rkyv::with::DeserializeWith<rkyv::vec::ArchivedVec<u8>, SharedBytes, D> for AsBytes
+where
+    D: rkyv::rancor::Fallible + ?Sized,
+{
+    fn deserialize_with(
+        field: &rkyv::vec::ArchivedVec<u8>,
+        _: &mut D,
+    ) -> Result<SharedBytes, D::Error> {
+        Ok(SharedBytes::from(field.as_slice().to_vec()))
     }
 }
 

@@ -41,7 +41,7 @@ pub type WakeHook = Box<dyn Fn(TopicId)>;
 
 /// The per-topic settings a partition's queue needs; copied from the metadata on each request so
 /// PATCHed caps apply at once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct QueueConf {
     pub topic: TopicId,
     pub visibility_ms: u64,
@@ -49,7 +49,7 @@ pub struct QueueConf {
     pub max_acked_ahead: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub enum SettleKind {
     Ack,
     Extend,

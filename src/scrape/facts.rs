@@ -154,7 +154,6 @@ fn dir_size(dir: &Path) -> u64 {
     total
 }
 
-
 /// Topic directories under `<data_dir>/topics` whose topic is not in `live`, visiting at most
 /// [`DATA_DIR_WALK_ENTRIES_MAX`] entries. Entries that are not topic directories are not counted.
 fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>) -> u64 {

@@ -166,12 +166,13 @@ impl LogConfig {
 }
 
 /// One record to append.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct AppendRecord {
     pub key: PartitionKey,
     pub msg_key: Option<Vec<u8>>,
     /// Shared with the request body it was parsed from (a batch's records take no allocation
     /// each) or with the read it came from (a fan-out copy).
+    #[rkyv(with = crate::types::AsBytes)]
     pub payload: SharedBytes,
 }
 
