@@ -10,9 +10,11 @@
 //! had it, which SEMANTICS.md §1 allows: "a commit whose reply was lost").
 //!
 //! Owns, per shard: one queue per other shard, in accept order, the hand-off batches cut from
-//! it, and the read-your-writes marks. The dispatcher tasks that hand the batches over (one per
-//! queue, at most one hand-off in flight, so records reach their owner in accept order) live
-//! with the node's routing (`narad::transit`). The queued bytes are bounded
+//! it, the read-your-writes marks, and the dispatch policy ([`Transit::dispatch`]: one task per
+//! queue, at most one hand-off in flight, so records reach their owner in accept order; a failed
+//! hand-off is retried after a backoff of 100 ms doubling to 1 s; records of a topic or
+//! partition that no longer exists are dropped and released). The node carries the hand-offs
+//! and knows the metadata ([`HandOff`]). The queued bytes are bounded
 //! ([`TRANSIT_PENDING_BYTES_MAX`]): past it, produces take the direct path (a mesh call that
 //! waits for the owner's commit), so memory and the held WAL stay bounded.
 //!
@@ -32,6 +34,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,12 +43,18 @@ use narad_io::log::{AppendRecord, ShardLog, TransitHold};
 use narad_io::rt::{self, Notified, Notify};
 use narad_io::types::ShardId;
 
+use crate::route::StoreError;
+
 /// Bytes of queued transit records per shard before produces take the direct path.
 pub const TRANSIT_PENDING_BYTES_MAX: usize = 8 << 20;
 /// Records per hand-off (one mesh call, one append on the owner).
 pub const HANDOFF_RECORDS_MAX: usize = 1024;
 /// Payload and key bytes per hand-off (well under the owner's WAL append limit).
 pub const HANDOFF_BYTES_MAX: usize = 256 << 10;
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Longest an idle dispatcher sleeps before it looks whether its shard is stopping.
+const IDLE_LOOK_MAX: Duration = Duration::from_secs(1);
 /// Longest a read waits for earlier transit records to reach their owners.
 const CATCH_UP_WAIT_MAX: Duration = Duration::from_secs(1);
 /// How often a read looks at the node-wide counters while other shards hand over.
@@ -58,6 +67,23 @@ const NODE_CATCH_UP_POLL: Duration = Duration::from_micros(200);
 pub struct TransitProgress {
     accepted: AtomicU64,
     handed: AtomicU64,
+}
+
+/// What a dispatcher needs from its node: carry a hand-off to its owner, and what the node
+/// knows (which records vanished with their topic, whether the owner's log stopped, whether
+/// the node stops). The policy stays in [`Transit::dispatch`].
+pub trait HandOff {
+    /// Appends `batch` (records of partitions `dest` owns) there; resolves once committed.
+    fn hand_over(
+        &self,
+        dest: ShardId,
+        batch: Vec<AppendRecord>,
+    ) -> impl Future<Output = Result<(), StoreError>>;
+    /// Whether a record's topic or partition no longer exists, as the metadata says now.
+    fn vanished(&self) -> impl Fn(&AppendRecord) -> bool + '_;
+    /// The owner's log stopped for good: the node must take no more produces.
+    fn owner_stopped(&self);
+    fn stopping(&self) -> bool;
 }
 
 /// The transit records a read must see: those this shard queued before sequence `upto`, and
@@ -263,6 +289,61 @@ impl Transit {
         n
     }
 
+    /// Hands `dest`'s queue to `dest` through `node`, a batch at a time, until the node stops
+    /// and the queue is closed. `delay` postpones every hand-off (a test knob).
+    pub async fn dispatch<H: HandOff>(
+        &self,
+        node: &H,
+        log: &ShardLog,
+        dest: ShardId,
+        delay: Option<Duration>,
+    ) {
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let work = self.work(dest);
+            let batch = self.next_batch(dest);
+            if batch.is_empty() {
+                if node.stopping() && self.closing() {
+                    return;
+                }
+                // Wake at least once a second to notice the end of the shard.
+                let _ = rt::timeout(IDLE_LOOK_MAX, work).await;
+                continue;
+            }
+            let n = batch.len();
+            if let Some(d) = delay {
+                rt::sleep(d).await;
+            }
+            match node.hand_over(dest, batch).await {
+                Ok(()) => {
+                    backoff = RETRY_FIRST;
+                    self.finish(log, dest, n).await;
+                }
+                Err(e) => {
+                    if matches!(e, StoreError::Stopped(_)) {
+                        // The owner's log stopped: the records stay here until a restart, and
+                        // the node takes no more produces (SEMANTICS.md §3.4).
+                        node.owner_stopped();
+                    }
+                    let dropped = self.drop_where(log, dest, node.vanished()).await;
+                    if dropped > 0 {
+                        tracing::info!(
+                            shard = self.me.0,
+                            to = dest.0,
+                            records = dropped,
+                            "accepted records dropped before their hand-off: their topic or partition was deleted"
+                        );
+                        // Retry at once with what is left.
+                        continue;
+                    }
+                    tracing::warn!(shard = self.me.0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
+                    rt::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+
     async fn forget(&self, log: &ShardLog, done: Vec<Queued>) {
         self.node
             .handed
@@ -273,5 +354,111 @@ impl Transit {
         self.progress.notify_waiters();
         let holds: Vec<TransitHold> = done.iter().map(|q| q.hold).collect();
         log.transit_handed(&holds).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_io::log::LogConfig;
+    use narad_io::types::{Destination, PartitionId, PartitionKey, TopicId, UnixMillis};
+
+    /// A node whose hand-offs answer from a script, recording what they were given.
+    struct Scripted {
+        answers: RefCell<VecDeque<Result<(), StoreError>>>,
+        handed: RefCell<Vec<Vec<AppendRecord>>>,
+        stopped_log: Cell<bool>,
+        stopping: Cell<bool>,
+    }
+
+    impl HandOff for Scripted {
+        async fn hand_over(&self, _: ShardId, batch: Vec<AppendRecord>) -> Result<(), StoreError> {
+            self.handed.borrow_mut().push(batch);
+            self.answers.borrow_mut().pop_front().unwrap_or(Ok(()))
+        }
+        fn vanished(&self) -> impl Fn(&AppendRecord) -> bool + '_ {
+            |r: &AppendRecord| r.key.topic == TopicId(99)
+        }
+        fn owner_stopped(&self) {
+            self.stopped_log.set(true);
+        }
+        fn stopping(&self) -> bool {
+            self.stopping.get()
+        }
+    }
+
+    fn rec(topic: u64, i: u8) -> AppendRecord {
+        AppendRecord {
+            key: PartitionKey {
+                topic: TopicId(topic),
+                partition: PartitionId(0),
+            },
+            msg_key: None,
+            payload: vec![i].into(),
+        }
+    }
+
+    #[test]
+    fn a_failed_hand_off_drops_what_vanished_then_hands_the_rest_over_once() {
+        // Proves the dispatch policy: the first hand-off fails because the owner's log stopped
+        // (the node is told), the record whose topic vanished is dropped and released at once
+        // (no backoff), the rest goes over in the next hand-off, in accept order, and is
+        // released from the WAL; the dispatcher ends once the node stops and transit closed.
+        let dir = std::env::temp_dir().join(format!(
+            "narad-transit-dispatch-{}-{}",
+            std::process::id(),
+            UnixMillis::now().0
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 2);
+        rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let t = Transit::new(ShardId(0), 2, Arc::new(TransitProgress::default()));
+            let to = ShardId(1);
+            for r in [rec(1, 0), rec(99, 1), rec(1, 2)] {
+                let hold = log
+                    .append_transit(Destination::Shard(to), r.clone())
+                    .await
+                    .unwrap();
+                t.push(to, hold, r);
+            }
+            assert_eq!(log.transit_held(), 3);
+            let node = Scripted {
+                answers: RefCell::new(VecDeque::from([Err(StoreError::Stopped("eio".into()))])),
+                handed: RefCell::new(Vec::new()),
+                stopped_log: Cell::new(false),
+                stopping: Cell::new(false),
+            };
+            let run = t.dispatch(&node, &log, to, None);
+            let watch = async {
+                for _ in 0..200 {
+                    if t.pending() == 0 {
+                        break;
+                    }
+                    rt::sleep(Duration::from_millis(10)).await;
+                }
+                node.stopping.set(true);
+                assert_eq!(t.drain(Instant::now() + Duration::from_secs(1)).await, 0);
+            };
+            let ((), ()) = futures_lite::future::zip(run, watch).await;
+            let handed = node.handed.borrow();
+            assert_eq!(
+                *handed,
+                vec![
+                    vec![rec(1, 0), rec(99, 1), rec(1, 2)],
+                    vec![rec(1, 0), rec(1, 2)]
+                ]
+            );
+            assert!(
+                node.stopped_log.get(),
+                "the node heard that the owner's log stopped"
+            );
+            assert_eq!(
+                log.transit_held(),
+                0,
+                "handed and dropped records are released"
+            );
+        });
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
