@@ -186,8 +186,8 @@ fn schema_v1(
     let Some(raw) = raw else {
         return Ok(Vec::new());
     };
-    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e))?;
-    crate::schema::check_document(&doc).map_err(|e| error(400, &e))?;
+    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e.0))?;
+    crate::schema::check_document(&doc).map_err(|e| error(400, &e.0))?;
     Ok(vec![doc])
 }
 
@@ -200,8 +200,8 @@ fn schema_change(
     raw: &serde_json::value::RawValue,
     base: Option<i64>,
 ) -> Result<Option<serde_json::Value>, Response> {
-    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e))?;
-    crate::schema::check_document(&doc).map_err(|e| error(400, &e))?;
+    let doc = crate::schema::parse_document(raw).map_err(|e| error(400, &e.0))?;
+    crate::schema::check_document(&doc).map_err(|e| error(400, &e.0))?;
     // A re-send of the current schema registers nothing whatever its base version: a retried
     // conditional update whose first attempt was applied (its answer lost) is answered 200,
     // not 409 (the Go SDK retries a set-schema it is uncertain about).
@@ -224,7 +224,7 @@ fn schema_change(
             ),
         ));
     }
-    crate::schema::compatible(current, t.schema_version(), &doc).map_err(|e| error(400, &e))?;
+    crate::schema::compatible(current, t.schema_version(), &doc).map_err(|e| error(400, &e.0))?;
     Ok(Some(doc))
 }
 

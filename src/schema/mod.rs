@@ -169,8 +169,31 @@ fn options() -> jsonschema::ValidationOptions<'static> {
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(PATTERN_BYTES_MAX))
 }
 
-/// Checks a schema document for registration (SEMANTICS.md §8.4). `Err` is the full `400` text.
-pub fn check_document(doc: &Value) -> Result<(), String> {
+/// A schema document refused at registration or alteration (SEMANTICS.md §8.4): the client's
+/// fault; the text names the rule it broke (the API layer answers `400` with it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaRefused(pub String);
+
+impl std::fmt::Display for SchemaRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for SchemaRefused {
+    fn from(s: String) -> SchemaRefused {
+        SchemaRefused(s)
+    }
+}
+
+impl From<&str> for SchemaRefused {
+    fn from(s: &str) -> SchemaRefused {
+        SchemaRefused(s.to_string())
+    }
+}
+
+/// Checks a schema document for registration (SEMANTICS.md §8.4).
+pub fn check_document(doc: &Value) -> Result<(), SchemaRefused> {
     match doc {
         Value::Object(_) | Value::Bool(true) => {}
         Value::Null => return Err("invalid argument: schema cannot be removed (null)".into()),
@@ -178,14 +201,14 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
     }
     let bytes = serde_json::to_vec(doc).map_or(usize::MAX, |b| b.len());
     if bytes > SCHEMA_BYTES_MAX {
-        return Err(format!(
+        return Err(SchemaRefused(format!(
             "invalid argument: schema is {bytes} bytes; at most {SCHEMA_BYTES_MAX} are accepted"
-        ));
+        )));
     }
     if walk::depth(doc) > SCHEMA_NESTING_MAX {
-        return Err(format!(
+        return Err(SchemaRefused(format!(
             "invalid argument: schema nests deeper than {SCHEMA_NESTING_MAX} levels"
-        ));
+        )));
     }
     let Some(all) = walk::all(doc, walk::SUBSCHEMAS_SCAN_MAX) else {
         return Err("invalid argument: schema has too many subschemas".into());
@@ -194,20 +217,20 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
         for kw in ["$ref", "$dynamicRef", "$recursiveRef"] {
             if let Some(r) = v.get(kw).and_then(Value::as_str) {
                 if !r.starts_with('#') {
-                    return Err(format!(
+                    return Err(SchemaRefused(format!(
                         "invalid argument: schema: {kw} {r:?} at '{ptr}' points outside the document; only local references (#...) are accepted"
-                    ));
+                    )));
                 }
             }
         }
     }
     cost::check(doc).map_err(|e| {
         count(|c| c.rejected_definition_paths += 1);
-        format!("invalid argument: schema: {e}")
+        SchemaRefused(format!("invalid argument: schema: {e}"))
     })?;
     pattern_cost::check(&all, options).map_err(|e| {
         count(|c| c.rejected_definition_pattern += 1);
-        format!("invalid argument: schema: {e}")
+        SchemaRefused(format!("invalid argument: schema: {e}"))
     })?;
     build(doc).map_err(|e| {
         // The builder reports a regex its engine refuses as an invalid `regex` format.
@@ -215,20 +238,22 @@ pub fn check_document(doc: &Value) -> Result<(), String> {
         {
             count(|c| c.rejected_definition_pattern += 1);
         }
-        format!("invalid argument: schema: {e}")
+        SchemaRefused(format!("invalid argument: schema: {e}"))
     })?;
     Ok(())
 }
 
 /// Parses the `schema` member of a create or alter body.
-pub fn parse_document(raw: &serde_json::value::RawValue) -> Result<Value, String> {
+pub fn parse_document(raw: &serde_json::value::RawValue) -> Result<Value, SchemaRefused> {
     serde_json::from_str(raw.get()).map_err(|_| {
         // The parser gives up at 128 levels: name the limit the document broke, not its syntax.
-        if crate::wire::reader::nesting_depth(raw.get().as_bytes()) > SCHEMA_NESTING_MAX {
-            format!("invalid argument: schema nests deeper than {SCHEMA_NESTING_MAX} levels")
-        } else {
-            "invalid argument: schema is not valid JSON".into()
-        }
+        SchemaRefused(
+            if crate::wire::reader::nesting_depth(raw.get().as_bytes()) > SCHEMA_NESTING_MAX {
+                format!("invalid argument: schema nests deeper than {SCHEMA_NESTING_MAX} levels")
+            } else {
+                "invalid argument: schema is not valid JSON".into()
+            },
+        )
     })
 }
 
@@ -238,11 +263,13 @@ pub fn same_ignoring_annotations(a: &Value, b: &Value) -> bool {
     a == b || walk::strip_annotations(a) == walk::strip_annotations(b)
 }
 
-/// Checks that `new` accepts everything `old` (version `old_version`) accepted; `Err` is the
-/// full `400` text naming keyword and location.
-pub fn compatible(old: &Value, old_version: u32, new: &Value) -> Result<(), String> {
+/// Checks that `new` accepts everything `old` (version `old_version`) accepted; the refusal
+/// names keyword and location.
+pub fn compatible(old: &Value, old_version: u32, new: &Value) -> Result<(), SchemaRefused> {
     compat::check(old, new).map_err(|e| {
-        format!("invalid argument: schema incompatible with version {old_version}: {e}")
+        SchemaRefused(format!(
+            "invalid argument: schema incompatible with version {old_version}: {e}"
+        ))
     })
 }
 
@@ -681,19 +708,22 @@ mod tests {
         }
         assert!(check_document(&json!(true)).is_ok());
         let big = json!({"description": "x".repeat(SCHEMA_BYTES_MAX)});
-        assert!(check_document(&big).unwrap_err().contains("bytes"));
+        assert!(check_document(&big).unwrap_err().0.contains("bytes"));
         let mut deep = json!({});
         for _ in 0..SCHEMA_NESTING_MAX {
             deep = json!({ "not": deep });
         }
-        assert!(check_document(&deep).unwrap_err().contains("nests deeper"));
+        assert!(check_document(&deep)
+            .unwrap_err()
+            .0
+            .contains("nests deeper"));
         for r in [
             "http://example.com/s.json",
             "other.json",
             "file:///etc/passwd",
         ] {
             let e = check_document(&json!({"$ref": r})).unwrap_err();
-            assert!(e.contains("outside the document"), "{e}");
+            assert!(e.0.contains("outside the document"), "{e}");
         }
         assert!(check_document(&json!({"$defs":{"a":{}},"$ref":"#/$defs/a"})).is_ok());
         assert!(check_document(&json!({"$ref":"#/$defs/missing"})).is_err());
@@ -705,7 +735,7 @@ mod tests {
         assert!(check_document(&json!({"patternProperties":{"(?<=x)":{}}})).is_err());
         assert!(check_document(&json!({"type": 5})).is_err());
         let cycle = json!({"$defs":{"a":{"not":{"$ref":"#/$defs/a"}}},"$ref":"#/$defs/a"});
-        assert!(check_document(&cycle).unwrap_err().contains("cycle"));
+        assert!(check_document(&cycle).unwrap_err().0.contains("cycle"));
         // The four refused patterns count as `definition_pattern`, the cycle as
         // `definition_paths`; the bad `type` counts as neither (OPERATIONS.md §9.3).
         let after = counters();
