@@ -14,7 +14,7 @@ if ! command -v cargo-fuzz >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
 export RUSTC_BOOTSTRAP=1
-for target in http_parse record_decode; do
+for target in http_parse record_decode node_frame; do
     echo "fuzz: $target for ${secs}s"
     cargo fuzz run --dev -s none "$target" -- -max_total_time="$secs" -rss_limit_mb=2048
 done

@@ -9,6 +9,7 @@ pub mod codec;
 pub mod durable;
 pub mod fanout_cursor;
 pub mod file;
+pub mod frame;
 pub mod log;
 pub mod partition;
 pub mod rt;
