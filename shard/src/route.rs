@@ -46,33 +46,28 @@ impl Router {
     }
 }
 
-/// The items of a request that one owner serves, with their positions in the request.
+/// The items of a request that one owner serves.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OwnerGroup<T> {
     pub owner: Placement,
-    /// Where each item stood in the request, so answers can be put back in its order.
-    pub positions: Vec<usize>,
     pub items: Vec<T>,
 }
 
 /// Splits `items` by the owner `place` gives each, groups in the order their owners first
-/// appear, items in request order within a group.
+/// appear, items in request order within a group. A caller that must put answers back in
+/// request order groups `items.enumerate()`.
 pub fn group_by_owner<T>(
     items: impl IntoIterator<Item = T>,
     mut place: impl FnMut(&T) -> Placement,
 ) -> Vec<OwnerGroup<T>> {
     let mut groups: Vec<OwnerGroup<T>> = Vec::new();
-    for (i, item) in items.into_iter().enumerate() {
+    for item in items {
         let owner = place(&item);
         // Few owners per request (at most the shards, later the nodes): a scan beats a map.
         match groups.iter_mut().find(|g| g.owner == owner) {
-            Some(g) => {
-                g.positions.push(i);
-                g.items.push(item);
-            }
+            Some(g) => g.items.push(item),
             None => groups.push(OwnerGroup {
                 owner,
-                positions: vec![i],
                 items: vec![item],
             }),
         }
@@ -290,17 +285,20 @@ mod tests {
         // Proves the one split by owner: every item lands in its owner's group exactly once,
         // groups come in the order their owners first appear, and positions point back into
         // the request in order.
-        let place = |x: &u32| {
-            if *x >= 100 {
-                Placement::Remote(MemberId(u64::from(*x / 100)))
+        let place = |&(_, x): &(usize, u32)| {
+            if x >= 100 {
+                Placement::Remote(MemberId(u64::from(x / 100)))
             } else {
-                Placement::Local(ShardId(*x % 3))
+                Placement::Local(ShardId(x % 3))
             }
         };
-        let groups = group_by_owner([4u32, 3, 7, 100, 5, 6, 201], place);
-        let got: Vec<_> = groups
-            .iter()
-            .map(|g| (g.owner, g.positions.clone(), g.items.clone()))
+        let groups = group_by_owner([4u32, 3, 7, 100, 5, 6, 201].into_iter().enumerate(), place);
+        let got: Vec<(Placement, Vec<usize>, Vec<u32>)> = groups
+            .into_iter()
+            .map(|g| {
+                let (positions, items) = g.items.into_iter().unzip();
+                (g.owner, positions, items)
+            })
             .collect();
         assert_eq!(
             got,
@@ -312,7 +310,7 @@ mod tests {
                 (Placement::Remote(MemberId(2)), vec![6], vec![201]),
             ]
         );
-        assert!(group_by_owner(Vec::<u32>::new(), place).is_empty());
+        assert!(group_by_owner(Vec::<(usize, u32)>::new(), place).is_empty());
     }
 
     fn every_op() -> Vec<PartitionOp> {

@@ -186,7 +186,7 @@ impl Node {
         items: &[Lease],
     ) -> Vec<Result<(), SettleFailure>> {
         let mut results: Vec<Option<Result<(), SettleFailure>>> = vec![None; items.len()];
-        let groups = group_by_owner(items.iter().copied(), |it| {
+        let groups = group_by_owner(items.iter().copied().enumerate(), |(_, it)| {
             self.place(PartitionKey {
                 topic: conf.topic,
                 partition: it.0,
@@ -200,12 +200,12 @@ impl Node {
             .map(|g| {
                 let (host, mesh, me) = (self.host.clone(), self.mesh.clone(), self.shard);
                 let s = local_shard(g.owner);
-                let its = g.items;
+                let (idx, its): (Vec<usize>, Vec<Lease>) = g.items.into_iter().unzip();
                 let task =
                     rt::spawn(
                         async move { settle_via(&host, &mesh, me, s, conf, kind, its).await },
                     );
-                (g.positions, task)
+                (idx, task)
             })
             .collect();
         let mut fill = |idx: Vec<usize>, rs: Vec<Result<(), SettleFailure>>| {
@@ -220,9 +220,10 @@ impl Node {
         };
         if let Some(g) = first {
             let s = local_shard(g.owner);
+            let (idx, its): (Vec<usize>, Vec<Lease>) = g.items.into_iter().unzip();
             fill(
-                g.positions,
-                settle_via(&self.host, &self.mesh, self.shard, s, conf, kind, g.items).await,
+                idx,
+                settle_via(&self.host, &self.mesh, self.shard, s, conf, kind, its).await,
             );
         }
         for (idx, task) in rest {
@@ -277,18 +278,19 @@ impl Node {
         keys: &[PartitionKey],
     ) -> Vec<Option<PartitionGauges>> {
         let mut out: Vec<Option<PartitionGauges>> = vec![None; keys.len()];
-        for g in group_by_owner(keys.iter().copied(), |k| self.place(*k)) {
+        for g in group_by_owner(keys.iter().copied().enumerate(), |(_, k)| self.place(*k)) {
             let s = local_shard(g.owner);
+            let (positions, keys): (Vec<usize>, Vec<PartitionKey>) = g.items.into_iter().unzip();
             let rs = if s == self.shard {
-                route::local_stats(&self.host, &g.items)
+                route::local_stats(&self.host, &keys)
             } else {
-                let stats = PartitionOp::Stats { keys: g.items };
+                let stats = PartitionOp::Stats { keys };
                 match call_shard(&self.mesh, s, ShardReq::Op(stats)).await {
                     Ok(ShardResp::Op(OpReply::Stats(r))) => r,
                     _ => Vec::new(),
                 }
             };
-            for (i, r) in g.positions.into_iter().zip(rs) {
+            for (i, r) in positions.into_iter().zip(rs) {
                 out[i] = Some(r);
             }
         }
