@@ -3,9 +3,10 @@
 //! here (an rkyv archive of the operation or reply, the caller's business).
 //!
 //! Owns the byte layout and its checks. Never reads a socket, never trusts a length before the
-//! header's checksum is verified, never allocates for a body longer than [`FRAME_BODY_BYTES_MAX`].
-//! [`decode`] is incremental: given the bytes received so far it answers a whole frame, "need
-//! more", or why the stream is unusable (the connection is then dropped: there is no resync).
+//! header's checksum is verified, never copies a body: [`decode`] answers a frame that borrows
+//! its body from the receive buffer (the caller copies it once, where it must be aligned for
+//! rkyv). [`decode`] is incremental: given the bytes received so far it answers a whole frame,
+//! "need more", or why the stream is unusable (the connection is then dropped: no resync).
 //!
 //! | offset | size | field | value |
 //! |---|---|---|---|
@@ -59,14 +60,14 @@ impl FrameKind {
     }
 }
 
-/// One decoded frame.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Frame {
+/// One decoded frame; its body is a slice of the buffer it was decoded from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
     pub kind: FrameKind,
     pub request_id: u64,
     /// A request's remaining budget in milliseconds when it was sent (0 for replies).
     pub deadline_ms: u32,
-    pub body: Vec<u8>,
+    pub body: &'a [u8],
 }
 
 /// Why received bytes are not a frame. Every one ends the connection.
@@ -130,7 +131,7 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// The first frame of `buf` and how many bytes it took, or `None` when `buf` holds only part of
 /// one (read more and call again). The header is verified (magic, checksum, version, kind,
 /// reserved bits, length bound) before its length is used; the body before it is returned.
-pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
+pub fn decode(buf: &[u8]) -> Result<Option<(Frame<'_>, usize)>, FrameError> {
     if buf.len() < FRAME_HEADER_BYTES {
         // A stream that cannot become a frame is refused as early as its first bytes show it.
         let n = buf.len().min(4);
@@ -171,7 +172,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
             kind,
             request_id,
             deadline_ms: u32_at(h, 16),
-            body: body.to_vec(),
+            body,
         },
         total,
     )))
@@ -209,7 +210,7 @@ mod tests {
                 kind: FrameKind::Request,
                 request_id: 7,
                 deadline_ms: 30_000,
-                body: b"append".to_vec()
+                body: b"append"
             }
         );
         assert_eq!((got[1].kind, got[1].body.len()), (FrameKind::Reply, 0));
