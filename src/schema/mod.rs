@@ -180,12 +180,6 @@ impl std::fmt::Display for SchemaRefused {
     }
 }
 
-impl From<String> for SchemaRefused {
-    fn from(s: String) -> SchemaRefused {
-        SchemaRefused(s)
-    }
-}
-
 impl From<&str> for SchemaRefused {
     fn from(s: &str) -> SchemaRefused {
         SchemaRefused(s.to_string())
