@@ -26,34 +26,11 @@ OUT=${OUT:-$(mktemp -d -t narad-ab.XXXXXX)}
 mkdir -p "$OUT"
 WORK=$(mktemp -d -t narad-ab-work.XXXXXX)
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p=$1
-  while port_busy "$p"; do p=$((p + 1)); done
-  echo "$p"
-}
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 NGINX_PORT=$(free_port 18280)
 BROKER_PORT=$(free_port 17980)
-mkdir -p "$WORK/logs"
-cat >"$WORK/nginx.conf" <<NG
-worker_processes auto;
-pid $WORK/nginx.pid;
-error_log $WORK/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000000;
-  keepalive_timeout 300s;
-  client_body_buffer_size 64k;
-  client_max_body_size 16m;
-  client_body_temp_path $WORK/body;
-  proxy_temp_path $WORK/proxy;
-  fastcgi_temp_path $WORK/fastcgi;
-  uwsgi_temp_path $WORK/uwsgi;
-  scgi_temp_path $WORK/scgi;
-  server { listen 127.0.0.1:$NGINX_PORT reuseport backlog=4096; location / { return 202; } }
-}
-NG
+write_nginx_conf "$WORK" "$NGINX_PORT"
 BROKER_PID=""
 cleanup() {
   [ -n "$BROKER_PID" ] && kill "$BROKER_PID" 2>/dev/null || true
@@ -62,7 +39,7 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 "$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -e "$WORK/logs/error.log"
-for _ in $(seq 100); do port_busy "$NGINX_PORT" && break; sleep 0.1; done
+wait_port "$NGINX_PORT" 10
 NGINX_PID=$(cat "$WORK/nginx.pid")
 
 run() { # name binary
@@ -70,7 +47,7 @@ run() { # name binary
   data=$(mktemp -d -t narad-ab-data.XXXXXX)
   "$2" server start --dev --port "$BROKER_PORT" --data-dir "$data" >"$OUT/$1.log" 2>&1 &
   BROKER_PID=$!
-  for _ in $(seq 600); do port_busy "$BROKER_PORT" && break; sleep 0.1; done
+  wait_port "$BROKER_PORT" 60 || echo "$1: the broker did not open its port" >&2
   timeout $((DURATION * 12 + 120)) "$LOADGEN" bench --url "http://127.0.0.1:$BROKER_PORT" \
     --workload all --ceiling-url "http://127.0.0.1:$NGINX_PORT" --ceiling-pid "$NGINX_PID" \
     --server-pid "$BROKER_PID" --duration "$DURATION" --json-out "$OUT/$1.json" >"$OUT/$1.txt" 2>&1 ||

@@ -20,20 +20,8 @@ cd "$ROOT"
 DURATION=${DURATION:-10}
 OUT=${OUT:-$PWD/bench-report.json}
 
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-  local p=$1
-  while port_busy "$p"; do p=$((p + 1)); done
-  echo "$p"
-}
-wait_port() { # port seconds
-  local i
-  for ((i = 0; i < $2 * 10; i++)); do
-    port_busy "$1" && return 0
-    sleep 0.1
-  done
-  return 1
-}
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 echo "== building release binaries"
 cargo build --release --bin narad
@@ -65,29 +53,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 NGINX_PORT=$(free_port "${NGINX_PORT:-18080}")
-mkdir -p "$WORK/logs"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes auto;
-pid $WORK/nginx.pid;
-error_log $WORK/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000000;
-  keepalive_timeout 300s;
-  client_body_buffer_size 64k;
-  client_max_body_size 16m;
-  client_body_temp_path $WORK/body;
-  proxy_temp_path $WORK/proxy;
-  fastcgi_temp_path $WORK/fastcgi;
-  uwsgi_temp_path $WORK/uwsgi;
-  scgi_temp_path $WORK/scgi;
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport backlog=4096;
-    location / { return 202; }
-  }
-}
-EOF
+write_nginx_conf "$WORK" "$NGINX_PORT"
 echo "== nginx (ceiling) on 127.0.0.1:$NGINX_PORT"
 "$NGINX" -c "$WORK/nginx.conf" -p "$WORK" -e "$WORK/logs/error.log"
 wait_port "$NGINX_PORT" 10 || { echo "nginx did not start" >&2; cat "$WORK/logs/error.log" >&2; exit 1; }
