@@ -10,10 +10,9 @@ use crate::metrics::{PartitionGauges, ShardMetrics, WAL_BATCH_RECORDS_BOUNDS};
 impl Node {
     /// This shard's snapshot of its recorder and of the gauges of the partitions it owns.
     pub fn metrics_snapshot(&self) -> ShardMetrics {
-        let node = self;
         let mesh_calls_pending = self.mesh.pending_calls();
-        let m = &node.metrics;
-        let meta = node.meta();
+        let m = &self.metrics;
+        let meta = self.meta();
         let live = meta.topic_ids();
         // Deleted topics' counters go: their series disappear, their memory is freed.
         m.traffic
@@ -26,7 +25,7 @@ impl Node {
         m.oldest_unsettled
             .borrow_mut()
             .retain(|k, _| live.contains(&k.topic));
-        let log = node.host.log();
+        let log = self.host.log();
         let now = UnixMillis::now();
         let mut partitions = Vec::new();
         let mut partition_io = Vec::new();
@@ -36,12 +35,12 @@ impl Node {
                     topic: t.id,
                     partition: PartitionId(p),
                 };
-                if node.owner(key) != node.shard {
+                if self.owner(key) != self.shard {
                     continue;
                 }
-                let s = node.host.stats(key);
-                let (in_flight, acked_ahead, frontier) = node.host.queue_stats(key);
-                let losses = node.host.consumer_losses(key);
+                let s = self.host.stats(key);
+                let (in_flight, acked_ahead, frontier) = self.host.queue_stats(key);
+                let losses = self.host.consumer_losses(key);
                 // Below the oldest stored offset nothing is left to read: retention took it.
                 let at = frontier.max(s.oldest_offset);
                 let age_ms = m.unsettled_age_ms(log, key, at, s.high_watermark, now);
@@ -64,11 +63,11 @@ impl Node {
                 ));
             }
         }
-        let (fanout_lag, fanout_links) = node.fanout_metrics();
+        let (fanout_lag, fanout_links) = self.fanout_metrics();
         let wal = log.wal_stats();
         let fsync = narad_io::stats::wal_fsync();
         ShardMetrics {
-            shard: node.shard.0,
+            shard: self.shard.0,
             http: m
                 .http
                 .borrow()
@@ -100,15 +99,15 @@ impl Node {
             cold_retention_swept: log.cold_retention_swept(),
             retention_panics: m.retention_panics.get(),
             reaper_restarts: m.reaper_restarts.get(),
-            transit_backlog: node.transit.pending() as u64,
+            transit_backlog: self.transit.pending() as u64,
             mesh_calls_pending: mesh_calls_pending as u64,
             schema: crate::schema::counters(),
-            fanout: node.fanout_counters(),
+            fanout: self.fanout_counters(),
             fanout_lag,
             fanout_links,
-            leases_expired: node.host.leases_expired(),
+            leases_expired: self.host.leases_expired(),
             budget_rejections: m.budget_rejections.get(),
-            raft: node.raft_gauges(),
+            raft: self.raft_gauges(),
         }
     }
 }
