@@ -12,6 +12,7 @@ pub mod file;
 pub mod frame;
 pub mod log;
 pub mod partition;
+pub mod peer;
 pub mod rt;
 pub mod stats;
 pub mod sys;
