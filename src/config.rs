@@ -184,13 +184,19 @@ settings! {
             then node_id_given;
         pub cluster_addr: String = ":7943".into()
             => TEXT, file "cluster.addr", env "NARAD_CLUSTER_ADDR", flags(cluster_port: u16);
-        // Refused when not empty: this build runs a single node.
-        peers => PEERS, file "cluster.peers", env "NARAD_CLUSTER_PEERS";
-        // Accepted for the original's configurations; not used by a single-node build yet.
-        advertise_addr
+        /// `cluster.peers`: the voters of the metadata group (empty: a node that is its whole
+        /// cluster).
+        pub peers: Vec<Peer> = Vec::new() => PEERS, file "cluster.peers", env "NARAD_CLUSTER_PEERS";
+        /// `cluster.advertise_addr`: where other nodes reach this one's cluster port (default:
+        /// its own entry of `cluster.peers`).
+        pub advertise_addr: String = String::new()
             => TEXT, file "cluster.advertise_addr", env "NARAD_CLUSTER_ADVERTISE_ADDR";
-        initial_members
+        /// `cluster.initial_members`: the ids allowed to bootstrap (comma list; empty: every
+        /// peer).
+        pub initial_members: String = String::new()
             => TEXT, file "cluster.initial_members", env "NARAD_CLUSTER_INITIAL_MEMBERS";
+        /// `NARAD_CLUSTER_SECRET` (environment only): what nodes prove to each other.
+        pub cluster_secret: SecretText = SecretText::default() => SECRET, env CLUSTER_SECRET_ENV;
         /// `cluster.raft_snapshot_threshold`: the metadata group snapshots after this many entries.
         pub raft_snapshot_threshold: u64 = 8192
             => U64, file "cluster.raft_snapshot_threshold",
@@ -328,11 +334,11 @@ settings! {
             => TEXT, file "security.cluster_tls_key_file", env "NARAD_CLUSTER_TLS_KEY_FILE";
         pub ca_file: String = String::new()
             => TEXT, file "security.cluster_tls_ca_file", env "NARAD_CLUSTER_TLS_CA_FILE";
-        // The cluster transport's other switches: accepted and checked for shape, not used by a
-        // single-node build yet.
-        allow_plaintext_raft => BOOL, file "security.allow_plaintext_raft",
+        /// `security.allow_plaintext_raft`: a secured cluster may talk without TLS.
+        pub allow_plaintext_raft: bool = false => BOOL, file "security.allow_plaintext_raft",
             env "NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT";
-        allow_insecure_cluster => BOOL, file "security.allow_insecure_cluster",
+        /// `security.allow_insecure_cluster`: a cluster may run with security off and no secret.
+        pub allow_insecure_cluster: bool = false => BOOL, file "security.allow_insecure_cluster",
             env "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER";
         allow_legacy_cluster_auth => BOOL, file "security.allow_legacy_cluster_auth",
             env "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH";
@@ -462,6 +468,12 @@ mod kind {
         file: json_text,
         env: |_, v| Ok(v.to_string()),
     };
+    /// A secret: kept, never printed ([`SecretText`]'s `Debug` hides it).
+    pub const SECRET: Kind<SecretText> = Kind {
+        json: Json::Text,
+        file: |key, v| json_text(key, v).map(SecretText),
+        env: |_, v| Ok(SecretText(v.to_string())),
+    };
     /// A file system path.
     pub const PATH: Kind<PathBuf> = Kind {
         json: Json::Text,
@@ -545,15 +557,33 @@ mod kind {
             env_list(v).iter().map(port).collect()
         },
     };
-    /// The Raft peer list: refused unless empty, as this build runs a single node.
-    pub const PEERS: Kind<()> = Kind {
+    /// The Raft peer list: `[{"id":..,"addr":..}]` in the file, `id@host:port,...` in the
+    /// environment.
+    pub const PEERS: Kind<Vec<Peer>> = Kind {
         json: Json::Array,
-        file: |key, v| match v.as_array() {
-            Some(peers) if peers.is_empty() => Ok(()),
-            Some(_) => Err(single_node(key)),
-            None => Err(format!("{key} must be an array")),
+        file: |key, v| {
+            let peer = |p: &serde_json::Value| {
+                let id = p.get("id").and_then(|v| v.as_str());
+                let addr = p.get("addr").and_then(|v| v.as_str());
+                match (id, addr) {
+                    (Some(id), Some(addr)) => Peer::new(key, id, addr),
+                    _ => Err(format!(
+                        "{key}: each peer must be an object with string fields id and addr"
+                    )),
+                }
+            };
+            match v.as_array() {
+                Some(a) => a.iter().map(peer).collect(),
+                None => Err(format!("{key} must be an array")),
+            }
         },
-        env: |var, _| Err(single_node(var)),
+        env: |var, v| {
+            let peer = |p: &String| match p.split_once('@') {
+                Some((id, addr)) => Peer::new(var, id, addr),
+                None => Err(format!("{var}: {p:?} is not id@host:port")),
+            };
+            env_list(v).iter().map(peer).collect()
+        },
     };
     /// A password: at most [`PASSWORD_BYTES_MAX`] bytes; checked, not kept.
     pub const PASSWORD: Kind<()> = Kind {
@@ -642,9 +672,48 @@ fn show(d: Duration) -> String {
     GoDuration::from_std(d).to_string()
 }
 
-fn single_node(name: &str) -> String {
-    format!("{name}: multi-node clusters are not supported by this build yet")
+/// One voter of `cluster.peers`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub id: String,
+    /// Its cluster port, `host:port`.
+    pub addr: String,
 }
+
+impl Peer {
+    fn new(key: &str, id: &str, addr: &str) -> Result<Peer, String> {
+        let (id, addr) = (id.trim(), addr.trim());
+        if id.is_empty() || id.len() > 255 {
+            return Err(format!("{key}: a peer id must be 1-255 bytes"));
+        }
+        check_host_port(addr).map_err(|e| format!("{key}: peer {id}: {e}"))?;
+        Ok(Peer {
+            id: id.to_string(),
+            addr: addr.to_string(),
+        })
+    }
+}
+
+/// A secret setting's text; `Debug` prints only whether it is set.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct SecretText(pub String);
+
+impl SecretText {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "unset" } else { "<set>" })
+    }
+}
+
+/// The cluster secret's environment variable (never a file key, never logged).
+pub const CLUSTER_SECRET_ENV: &str = "NARAD_CLUSTER_SECRET";
+/// The fewest voters `cluster.peers` may list (CLUSTER.md §7).
+pub const PEERS_MIN: usize = 3;
 
 /// API.md §2: passwords are 1-72 bytes (empty means unset: a password is generated).
 fn password_fits(name: &str, p: &str) -> Result<(), String> {
@@ -1221,6 +1290,7 @@ impl Config {
         }
         self.validate_storage()?;
         self.validate_remotes()?;
+        self.validate_cluster()?;
         let tls = &self.cluster_tls;
         let files = [
             ("security.cluster_tls_cert_file", &tls.cert_file),
@@ -1239,6 +1309,99 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// CLUSTER.md §7 and §12: the peer list's shape, and the refusals of an unsafe cluster.
+    fn validate_cluster(&self) -> Result<(), String> {
+        if self.peers.is_empty() {
+            return Ok(());
+        }
+        let mut ids: Vec<&str> = self.peers.iter().map(|p| p.id.as_str()).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("cluster.peers lists {:?} twice", w[0]));
+        }
+        if self.peers.len() < PEERS_MIN {
+            return Err(format!(
+                "cluster.peers lists {} voter(s); a cluster needs at least {PEERS_MIN}",
+                self.peers.len()
+            ));
+        }
+        if !self.node_id_given {
+            return Err("cluster.node_id (NARAD_NODE_ID) must be set when cluster.peers is".into());
+        }
+        if !ids.contains(&self.node_id.as_str()) {
+            return Err(format!(
+                "cluster.node_id {:?} is not in cluster.peers ({}); joining as a new member is not supported by this build yet",
+                self.node_id,
+                ids.join(", ")
+            ));
+        }
+        for m in self.initial_member_ids() {
+            if !ids.contains(&m) {
+                return Err(format!(
+                    "cluster.initial_members names {m:?}, which is not in cluster.peers"
+                ));
+            }
+        }
+        if self.cluster_secret.is_empty() {
+            if self.security_enabled {
+                return Err(format!(
+                    "{CLUSTER_SECRET_ENV} is required when security is on and cluster.peers is set"
+                ));
+            }
+            if !self.cluster_tls.allow_insecure_cluster {
+                return Err(format!(
+                    "a cluster with security off and no {CLUSTER_SECRET_ENV} needs security.allow_insecure_cluster"
+                ));
+            }
+        }
+        if !self.cluster_tls.cert_file.is_empty() {
+            return Err("security.cluster_tls_*_file: TLS on the cluster port is not supported by this build yet; on a private network set security.allow_plaintext_raft".into());
+        }
+        let loopback = self
+            .cluster_addr
+            .rsplit_once(':')
+            .map(|(h, _)| {
+                let h = h.trim_start_matches('[').trim_end_matches(']');
+                h == "localhost"
+                    || h.parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            })
+            .unwrap_or(false);
+        if self.security_enabled && !self.cluster_tls.allow_plaintext_raft && !loopback {
+            return Err("security is on and cluster.peers is set, but the cluster port has no TLS: set security.allow_plaintext_raft (NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT) on a private network, or bind cluster.addr to loopback".into());
+        }
+        Ok(())
+    }
+
+    /// The ids of `cluster.initial_members` (empty: every peer may bootstrap).
+    pub fn initial_member_ids(&self) -> Vec<&str> {
+        self.initial_members
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    /// Whether this node may bootstrap the metadata group (CLUSTER.md §7).
+    pub fn may_bootstrap(&self) -> bool {
+        let m = self.initial_member_ids();
+        m.is_empty() || m.contains(&self.node_id.as_str())
+    }
+
+    /// Where other nodes reach this node's cluster port.
+    pub fn advertised_cluster_addr(&self) -> String {
+        if !self.advertise_addr.is_empty() {
+            return self.advertise_addr.clone();
+        }
+        if let Some(p) = self.peers.iter().find(|p| p.id == self.node_id) {
+            return p.addr.clone();
+        }
+        match self.cluster_addr.strip_prefix(':') {
+            Some(port) => format!("127.0.0.1:{port}"),
+            None => self.cluster_addr.clone(),
+        }
     }
 
     fn validate_remotes(&self) -> Result<(), String> {
@@ -1823,6 +1986,100 @@ mod tests {
         assert_eq!(e, "NARAD_ADMIN_PASSWORD must be 1-72 bytes (it has 73)");
         assert_eq!(load(&[("NARAD_ADMIN_PASSWORD", &long[..72])]), Ok(()));
         assert_eq!(load(&[("NARAD_ADMIN_PASSWORD", "")]), Ok(()));
+    }
+
+    #[test]
+    fn cluster_peers_are_parsed_and_unsafe_clusters_refused() {
+        // Proves `cluster.peers` reads from the environment (`id@host:port,...`) and the file
+        // (`[{"id","addr"}]`), and that CLUSTER.md §7/§12's refusals name what is wrong: fewer
+        // than 3 voters, a duplicate, a node id outside the list or not given, a bad address,
+        // security on without a secret, security off without the insecure switch, plaintext on a
+        // non-loopback port without allow_plaintext_raft. The secret never shows in Debug.
+        let peers = "a@127.0.0.1:7001, b@127.0.0.1:7002,c@localhost:7003";
+        let build = |env_pairs: &[(&str, &str)]| {
+            let mut c = Config::default();
+            let mut all: Vec<(&str, &str)> = vec![
+                ("NARAD_CLUSTER_PEERS", peers),
+                ("NARAD_NODE_ID", "a"),
+                ("NARAD_CLUSTER_SECRET", "s3cret"),
+                ("NARAD_CLUSTER_ADDR", "127.0.0.1:7001"),
+            ];
+            for (k, v) in env_pairs {
+                all.retain(|(k2, _)| k2 != k);
+                all.push((k, v));
+            }
+            c.apply_env(&env(&all))
+                .and_then(|()| c.validate())
+                .map(|()| c)
+        };
+        let c = build(&[]).expect("a valid cluster");
+        assert_eq!(c.peers.len(), 3);
+        assert_eq!(c.peers[2].addr, "localhost:7003");
+        assert!(c.may_bootstrap());
+        assert_eq!(c.advertised_cluster_addr(), "127.0.0.1:7001");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        for (set, want) in [
+            (
+                ("NARAD_CLUSTER_PEERS", "a@127.0.0.1:7001,b@127.0.0.1:7002"),
+                "lists 2 voter(s)",
+            ),
+            (
+                ("NARAD_CLUSTER_PEERS", "a@h:1,a@h:2,c@h:3"),
+                "lists \"a\" twice",
+            ),
+            (
+                ("NARAD_CLUSTER_PEERS", "a@h:1,b,c@h:3"),
+                "is not id@host:port",
+            ),
+            (("NARAD_CLUSTER_PEERS", "a@h:1,b@nope,c@h:3"), "peer b"),
+            (("NARAD_NODE_ID", "z"), "not in cluster.peers"),
+            (
+                ("NARAD_CLUSTER_SECRET", ""),
+                "NARAD_CLUSTER_SECRET is required",
+            ),
+            (
+                ("NARAD_CLUSTER_ADDR", "10.0.0.1:7001"),
+                "security.allow_plaintext_raft",
+            ),
+            (("NARAD_CLUSTER_INITIAL_MEMBERS", "a,q"), "names \"q\""),
+        ] {
+            let e = build(&[set]).expect_err(want);
+            assert!(e.contains(want), "{set:?}: {e}");
+        }
+        let e = build(&[
+            ("NARAD_SECURITY_ENABLED", "false"),
+            ("NARAD_CLUSTER_SECRET", ""),
+        ])
+        .expect_err("insecure");
+        assert!(e.contains("security.allow_insecure_cluster"), "{e}");
+        build(&[
+            ("NARAD_SECURITY_ENABLED", "false"),
+            ("NARAD_CLUSTER_SECRET", ""),
+            ("NARAD_SECURITY_ALLOW_INSECURE_CLUSTER", "true"),
+        ])
+        .expect("insecure allowed");
+        build(&[
+            ("NARAD_CLUSTER_ADDR", "10.0.0.1:7001"),
+            ("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT", "1"),
+        ])
+        .expect("plaintext allowed");
+        let c = build(&[("NARAD_CLUSTER_INITIAL_MEMBERS", "b,c")]).expect("joiner");
+        assert!(!c.may_bootstrap());
+        let mut c = Config::default();
+        c.apply_file(r#"{"cluster":{"node_id":"b","peers":[{"id":"a","addr":"h:1"},{"id":"b","addr":"h:2"},{"id":"c","addr":"h:3"}]}}"#)
+            .expect("file peers");
+        assert_eq!(
+            c.peers[1],
+            Peer {
+                id: "b".into(),
+                addr: "h:2".into()
+            }
+        );
+        let mut c = Config::default();
+        let e = c
+            .apply_file(r#"{"cluster":{"peers":["a@h:1"]}}"#)
+            .expect_err("shape");
+        assert!(e.contains("must be an object"), "{e}");
     }
 
     #[test]

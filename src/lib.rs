@@ -4,6 +4,7 @@ pub mod api;
 pub mod auth;
 pub mod boot_probe;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod logging;

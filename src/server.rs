@@ -426,7 +426,26 @@ async fn shard_main(
         mc.snapshot_logs_since_last = config.raft_snapshot_threshold;
         mc.logs_kept_after_snapshot = config.raft_trailing_logs;
         mc.fail_log_writes_after = test_knob("NARAD_TEST_RAFT_LOG_FAIL_AFTER");
-        Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
+        if config.peers.is_empty() {
+            Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
+        } else {
+            mc.raft_addr = config.advertised_cluster_addr();
+            mc.peers = config
+                .peers
+                .iter()
+                .map(|p| (p.id.clone(), p.addr.clone()))
+                .collect();
+            mc.may_bootstrap = config.may_bootstrap();
+            // The group elects through the cluster port, which opens once the node exists:
+            // waiting for a leader here would only delay that.
+            mc.leader_wait_ms = 0;
+            let links = narad_raft::network::PeerLinks::new(crate::cluster::identity(&config));
+            Some(
+                MetaNode::start_cluster(mc, links)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
     } else {
         None
     };
@@ -441,6 +460,14 @@ async fn shard_main(
         wide,
     });
     node.watch_metadata_group();
+    // Other nodes reach this shard's cluster port as soon as it can serve them (Raft needs it
+    // before start-up finishes: the group elects a leader through it).
+    if let Some(l) = crate::cluster::bind(&config)? {
+        crate::cluster::serve(&node, l, &shutdown);
+    }
+    if !config.peers.is_empty() {
+        node.follow_metadata();
+    }
     {
         let weak = Rc::downgrade(&node);
         host.set_wake_hook(Box::new(move |topic| {
@@ -453,8 +480,20 @@ async fn shard_main(
     let n2 = node.clone();
     mesh.serve(move |from, req| Box::pin(n2.clone().serve(from, req)));
     if id.0 == 0 {
-        // Seed before any shard serves, so a ready node already has its root admin.
-        crate::auth::seed::seed_root(&node).await?;
+        // Seed before any shard serves, so a ready node already has its root admin. A cluster
+        // node seeds in the background: it starts (and takes produces) without a quorum, and
+        // the users come through Raft.
+        if config.peers.is_empty() {
+            crate::auth::seed::seed_root(&node).await?;
+        } else {
+            let n = node.clone();
+            rt::spawn(async move {
+                if let Err(e) = crate::auth::seed::seed_root(&n).await {
+                    tracing::error!(error = %e, "seeding the root admin failed; a restart retries");
+                }
+            })
+            .detach();
+        }
         let state = node.meta_node_state().expect("shard 0 hosts the metadata");
         // A shard that failed to start stops the node: stop waiting for its answer then.
         let sent = futures_lite::future::or(

@@ -18,6 +18,7 @@ const LAYERS: &[&str] = &[
     "schema",     // JSON Schema checks (typed rejections)
     "metrics",    // the recorder every layer records into
     "node",       // one shard's view of the node: metadata copy, routing over the mesh
+    "cluster",    // the cluster port: other nodes' requests
     "transit",    // hand-off of transit records to their owner shards
     "auth",       // authentication and grants (typed errors)
     "scrape",     // collecting and rendering /metrics

@@ -21,7 +21,11 @@ use openraft::type_config::alias::WatchReceiverOf;
 use openraft::{BasicNode, Config, RaftMetrics, ServerState, SnapshotPolicy};
 
 use crate::model::{MetaCommand, MetaError, MetaResponse, MetaState};
-use crate::network::SingleNodeNetwork;
+use std::cell::Cell;
+
+use narad_io::peer::ops;
+
+use crate::network::{serve_raft, PeerLinks, PeerNetwork, SingleNodeNetwork};
 use crate::store::{LogStore, Published, StateMachine};
 use crate::types::{Raft, TypeConfig};
 
@@ -49,6 +53,12 @@ pub struct MetaConfig {
     /// Tests only: the log's writes fail (EIO) after this many (see
     /// [`LogStore::fail_writes_after`]).
     pub fail_log_writes_after: Option<u64>,
+    /// The voters of a cluster, `(node id, cluster address)`, this node among them; empty for a
+    /// node that is its whole cluster.
+    pub peers: Vec<(String, String)>,
+    /// Whether this node may initialise a never-initialised group with `peers` as its voters
+    /// (`cluster.initial_members`).
+    pub may_bootstrap: bool,
 }
 
 impl MetaConfig {
@@ -65,6 +75,8 @@ impl MetaConfig {
             snapshot_logs_since_last: 8192,
             logs_kept_after_snapshot: 10_240,
             fail_log_writes_after: None,
+            peers: Vec::new(),
+            may_bootstrap: true,
         }
     }
 
@@ -128,7 +140,7 @@ impl std::error::Error for MetaStartError {}
 const PROPOSE_FRAME_SLACK: u64 = 64 << 10;
 
 /// Why a proposal produced no applied answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum ProposeError {
     /// This node is not the leader (or there is none); nothing was appended. `503`.
     NoLeader { leader: Option<String> },
@@ -194,13 +206,36 @@ pub struct MetaNode {
     propose_timeout: Duration,
     /// The group was initialised at this start (an empty metastore).
     fresh: bool,
+    /// Links to the other members (a cluster), for forwarding proposals to the leader.
+    links: Option<PeerLinks>,
+    /// When the leader's last append reached this node (a follower's leader contact).
+    leader_heard: Rc<Cell<Option<Instant>>>,
 }
+
+/// Hops a proposal follows to find the leader before giving up (leader hints can be stale
+/// during an election).
+const FORWARD_HOPS_MAX: usize = 3;
+/// How long a follower waits to apply a forwarded change before answering it (so that the
+/// proposer's next read on this node sees it).
+const FORWARD_APPLY_WAIT: Duration = Duration::from_secs(5);
 
 impl MetaNode {
     /// Starts a one-member group: opens (or creates) the metastore, initialises the group on
     /// first start, and waits up to `leader_wait_ms` for leadership.
     pub async fn start(cfg: MetaConfig) -> Result<MetaNode, MetaStartError> {
-        MetaNode::start_with_network(cfg, SingleNodeNetwork, true).await
+        MetaNode::start_with_network(cfg, SingleNodeNetwork, true, None).await
+    }
+
+    /// Starts as a member of the cluster `cfg.peers`, reaching the others through `links`.
+    /// Initialises a never-initialised group with every peer as a voter when `may_bootstrap`
+    /// (identical configurations converge), then waits up to `leader_wait_ms` for any leader;
+    /// without one it starts anyway (the node serves produce; it is not ready).
+    pub async fn start_cluster(
+        cfg: MetaConfig,
+        links: PeerLinks,
+    ) -> Result<MetaNode, MetaStartError> {
+        let bootstrap = cfg.may_bootstrap;
+        MetaNode::start_with_network(cfg, PeerNetwork(links.clone()), bootstrap, Some(links)).await
     }
 
     /// Starts with any network factory. With `bootstrap`, a group that was never initialised is
@@ -209,6 +244,7 @@ impl MetaNode {
         cfg: MetaConfig,
         network: N,
         bootstrap: bool,
+        links: Option<PeerLinks>,
     ) -> Result<MetaNode, MetaStartError>
     where
         N: RaftNetworkFactory<TypeConfig>,
@@ -252,7 +288,7 @@ impl MetaNode {
             .is_initialized()
             .await
             .map_err(|e| MetaStartError::Raft(e.to_string()))?;
-        if bootstrap && initialized {
+        if initialized {
             // A single-member store started under another node id would never elect a leader:
             // say so instead of answering 503 forever.
             // The metrics carry the recovered membership once the core has run; wait briefly
@@ -285,15 +321,29 @@ impl MetaNode {
             }
         }
         if bootstrap && !initialized {
-            let members = BTreeMap::from([(cfg.node_id.clone(), BasicNode::new(&cfg.raft_addr))]);
-            raft.initialize(members)
-                .await
-                .map_err(|e| MetaStartError::Raft(e.to_string()))?;
-            tracing::info!(node_id = %cfg.node_id, "metadata group initialised with this node as its only member");
+            let members: BTreeMap<String, BasicNode> = if cfg.peers.is_empty() {
+                BTreeMap::from([(cfg.node_id.clone(), BasicNode::new(&cfg.raft_addr))])
+            } else {
+                cfg.peers
+                    .iter()
+                    .map(|(id, addr)| (id.clone(), BasicNode::new(addr)))
+                    .collect()
+            };
+            match raft.initialize(members.clone()).await {
+                Ok(()) => tracing::info!(
+                    node_id = %cfg.node_id,
+                    voters = ?members.keys().collect::<Vec<_>>(),
+                    "metadata group initialised"
+                ),
+                // Another peer's identical bootstrap reached this node first.
+                Err(e) if !cfg.peers.is_empty() => {
+                    tracing::info!(error = %e, "metadata group already initialised by a peer")
+                }
+                Err(e) => return Err(MetaStartError::Raft(e.to_string())),
+            }
         }
-        if bootstrap {
-            record_node_id(&dir, &cfg.node_id);
-        }
+        record_node_id(&dir, &cfg.node_id);
+        let cluster = links.is_some();
         let node = MetaNode {
             metrics: raft.metrics(),
             raft,
@@ -302,26 +352,34 @@ impl MetaNode {
             published,
             propose_timeout: Duration::from_millis(cfg.propose_timeout_ms),
             fresh: !initialized,
+            links,
+            leader_heard: Rc::new(Cell::new(None)),
         };
         let id = cfg.node_id.clone();
         let waited = node
             .raft
             .wait(Some(Duration::from_millis(cfg.leader_wait_ms)))
             .metrics(
-                move |m| m.current_leader.as_ref() == Some(&id),
-                "this node leads",
+                move |m| {
+                    if cluster {
+                        m.current_leader.is_some()
+                    } else {
+                        m.current_leader.as_ref() == Some(&id)
+                    }
+                },
+                "a leader",
             )
             .await;
         match waited {
             Err(e) => {
-                tracing::warn!(error = %e, "metadata node started without leading the group")
+                tracing::warn!(error = %e, "metadata node started without a leader in view")
             }
             Ok(m) => {
                 // The leader of a group of one has nobody to send heartbeats to and no leader to
                 // time out, so the ticker (every 13/64 of the heartbeat interval, 20 ms) would
                 // only wake shard 0 fifty times a second for nothing: 2 % of a core on an idle
                 // broker. Writes commit without it. A group that gains members needs it again.
-                if m.membership_config.membership().voter_ids().count() == 1 {
+                if !cluster && m.membership_config.membership().voter_ids().count() == 1 {
                     node.raft.runtime_config().tick(false);
                 }
             }
@@ -330,7 +388,100 @@ impl MetaNode {
     }
 
     /// Proposes `cmd` and waits until it is applied: the log index and the answer, or why not.
+    /// A follower of a cluster forwards it to the leader (following at most
+    /// [`FORWARD_HOPS_MAX`] leader hints) and answers once it applied the change itself.
     pub async fn propose(&self, cmd: MetaCommand) -> Result<(u64, MetaResponse), ProposeError> {
+        let mut r = self.propose_here(cmd.clone()).await;
+        let Some(links) = &self.links else {
+            return r;
+        };
+        for _ in 0..FORWARD_HOPS_MAX {
+            let leader = match &r {
+                Err(ProposeError::NoLeader { leader: Some(l) }) if *l != self.id => l.clone(),
+                _ => break,
+            };
+            let Some(addr) = self.member_addr(&leader) else {
+                break;
+            };
+            r = self.forward(links, &addr, &cmd).await;
+        }
+        if let Ok((index, _)) = &r {
+            self.wait_applied(*index, FORWARD_APPLY_WAIT).await;
+        }
+        r
+    }
+
+    /// Sends `cmd` to the leader at `addr` and maps its answer.
+    async fn forward(
+        &self,
+        links: &PeerLinks,
+        addr: &str,
+        cmd: &MetaCommand,
+    ) -> Result<(u64, MetaResponse), ProposeError> {
+        let body = serde_json::to_vec(cmd).map_err(|e| ProposeError::Fatal(e.to_string()))?;
+        let within = self.propose_timeout + Duration::from_secs(5);
+        match links.to(addr).call(ops::META_PROPOSE, &body, within).await {
+            Ok(reply) => {
+                serde_json::from_slice::<Result<(u64, MetaResponse), ProposeError>>(&reply)
+                    .unwrap_or_else(|e| {
+                        Err(ProposeError::Indeterminate(format!(
+                            "malformed answer from the leader: {e}"
+                        )))
+                    })
+            }
+            Err(e) if e.not_sent() => Err(ProposeError::NoLeader { leader: None }),
+            Err(e) => Err(ProposeError::Indeterminate(e.to_string())),
+        }
+    }
+
+    /// The cluster address of member `id`, from the current membership.
+    pub fn member_addr(&self, id: &str) -> Option<String> {
+        let m = self.metrics.borrow_watched();
+        m.membership_config
+            .membership()
+            .get_node(&id.to_string())
+            .map(|n| n.addr.clone())
+    }
+
+    /// Waits up to `within` until this replica applied `index`. False on timeout.
+    pub async fn wait_applied(&self, index: u64, within: Duration) -> bool {
+        self.raft
+            .wait(Some(within))
+            .metrics(
+                move |m| m.last_applied.as_ref().map_or(0, |l| l.index()) >= index,
+                "applied",
+            )
+            .await
+            .is_ok()
+    }
+
+    /// Serves a request another node sent to this one's metadata group: Raft's own messages,
+    /// and proposals forwarded by followers (answered as JSON of the proposal's result).
+    pub async fn serve_rpc(&self, from: &str, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
+        match op {
+            ops::META_PROPOSE => {
+                let cmd: MetaCommand =
+                    serde_json::from_slice(body).map_err(|e| format!("malformed proposal: {e}"))?;
+                // Only the leader's own proposal: never forward a forwarded one again.
+                let r = self.propose_here(cmd).await;
+                serde_json::to_vec(&r).map_err(|e| e.to_string())
+            }
+            ops::RAFT_APPEND => {
+                let r = serve_raft(&self.raft, op, body).await;
+                if r.is_ok() {
+                    let m = self.metrics.borrow_watched();
+                    if m.current_leader.as_deref() == Some(from) {
+                        self.leader_heard.set(Some(Instant::now()));
+                    }
+                }
+                r
+            }
+            _ => serve_raft(&self.raft, op, body).await,
+        }
+    }
+
+    /// Proposes on this node's own Raft: [`ProposeError::NoLeader`] when it does not lead.
+    async fn propose_here(&self, cmd: MetaCommand) -> Result<(u64, MetaResponse), ProposeError> {
         // The entry's frame, and the frames openraft appends around it (the committed id), fit
         // in the room reserved here, so a full disk refuses this change instead of failing the
         // append, which would stop the group until a restart.
@@ -433,11 +584,11 @@ impl MetaNode {
     /// When this node last knew the group had a working leader: for a leader, the last time a
     /// quorum acknowledged it (now, for the only voter of a one-member group); `None` when not
     /// leading.
-    // TODO(cluster): followers report the last heartbeat from the leader once the transport exists.
+    /// A follower answers when the leader's last append reached it.
     pub fn last_leader_contact(&self) -> Option<Instant> {
         let m = self.metrics.borrow_watched();
         if m.state != ServerState::Leader {
-            return None;
+            return m.current_leader.as_ref().and(self.leader_heard.get());
         }
         // A leader that is the only voter is its own quorum: always in contact. openraft only
         // refreshes `last_quorum_acked` on writes there, which would make an idle node look stale.

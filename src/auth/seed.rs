@@ -98,7 +98,14 @@ pub async fn seed_root(node: &Rc<Node>) -> Result<(), String> {
         match node.propose(cmd).await {
             Ok(_) => break,
             // Users appeared meanwhile: nothing to seed.
-            Err(ProposeError::Apply(e)) if e.kind == MetaErrorKind::Conflict => return Ok(()),
+            Err(ProposeError::Apply(e)) if e.kind == MetaErrorKind::Conflict => {
+                // Another node of the cluster seeded first: its password is the root's, and a
+                // file here would name one that never works.
+                if let Some(path) = &file {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Ok(());
+            }
             Err(e) if start.elapsed() < LEADER_WAIT_MAX => {
                 tracing::debug!(error = %e, "seeding the root admin: retrying");
                 narad_io::rt::sleep(Duration::from_millis(200)).await;

@@ -52,6 +52,9 @@ pub enum ShardControl {
     FanoutLag { parent: TopicId },
     /// This shard's counters and gauges for a scrape.
     Metrics,
+    /// A request of another node for the metadata group (to shard 0): Raft's messages and
+    /// forwarded proposals.
+    PeerRpc { from: String, op: u8, body: Vec<u8> },
 }
 
 pub enum ShardResp {
@@ -59,6 +62,7 @@ pub enum ShardResp {
     Proposed(Result<MetaResponse, ProposeError>),
     FanoutLag(Vec<ChildLag>),
     Metrics(Box<crate::metrics::ShardMetrics>),
+    PeerRpc(Result<Vec<u8>, String>),
     Done,
 }
 
@@ -94,7 +98,10 @@ impl ShardReq {
                 ShardEvent::Meta(_) | ShardEvent::MetaStopped(_) | ShardEvent::IngressFailed,
             )
             | ShardReq::Control(
-                ShardControl::PurgeDeleted | ShardControl::StartServing | ShardControl::Propose(_),
+                ShardControl::PurgeDeleted
+                | ShardControl::StartServing
+                | ShardControl::Propose(_)
+                | ShardControl::PeerRpc { .. },
             ) => MESH_CONTROL_CALL_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -154,6 +161,9 @@ impl Node {
                 ShardResp::FanoutLag(self.local_fanout_lag(parent))
             }
             ShardControl::Metrics => ShardResp::Metrics(Box::new(self.metrics_snapshot())),
+            ShardControl::PeerRpc { from, op, body } => {
+                ShardResp::PeerRpc(self.serve_meta_rpc(&from, op, &body).await)
+            }
         }
     }
 }

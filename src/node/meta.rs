@@ -103,6 +103,69 @@ impl Node {
         }
     }
 
+    /// Serves another node's request for the metadata group (on shard 0, which hosts it; other
+    /// shards hand it there).
+    pub async fn serve_meta_rpc(&self, from: &str, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
+        if let Some(mn) = &self.meta_node {
+            return mn.serve_rpc(from, op, body).await;
+        }
+        let req = ShardReq::Control(ShardControl::PeerRpc {
+            from: from.to_string(),
+            op,
+            body: body.to_vec(),
+        });
+        match call_shard(&self.mesh, ShardId(0), req).await {
+            Ok(ShardResp::PeerRpc(r)) => r,
+            Ok(_) => wrong_reply("PeerRpc"),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Shard 0 of a cluster: pushes every state the metadata group applies to every shard (the
+    /// changes other nodes made arrive through Raft, not through a proposal here), at most one
+    /// push at a time and always the newest state; and keeps the node-wide leader-contact time
+    /// current for readiness. Runs until shutdown.
+    pub fn follow_metadata(self: &Rc<Self>) {
+        let Some(mn) = self.meta_node.clone() else {
+            return;
+        };
+        let news = Rc::new(rt::Notify::new());
+        let n2 = news.clone();
+        mn.subscribe(Box::new(move |_| n2.notify_waiters()));
+        let me = self.clone();
+        let mn2 = mn.clone();
+        rt::spawn(async move {
+            let mut pushed = me.meta().applied_index;
+            while !me.shutting_down() {
+                let ticket = news.ticket();
+                let st = mn2.state();
+                if st.applied_index > pushed {
+                    pushed = st.applied_index;
+                    me.broadcast_meta(st).await;
+                    continue;
+                }
+                futures_lite::future::or(news.notified_since(ticket), async {
+                    rt::sleep(Duration::from_millis(500)).await;
+                })
+                .await;
+            }
+        })
+        .detach();
+        let me = self.clone();
+        rt::spawn(async move {
+            while !me.shutting_down() {
+                if let Some(t) = mn.last_leader_contact() {
+                    let age = t.elapsed().as_millis() as u64;
+                    me.wide.note_leader_contact(
+                        narad_shard::host::now_ms().saturating_sub(age).max(1),
+                    );
+                }
+                rt::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .detach();
+    }
+
     pub(super) async fn propose_here(
         self: &Rc<Self>,
         cmd: MetaCommand,
@@ -138,6 +201,14 @@ impl Node {
         let live = self.meta().topic_ids();
         let dirs = narad_io::partition::topic_dir_ids(&self.config.data_dir, usize::MAX);
         if dirs.iter().all(|id| live.contains(id)) {
+            return;
+        }
+        if !self.config.peers.is_empty() {
+            // CLUSTER.md §3: a cluster node destroys data only once caught up and confirmed by
+            // the leader; this build keeps it.
+            tracing::warn!(
+                "topic data of topics this replica does not know is kept (a cluster node never purges on its own view)"
+            );
             return;
         }
         if meta_node.started_fresh() {

@@ -23,7 +23,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use narad_io::rt::{self, Mesh, ShutdownSignal};
@@ -87,12 +87,17 @@ pub struct Node {
     pub transit: narad_shard::transit::Transit,
 }
 
+/// A cluster node is ready only if it heard from a metadata leader this recently (CLUSTER.md §6).
+pub const LEADER_CONTACT_MAX_MS: u64 = 5_000;
+
 /// Why a node is not ready (`/readyz` answers `503` with this text).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     /// Start-up has not finished (metadata pushed, deleted topics purged, shards released).
     Starting,
     ShuttingDown,
+    /// A cluster node has not heard from a metadata leader within [`LEADER_CONTACT_MAX_MS`].
+    NoLeader,
     /// The metadata group stopped for good (a storage failure): no leader until a restart.
     MetadataStopped(String),
 }
@@ -102,6 +107,9 @@ impl std::fmt::Display for NotReady {
         match self {
             NotReady::Starting => f.write_str("startup in progress"),
             NotReady::ShuttingDown => f.write_str("shutting down"),
+            NotReady::NoLeader => f.write_str(
+                "no metadata leader in view within 5 s: this node is cut off from the cluster's quorum",
+            ),
             NotReady::MetadataStopped(reason) => write!(
                 f,
                 "no metadata leader: the metadata group stopped ({reason}); restart the node"
@@ -180,6 +188,14 @@ impl Node {
         if let Some(reason) = self.meta_stopped.borrow().as_ref() {
             // API.md §15.2: ready only with a Raft leader in view; a stopped group has none.
             return Err(NotReady::MetadataStopped(reason.clone()));
+        }
+        if !self.config.peers.is_empty()
+            && self
+                .wide
+                .leader_contact_age_ms()
+                .is_none_or(|age| age > LEADER_CONTACT_MAX_MS)
+        {
+            return Err(NotReady::NoLeader);
         }
         if let Some(reason) = self.host.log().poisoned() {
             // Reads and consumes still work; readiness stays up (SEMANTICS.md §3.4).
@@ -275,9 +291,25 @@ pub struct NodeWide {
     /// The keyless round-robin cursor of each topic (SEMANTICS.md §5: one rotation per topic
     /// per node).
     rotations: Mutex<HashMap<TopicId, Arc<AtomicU32>>>,
+    /// When shard 0 last knew of a working metadata leader ([`now_ms`]; 0: never), for every
+    /// shard's readiness in a cluster.
+    leader_contact_ms: AtomicU64,
 }
 
 impl NodeWide {
+    /// Shard 0: the metadata leader was in view at `ms` ([`now_ms`]).
+    pub fn note_leader_contact(&self, ms: u64) {
+        self.leader_contact_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// How long ago the metadata leader was last in view; `None` if never.
+    pub fn leader_contact_age_ms(&self) -> Option<u64> {
+        match self.leader_contact_ms.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(now_ms().saturating_sub(at)),
+        }
+    }
+
     /// The node-wide round-robin cursor of a topic: one atomic shared by every shard, found
     /// through this map (locked) only the first time a shard meets the topic; after that the
     /// shard uses its own handle, so a keyless produce costs one relaxed `fetch_add`.

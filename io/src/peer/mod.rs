@@ -11,6 +11,7 @@
 //! connection between shards.
 
 pub mod link;
+pub mod ops;
 pub mod proof;
 pub mod serve;
 pub mod wire;

@@ -1,0 +1,18 @@
+//! The operation codes of node-to-node requests: one table, stable and append-only (a code is
+//! never reused), so that a node meeting a code it does not know answers "unsupported rpc
+//! operation" instead of misreading it. The bodies are defined where each operation is served.
+
+/// Raft: append entries (openraft's `AppendEntriesRequest`, JSON).
+pub const RAFT_APPEND: u8 = 1;
+/// Raft: vote request (JSON).
+pub const RAFT_VOTE: u8 = 2;
+/// Raft: pre-vote request (JSON).
+pub const RAFT_PRE_VOTE: u8 = 3;
+/// Raft: a full snapshot (vote and metadata as JSON, then the snapshot's bytes).
+pub const RAFT_SNAPSHOT: u8 = 4;
+/// Raft: leadership transfer to the receiver (JSON).
+pub const RAFT_TRANSFER_LEADER: u8 = 5;
+/// A metadata command proposed on a follower, forwarded to the leader (JSON).
+pub const META_PROPOSE: u8 = 6;
+/// The leader's committed index, for a follower's read barrier.
+pub const META_READ_INDEX: u8 = 7;

@@ -1,0 +1,83 @@
+//! The cluster port of this shard: serves other nodes' requests (CLUSTER.md §12–13). Every shard
+//! listens on `cluster.addr` (the kernel spreads connections over them, as for the API port);
+//! a request for the metadata group goes to shard 0, which hosts it.
+//!
+//! Owns the node's cluster identity (its id and the secret it proves) and the mapping of
+//! operation codes (`narad_io::peer::ops`) to the node's work. Never parses frames (io does),
+//! never decides metadata (Raft does).
+
+use std::rc::Rc;
+
+use narad_io::peer::{self, ops, Identity, Inbound, Outcome, Secret};
+use narad_io::rt::{ShutdownSignal, TcpListener};
+
+use crate::config::Config;
+use crate::node::Node;
+
+/// This node's identity on the cluster port: its id and the secret it proves
+/// (`NARAD_CLUSTER_SECRET`, or, for a node that is its whole cluster, 32 random bytes of this
+/// process: its port is then closed to every other process).
+pub fn identity(config: &Config) -> Identity {
+    let secret = if config.cluster_secret.is_empty() {
+        if config.peers.is_empty() {
+            let mut b = vec![0u8; 32];
+            narad_io::sys::fill_random(&mut b);
+            Secret::new(b)
+        } else {
+            // Security off with security.allow_insecure_cluster (config validation): an open
+            // plane, as CLUSTER.md §12 allows.
+            Secret::new(b"narad-insecure-cluster".to_vec())
+        }
+    } else {
+        Secret::new(config.cluster_secret.0.as_bytes().to_vec())
+    };
+    Identity {
+        node_id: config.node_id.clone(),
+        secret,
+    }
+}
+
+/// Binds this shard's cluster listener (a cluster node only).
+pub fn bind(config: &Config) -> Result<Option<TcpListener>, String> {
+    if config.peers.is_empty() {
+        return Ok(None);
+    }
+    let addr = crate::config::parse_listen_addr(&config.cluster_addr)
+        .map_err(|e| format!("cluster.addr {e}"))?;
+    TcpListener::bind(addr)
+        .map(Some)
+        .map_err(|e| format!("cluster.addr {addr}: {e}"))
+}
+
+/// Serves the cluster port on this shard until `shutdown`.
+pub fn serve(node: &Rc<Node>, listener: TcpListener, shutdown: &ShutdownSignal) {
+    let n = node.clone();
+    let handler: peer::Handler = Rc::new(move |req: Inbound| {
+        let n = n.clone();
+        Box::pin(async move { handle(&n, req).await }) as peer::HandlerFuture
+    });
+    let admit: peer::Admit = Rc::new(|_id: &str| Ok(()));
+    narad_io::rt::spawn(peer::serve(
+        listener,
+        identity(&node.config),
+        handler,
+        admit,
+        shutdown.clone(),
+    ))
+    .detach();
+}
+
+async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
+    match req.op {
+        ops::RAFT_APPEND
+        | ops::RAFT_VOTE
+        | ops::RAFT_PRE_VOTE
+        | ops::RAFT_SNAPSHOT
+        | ops::RAFT_TRANSFER_LEADER
+        | ops::META_PROPOSE => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
+            Ok(b) => Outcome::Ok(b),
+            Err(e) => Outcome::Error(e),
+        },
+        _ => Outcome::Unsupported,
+    }
+}
