@@ -197,6 +197,14 @@ impl Node {
         {
             return Err(NotReady::NoLeader);
         }
+        if !self.config.peers.is_empty()
+            && self.config.security_enabled
+            && self.meta.borrow().users.is_empty()
+        {
+            // A cluster seeds its root admin through Raft after start-up: a node without it
+            // could only answer 401.
+            return Err(NotReady::Starting);
+        }
         if let Some(reason) = self.host.log().poisoned() {
             // Reads and consumes still work; readiness stays up (SEMANTICS.md §3.4).
             tracing::debug!(reason, "ingress WAL failed");

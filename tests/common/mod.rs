@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 /// Longest a server may take to become ready.
 const READY_WAIT_MAX: Duration = Duration::from_secs(60);
 
