@@ -8,34 +8,11 @@
 
 use std::rc::Rc;
 
-use narad_io::peer::{self, ops, Identity, Inbound, Outcome, Secret};
+use narad_io::peer::{self, ops, Inbound, Outcome};
 use narad_io::rt::{ShutdownSignal, TcpListener};
 
 use crate::config::Config;
 use crate::node::Node;
-
-/// This node's identity on the cluster port: its id and the secret it proves
-/// (`NARAD_CLUSTER_SECRET`, or, for a node that is its whole cluster, 32 random bytes of this
-/// process: its port is then closed to every other process).
-pub fn identity(config: &Config) -> Identity {
-    let secret = if config.cluster_secret.is_empty() {
-        if config.peers.is_empty() {
-            let mut b = vec![0u8; 32];
-            narad_io::sys::fill_random(&mut b);
-            Secret::new(b)
-        } else {
-            // Security off with security.allow_insecure_cluster (config validation): an open
-            // plane, as CLUSTER.md §12 allows.
-            Secret::new(b"narad-insecure-cluster".to_vec())
-        }
-    } else {
-        Secret::new(config.cluster_secret.0.as_bytes().to_vec())
-    };
-    Identity {
-        node_id: config.node_id.clone(),
-        secret,
-    }
-}
 
 /// Binds this shard's cluster listener (a cluster node only).
 pub fn bind(config: &Config) -> Result<Option<TcpListener>, String> {
@@ -59,7 +36,7 @@ pub fn serve(node: &Rc<Node>, listener: TcpListener, shutdown: &ShutdownSignal) 
     let admit: peer::Admit = Rc::new(|_id: &str| Ok(()));
     narad_io::rt::spawn(peer::serve(
         listener,
-        identity(&node.config),
+        crate::node::identity(&node.config),
         handler,
         admit,
         shutdown.clone(),
@@ -75,6 +52,10 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         | ops::RAFT_SNAPSHOT
         | ops::RAFT_TRANSFER_LEADER
         | ops::META_PROPOSE => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
+            Ok(b) => Outcome::Ok(b),
+            Err(e) => Outcome::Error(e),
+        },
+        ops::COMMIT_BATCH => match node.serve_commit(&req.body).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },

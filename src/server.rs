@@ -439,7 +439,7 @@ async fn shard_main(
             // The group elects through the cluster port, which opens once the node exists:
             // waiting for a leader here would only delay that.
             mc.leader_wait_ms = 0;
-            let links = narad_raft::network::PeerLinks::new(crate::cluster::identity(&config));
+            let links = narad_raft::network::PeerLinks::new(crate::node::identity(&config));
             Some(
                 MetaNode::start_cluster(mc, links)
                     .await

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use narad_io::log::AppendRecord;
 use narad_io::rt;
-use narad_io::types::{Destination, ShardId};
+use narad_io::types::{Destination, MemberId, ShardId};
 
 use narad_shard::transit::HandOff;
 
@@ -21,12 +21,12 @@ use crate::node::{Node, StoreError};
 pub fn start(node: &Rc<Node>) {
     let t = &node.transit;
     for (hold, rec) in node.host.log().take_recovered_transit() {
-        t.push(dest_shard(node, hold.dest, &rec), hold, rec);
+        t.push(destination(node, hold.dest, &rec), hold, rec);
     }
     let weak = Rc::downgrade(node);
     node.host.log().on_transit(Box::new(move |hold, rec| {
         if let Some(n) = weak.upgrade() {
-            let to = dest_shard(&n, hold.dest, &rec);
+            let to = destination(&n, hold.dest, &rec);
             n.transit.push(to, hold, rec);
         }
     }));
@@ -40,25 +40,35 @@ pub fn start(node: &Rc<Node>) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_millis);
-    for d in 0..node.shards {
+    let me = node.member_of(&node.config.node_id);
+    let shards = (0..node.shards).map(|d| Destination::Shard(ShardId(d)));
+    let members = (0..node.config.peers.len() as u64)
+        .map(MemberId)
+        .filter(|m| Some(*m) != me)
+        .map(Destination::Node);
+    for d in shards.chain(members) {
         let node = NodeHandOff(node.clone());
         rt::spawn(async move {
             let n = &node.0;
-            n.transit
-                .dispatch(&node, n.host.log(), ShardId(d), delay)
-                .await;
+            n.transit.dispatch(&node, n.host.log(), d, delay).await;
         })
         .detach();
     }
 }
 
-/// The shard whose queue takes a transit record for `dest`. A node is its whole cluster today,
-/// so a record naming another node (only a cluster build writes them) goes to the owner
-/// shard of its partition here.
-fn dest_shard(node: &Node, dest: Destination, rec: &AppendRecord) -> ShardId {
+/// The queue that takes a transit record for `dest`: its shard, or another member of the
+/// cluster. A record naming this node, or a member the configuration no longer has (the peer
+/// list changed across a restart), goes to the owner shard of its partition here.
+fn destination(node: &Node, dest: Destination, rec: &AppendRecord) -> Destination {
     match dest {
-        Destination::Shard(s) if s.0 < node.shards => s,
-        _ => node.owner(rec.key),
+        Destination::Shard(s) if s.0 < node.shards => dest,
+        Destination::Node(m)
+            if (m.0 as usize) < node.config.peers.len()
+                && node.member_of(&node.config.node_id) != Some(m) =>
+        {
+            dest
+        }
+        _ => Destination::Shard(node.owner(rec.key)),
     }
 }
 
@@ -67,12 +77,15 @@ fn dest_shard(node: &Node, dest: Destination, rec: &AppendRecord) -> ShardId {
 struct NodeHandOff(Rc<Node>);
 
 impl HandOff for NodeHandOff {
-    fn hand_over(
+    async fn hand_over(
         &self,
-        dest: ShardId,
+        dest: Destination,
         batch: Vec<AppendRecord>,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> {
-        self.0.append_one(dest, batch)
+    ) -> Result<(), StoreError> {
+        match dest {
+            Destination::Shard(s) => self.0.append_one(s, batch).await,
+            Destination::Node(m) => self.0.commit_remote(m, batch).await,
+        }
     }
 
     fn vanished(&self) -> impl Fn(&AppendRecord) -> bool + '_ {

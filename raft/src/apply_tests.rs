@@ -22,6 +22,7 @@ fn topic(name: &str, id: u64) -> TopicMeta {
         attach_epoch: None,
         fanout_delay_ms: 0,
         attach_offsets: Vec::new(),
+        owners: Vec::new(),
     }
 }
 

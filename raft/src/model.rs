@@ -140,9 +140,22 @@ pub struct TopicMeta {
     /// Attach point per parent partition; empty for non-children.
     #[serde(default)]
     pub attach_offsets: Vec<u64>,
+    /// The node owning each partition (CLUSTER.md §3 "assignments"): partition `p` is owned by
+    /// `owners[p % owners.len()]`, so partitions added later follow the same rotation. Empty for
+    /// a node that is its whole cluster (every partition is local).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owners: Vec<String>,
 }
 
 impl TopicMeta {
+    /// The node owning partition `p`, or `None` when every partition is local (no cluster).
+    pub fn owner_of(&self, p: u32) -> Option<&str> {
+        if self.owners.is_empty() {
+            return None;
+        }
+        Some(self.owners[p as usize % self.owners.len()].as_str())
+    }
+
     pub fn role(&self) -> Role {
         if self.parent.is_some() {
             Role::Child

@@ -668,6 +668,7 @@ mod tests {
             attach_epoch: None,
             fanout_delay_ms: 0,
             attach_offsets: Vec::new(),
+            owners: Vec::new(),
         }
     }
 

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use narad_io::log::{AppendRecord, ShardLog, TransitHold};
 use narad_io::rt::{self, Notified, Notify};
-use narad_io::types::ShardId;
+use narad_io::types::{Destination, ShardId};
 
 use crate::route::StoreError;
 
@@ -76,7 +76,7 @@ pub trait HandOff {
     /// Appends `batch` (records of partitions `dest` owns) there; resolves once committed.
     fn hand_over(
         &self,
-        dest: ShardId,
+        dest: Destination,
         batch: Vec<AppendRecord>,
     ) -> impl Future<Output = Result<(), StoreError>>;
     /// Whether a record's topic or partition no longer exists, as the metadata says now.
@@ -106,7 +106,9 @@ fn weight(r: &AppendRecord) -> usize {
 
 pub struct Transit {
     me: ShardId,
-    /// Indexed by destination shard (this shard's own queue stays empty).
+    shards: u32,
+    /// Indexed by destination: the node's shards, then the cluster's members (this shard's own
+    /// queue stays empty; see [`Transit::slot`]).
     queues: Vec<RefCell<VecDeque<Queued>>>,
     work: Vec<Notify>,
     /// Something was handed over (or dropped).
@@ -119,17 +121,31 @@ pub struct Transit {
 }
 
 impl Transit {
-    pub fn new(me: ShardId, shards: u32, node: Arc<TransitProgress>) -> Transit {
+    /// Transit state of shard `me` of `shards`, in a cluster of `members` nodes (0 for a node
+    /// that is its whole cluster).
+    pub fn new(me: ShardId, shards: u32, members: u32, node: Arc<TransitProgress>) -> Transit {
+        let slots = (shards + members) as usize;
         Transit {
             me,
+            shards,
             node,
-            queues: (0..shards).map(|_| RefCell::new(VecDeque::new())).collect(),
-            work: (0..shards).map(|_| Notify::new()).collect(),
+            queues: (0..slots).map(|_| RefCell::new(VecDeque::new())).collect(),
+            work: (0..slots).map(|_| Notify::new()).collect(),
             progress: Notify::new(),
             next_seq: Cell::new(0),
             pending_bytes: Cell::new(0),
             closing: Cell::new(false),
         }
+    }
+
+    /// The queue of `dest`. A member beyond the cluster's size (a bug) shares the last queue
+    /// rather than panicking.
+    fn slot(&self, dest: Destination) -> usize {
+        let i = match dest {
+            Destination::Shard(s) => s.0 as usize,
+            Destination::Node(m) => self.shards as usize + m.0 as usize,
+        };
+        i.min(self.queues.len() - 1)
     }
 
     fn node_handed(&self) -> u64 {
@@ -142,16 +158,17 @@ impl Transit {
     }
 
     /// Queues a durable transit record for its owner `dest`.
-    pub fn push(&self, dest: ShardId, hold: TransitHold, rec: AppendRecord) {
+    pub fn push(&self, dest: Destination, hold: TransitHold, rec: AppendRecord) {
+        let slot = self.slot(dest);
         let seq = self.next_seq.get();
         self.next_seq.set(seq + 1);
         self.pending_bytes
             .set(self.pending_bytes.get() + weight(&rec));
-        self.queues[dest.0 as usize]
+        self.queues[slot]
             .borrow_mut()
             .push_back(Queued { seq, hold, rec });
         self.node.accepted.fetch_add(1, Ordering::AcqRel);
-        self.work[dest.0 as usize].notify_waiters();
+        self.work[slot].notify_waiters();
     }
 
     /// Records queued and not yet handed over.
@@ -236,15 +253,15 @@ impl Transit {
     }
 
     /// Fires when a record is queued for `dest`.
-    pub fn work(&self, dest: ShardId) -> Notified<'_> {
-        self.work[dest.0 as usize].notified()
+    pub fn work(&self, dest: Destination) -> Notified<'_> {
+        self.work[self.slot(dest)].notified()
     }
 
     /// The next hand-off to `dest`: its oldest records, at most [`HANDOFF_RECORDS_MAX`] and
     /// [`HANDOFF_BYTES_MAX`] (one record however large). They stay queued until
     /// [`Transit::finish`].
-    pub fn next_batch(&self, dest: ShardId) -> Vec<AppendRecord> {
-        let q = self.queues[dest.0 as usize].borrow();
+    pub fn next_batch(&self, dest: Destination) -> Vec<AppendRecord> {
+        let q = self.queues[self.slot(dest)].borrow();
         let mut bytes = 0;
         q.iter()
             .take(HANDOFF_RECORDS_MAX)
@@ -258,8 +275,8 @@ impl Transit {
 
     /// The owner committed the first `n` records of `dest`'s queue: removes them and releases
     /// their WAL holds.
-    pub async fn finish(&self, log: &ShardLog, dest: ShardId, n: usize) {
-        let done: Vec<Queued> = self.queues[dest.0 as usize]
+    pub async fn finish(&self, log: &ShardLog, dest: Destination, n: usize) {
+        let done: Vec<Queued> = self.queues[self.slot(dest)]
             .borrow_mut()
             .drain(..n)
             .collect();
@@ -271,11 +288,11 @@ impl Transit {
     pub async fn drop_where(
         &self,
         log: &ShardLog,
-        dest: ShardId,
+        dest: Destination,
         gone: impl Fn(&AppendRecord) -> bool,
     ) -> usize {
         let vanished: Vec<Queued> = {
-            let mut q = self.queues[dest.0 as usize].borrow_mut();
+            let mut q = self.queues[self.slot(dest)].borrow_mut();
             if !q.iter().any(|e| gone(&e.rec)) {
                 return 0;
             }
@@ -295,7 +312,7 @@ impl Transit {
         &self,
         node: &H,
         log: &ShardLog,
-        dest: ShardId,
+        dest: Destination,
         delay: Option<Duration>,
     ) {
         let mut backoff = RETRY_FIRST;
@@ -329,14 +346,14 @@ impl Transit {
                     if dropped > 0 {
                         tracing::info!(
                             shard = self.me.0,
-                            to = dest.0,
+                            to = ?dest,
                             records = dropped,
                             "accepted records dropped before their hand-off: their topic or partition was deleted"
                         );
                         // Retry at once with what is left.
                         continue;
                     }
-                    tracing::warn!(shard = self.me.0, to = dest.0, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
+                    tracing::warn!(shard = self.me.0, to = ?dest, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
                     rt::sleep(backoff).await;
                     backoff = (backoff * 2).min(RETRY_MAX);
                 }
@@ -361,7 +378,7 @@ impl Transit {
 mod tests {
     use super::*;
     use narad_io::log::LogConfig;
-    use narad_io::types::{Destination, PartitionId, PartitionKey, TopicId, UnixMillis};
+    use narad_io::types::{PartitionId, PartitionKey, TopicId, UnixMillis};
 
     /// A node whose hand-offs answer from a script, recording what they were given.
     struct Scripted {
@@ -372,7 +389,11 @@ mod tests {
     }
 
     impl HandOff for Scripted {
-        async fn hand_over(&self, _: ShardId, batch: Vec<AppendRecord>) -> Result<(), StoreError> {
+        async fn hand_over(
+            &self,
+            _: Destination,
+            batch: Vec<AppendRecord>,
+        ) -> Result<(), StoreError> {
             self.handed.borrow_mut().push(batch);
             self.answers.borrow_mut().pop_front().unwrap_or(Ok(()))
         }
@@ -413,13 +434,10 @@ mod tests {
         let cfg = LogConfig::new(dir.clone(), ShardId(0), 2);
         rt::block_on(async move {
             let (log, _, _) = ShardLog::open(cfg).await.unwrap();
-            let t = Transit::new(ShardId(0), 2, Arc::new(TransitProgress::default()));
-            let to = ShardId(1);
+            let t = Transit::new(ShardId(0), 2, 0, Arc::new(TransitProgress::default()));
+            let to = Destination::Shard(ShardId(1));
             for r in [rec(1, 0), rec(99, 1), rec(1, 2)] {
-                let hold = log
-                    .append_transit(Destination::Shard(to), r.clone())
-                    .await
-                    .unwrap();
+                let hold = log.append_transit(to, r.clone()).await.unwrap();
                 t.push(to, hold, r);
             }
             assert_eq!(log.transit_held(), 3);

@@ -94,6 +94,27 @@ fn view_with_schema(t: &TopicMeta) -> TopicView<'_> {
     v
 }
 
+/// The owners of a new topic's partitions (CLUSTER.md §8): round-robin over the cluster's
+/// members, starting at a member that turns with every topic created; a child's rotation is its
+/// parent's shifted by one, so child partition `p` lives away from parent partition `p` (both
+/// follow `owners[p % n]`). Empty for a node that is its whole cluster.
+// TODO(cluster): alive, non-draining members once membership is a Raft domain; the peers now.
+fn placement(node: &Node, parent_owners: Vec<String>) -> Vec<String> {
+    let members: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    if members.is_empty() {
+        return Vec::new();
+    }
+    let n = members.len();
+    if !parent_owners.is_empty() {
+        let mut o = parent_owners;
+        let len = o.len();
+        o.rotate_left(1 % len);
+        return o;
+    }
+    let start = node.meta().topics.len() % n;
+    (0..n).map(|i| members[(start + i) % n].clone()).collect()
+}
+
 /// Topic names of SEMANTICS.md §14.1 (new topics: 1–200 characters).
 pub fn valid_new_name(name: &str) -> bool {
     !name.is_empty()
@@ -298,6 +319,10 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
+    let parent_owners = parent
+        .and_then(|p| node.topic(p))
+        .map(|p| p.owners)
+        .unwrap_or_default();
     let meta = TopicMeta {
         name: name.clone(),
         id: TopicId(narad_io::sys::random_u64()),
@@ -314,6 +339,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         attach_epoch: link.as_ref().map(|l| l.epoch.clone()),
         fanout_delay_ms: link.as_ref().map_or(0, |l| l.delay_ms),
         attach_offsets: link.map(|l| l.offsets).unwrap_or_default(),
+        owners: placement(node, parent_owners),
     };
     if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
         return propose_error(e);

@@ -148,6 +148,7 @@ mod tests {
             attach_epoch: None,
             fanout_delay_ms: 0,
             attach_offsets: vec![],
+            owners: Vec::new(),
         };
         assert!(may_read(&u, &t) && may_manage(&u, &t));
         t.owner = None;

@@ -49,6 +49,7 @@ impl Node {
             return;
         }
         self.reconcile_fanout(&new);
+        self.index_owners(&new);
         let live: std::collections::HashMap<TopicId, &TopicMeta> =
             new.topics.values().map(|t| (t.id, t)).collect();
         for t in old.topics.values() {

@@ -45,6 +45,7 @@ mod fanout;
 mod meta;
 mod ops;
 mod poll;
+mod remote;
 mod snapshot;
 
 use dispatch::{call_shard, wrong_reply};
@@ -53,6 +54,7 @@ pub use dispatch::{
     MESH_COUNTERS_CALL_TIMEOUT_MS, MESH_DATA_CALL_TIMEOUT_MS,
 };
 pub use poll::WAIT_SLICE_MS;
+pub use remote::identity;
 
 pub struct Node {
     pub shard: ShardId,
@@ -85,6 +87,11 @@ pub struct Node {
     pub metrics: crate::metrics::Metrics,
     /// Single produces accepted here for other shards' partitions, until handed over.
     pub transit: narad_shard::transit::Transit,
+    /// This shard's links to the other nodes of a cluster (data plane).
+    links: Option<narad_raft::network::PeerLinks>,
+    /// Per topic, the member owning each entry of its `owners` rotation, `None` for this node
+    /// (cluster only; rebuilt with every metadata install).
+    remote_owners: RefCell<HashMap<TopicId, Rc<[Option<narad_io::types::MemberId>]>>>,
 }
 
 /// A cluster node is ready only if it heard from a metadata leader this recently (CLUSTER.md §6).
@@ -144,7 +151,10 @@ impl Node {
             wide,
         } = setup;
         let meta = meta_node.as_ref().map(|m| m.state()).unwrap_or_default();
-        Rc::new(Node {
+        let members = config.peers.len() as u32;
+        let links = (!config.peers.is_empty())
+            .then(|| narad_raft::network::PeerLinks::new(remote::identity(&config)));
+        let node = Rc::new(Node {
             shard,
             shards,
             config,
@@ -164,9 +174,18 @@ impl Node {
             ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
-            transit: narad_shard::transit::Transit::new(shard, shards, wide.transit.clone()),
+            transit: narad_shard::transit::Transit::new(
+                shard,
+                shards,
+                members,
+                wide.transit.clone(),
+            ),
+            links,
+            remote_owners: RefCell::new(HashMap::new()),
             wide,
-        })
+        });
+        node.index_owners(&node.meta());
+        node
     }
 
     pub fn mark_started(&self) {

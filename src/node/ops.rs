@@ -47,6 +47,46 @@ impl Node {
     /// Appends records that may belong to partitions on several shards: one message per owner
     /// shard, all in flight at once; Ok only if every part became durable.
     pub async fn append(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
+        if self.links.is_some() {
+            return self.append_cluster(records).await;
+        }
+        self.append_here(records).await
+    }
+
+    /// A cluster's append: records of partitions other nodes own are made durable here as
+    /// transit records (each one local fsync, all in one group commit) and handed over in the
+    /// background (CLUSTER.md §4.1); the rest are appended on this node's shards.
+    async fn append_cluster(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
+        let (remote, local): (Vec<_>, Vec<_>) = records
+            .into_iter()
+            .map(|r| (self.remote_owner(r.key), r))
+            .partition(|(m, _)| m.is_some());
+        let mut first_err = None;
+        let accepted: Vec<_> = remote
+            .into_iter()
+            .map(|(m, r)| self.accept_for(m.expect("remote"), r))
+            .collect();
+        let here = async {
+            if local.is_empty() {
+                Ok(())
+            } else {
+                self.append_here(local.into_iter().map(|(_, r)| r).collect())
+                    .await
+            }
+        };
+        // All in flight at once: they share the shard's next group commit.
+        let (here, there) =
+            futures_lite::future::zip(here, futures_util::future::join_all(accepted)).await;
+        for r in std::iter::once(here).chain(there) {
+            if let Err(e) = r {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Appends records of partitions this node owns.
+    async fn append_here(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
         if let [only] = records.as_slice() {
             let s = self.owner(only.key);
             return self.append_one(s, records).await;
@@ -90,6 +130,9 @@ impl Node {
     /// even if this request is dropped meanwhile. When transit is full or closing, or this
     /// shard owns the partition, the record goes straight to its owner.
     pub async fn append_single(&self, rec: AppendRecord) -> Result<(), StoreError> {
+        if let Some(m) = self.remote_owner(rec.key) {
+            return self.accept_for(m, rec).await;
+        }
         let dest = self.owner(rec.key);
         if dest == self.shard || !self.transit.has_room() {
             return self.append(vec![rec]).await;

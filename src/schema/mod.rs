@@ -773,6 +773,7 @@ mod tests {
             attach_epoch: None,
             fanout_delay_ms: 0,
             attach_offsets: vec![],
+            owners: Vec::new(),
         };
         let a = for_topic(&t).unwrap().unwrap();
         let b = for_topic(&t).unwrap().unwrap();
@@ -806,6 +807,7 @@ mod tests {
             attach_epoch: None,
             fanout_delay_ms: 0,
             attach_offsets: vec![],
+            owners: Vec::new(),
         };
         let hot = topic(0);
         let first = for_topic(&hot).unwrap().unwrap();

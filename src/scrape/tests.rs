@@ -41,6 +41,7 @@ fn topic(name: &str, id: TopicId, partitions: u32, parent: Option<&str>) -> Topi
         attach_epoch: parent.map(|_| "00000000000000aa".to_string()),
         fanout_delay_ms: 0,
         attach_offsets: Vec::new(),
+        owners: Vec::new(),
     }
 }
 

@@ -16,3 +16,6 @@ pub const RAFT_TRANSFER_LEADER: u8 = 5;
 pub const META_PROPOSE: u8 = 6;
 /// The leader's committed index, for a follower's read barrier.
 pub const META_READ_INDEX: u8 = 7;
+/// Records accepted by the sender for partitions the receiver owns (`PartitionOp::Append`,
+/// rkyv): answered once committed (fsync, read back).
+pub const COMMIT_BATCH: u8 = 8;

@@ -1,0 +1,141 @@
+//! Partitions owned by other nodes of a cluster (CLUSTER.md §4): who owns what, the node's
+//! identity on the cluster port, handing accepted records to their owner node, and taking
+//! records another node hands here.
+//!
+//! Members are numbered by their place in `cluster.peers` (identical on every node, CLUSTER.md
+//! §7): that number is the [`MemberId`] the WAL's transit records name, so a restart hands
+//! them to the same node.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_io::log::AppendRecord;
+use narad_io::peer::{ops, Identity, PeerError, Secret};
+use narad_io::types::{MemberId, PartitionKey};
+use narad_raft::MetaState;
+use narad_shard::route::{self, decode_op, encode_op, PartitionOp};
+
+use super::*;
+
+/// Longest an owner may take to commit a hand-off (CLUSTER.md §14: commit RPC 30 s).
+pub const COMMIT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// This node's identity on the cluster port: its id and the secret it proves
+/// (`NARAD_CLUSTER_SECRET`, or, for a node that is its whole cluster, 32 random bytes of this
+/// process: its port is then closed to every other process).
+pub fn identity(config: &Config) -> Identity {
+    let secret = if config.cluster_secret.is_empty() {
+        if config.peers.is_empty() {
+            let mut b = vec![0u8; 32];
+            narad_io::sys::fill_random(&mut b);
+            Secret::new(b)
+        } else {
+            // Security off with security.allow_insecure_cluster (config validation): an open
+            // plane, as CLUSTER.md §12 allows.
+            Secret::new(b"narad-insecure-cluster".to_vec())
+        }
+    } else {
+        Secret::new(config.cluster_secret.0.as_bytes().to_vec())
+    };
+    Identity {
+        node_id: config.node_id.clone(),
+        secret,
+    }
+}
+
+impl Node {
+    /// The member number of node `id` (its place in `cluster.peers`).
+    pub fn member_of(&self, id: &str) -> Option<MemberId> {
+        self.config
+            .peers
+            .iter()
+            .position(|p| p.id == id)
+            .map(|i| MemberId(i as u64))
+    }
+
+    /// Rebuilds the owner index from a new metadata snapshot (cluster only).
+    pub(super) fn index_owners(&self, meta: &Arc<MetaState>) {
+        if self.config.peers.is_empty() {
+            return;
+        }
+        let me = self.config.node_id.as_str();
+        let idx = meta
+            .topics
+            .values()
+            .filter(|t| !t.owners.is_empty())
+            .map(|t| {
+                let owners: Rc<[Option<MemberId>]> = t
+                    .owners
+                    .iter()
+                    .map(|o| if o == me { None } else { self.member_of(o) })
+                    .collect();
+                (t.id, owners)
+            })
+            .collect();
+        *self.remote_owners.borrow_mut() = idx;
+    }
+
+    /// The other node owning `key`'s partition, or `None` when this node owns it.
+    pub fn remote_owner(&self, key: PartitionKey) -> Option<MemberId> {
+        let idx = self.remote_owners.borrow();
+        let owners = idx.get(&key.topic)?;
+        owners[key.partition.0 as usize % owners.len()]
+    }
+
+    /// Makes `rec` durable here as a transit record for its owner node `to` (one local fsync);
+    /// the dispatcher hands it over (see [`crate::transit`]).
+    pub(super) async fn accept_for(
+        &self,
+        to: MemberId,
+        rec: AppendRecord,
+    ) -> Result<(), StoreError> {
+        self.host
+            .log()
+            .append_transit(narad_io::types::Destination::Node(to), rec)
+            .await
+            .map(|_| ())
+            .map_err(route::store_error)
+    }
+
+    /// Hands `batch` to member `to`, which commits it (fsync, read back) before answering.
+    pub async fn commit_remote(
+        &self,
+        to: MemberId,
+        batch: Vec<AppendRecord>,
+    ) -> Result<(), StoreError> {
+        let (Some(links), Some(peer)) = (&self.links, self.config.peers.get(to.0 as usize)) else {
+            return Err(StoreError::Failed(format!("no cluster member {}", to.0)));
+        };
+        let body = encode_op(&PartitionOp::Append(batch));
+        match links
+            .to(&peer.addr)
+            .call(ops::COMMIT_BATCH, &body, COMMIT_RPC_TIMEOUT)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(PeerError::Remote(e)) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
+            Err(e) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
+        }
+    }
+
+    /// Another node hands records here: commits those of partitions this node owns and
+    /// refuses the batch if any belongs elsewhere (the sender keeps it and tries again).
+    pub async fn serve_commit(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        let records = match decode_op(body) {
+            Ok(PartitionOp::Append(r)) => r,
+            Ok(_) => return Err("not a commit batch".into()),
+            Err(e) => return Err(e.to_string()),
+        };
+        if let Some(r) = records.iter().find(|r| self.remote_owner(r.key).is_some()) {
+            return Err(format!(
+                "not the owner of partition {} of topic {}",
+                r.key.partition.0, r.key.topic
+            ));
+        }
+        self.append(records)
+            .await
+            .map(|()| Vec::new())
+            .map_err(|e| format!("{e:?}"))
+    }
+}
