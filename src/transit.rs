@@ -5,6 +5,7 @@
 //! its `HandOff` implementation here.
 
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use narad_io::log::AppendRecord;
@@ -40,6 +41,9 @@ pub fn start(node: &Rc<Node>) {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_millis);
+    // Test knob: one hand-off of the process is reported confirmed but never appended (a lost
+    // acknowledged message), so the fault harness (tests/harness) is seen to catch a loss.
+    let drop_one = std::env::var("NARAD_TEST_DROP_HANDOFF").is_ok_and(|v| v == "1");
     let me = node.member_of(&node.config.node_id);
     let shards = (0..node.shards).map(|d| Destination::Shard(ShardId(d)));
     let members = (0..node.config.peers.len() as u64)
@@ -47,7 +51,7 @@ pub fn start(node: &Rc<Node>) {
         .filter(|m| Some(*m) != me)
         .map(Destination::Node);
     for d in shards.chain(members) {
-        let node = NodeHandOff(node.clone());
+        let node = NodeHandOff(node.clone(), drop_one);
         rt::spawn(async move {
             let n = &node.0;
             n.transit.dispatch(&node, n.host.log(), d, delay).await;
@@ -74,7 +78,11 @@ fn destination(node: &Node, dest: Destination, rec: &AppendRecord) -> Destinatio
 
 /// The node's side of a hand-off (`narad_shard::transit::HandOff`): the mesh call to the owner
 /// and what the metadata says; the dispatch policy is the shard crate's.
-struct NodeHandOff(Rc<Node>);
+/// The flag is the `NARAD_TEST_DROP_HANDOFF` knob.
+struct NodeHandOff(Rc<Node>, bool);
+
+/// Whether the `NARAD_TEST_DROP_HANDOFF` knob already dropped its one hand-off in this process.
+static HANDOFF_DROPPED: AtomicBool = AtomicBool::new(false);
 
 impl HandOff for NodeHandOff {
     async fn hand_over(
@@ -82,6 +90,15 @@ impl HandOff for NodeHandOff {
         dest: Destination,
         batch: Vec<AppendRecord>,
     ) -> Result<(), StoreError> {
+        if self.1 && !HANDOFF_DROPPED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                shard = self.0.shard.0,
+                to = ?dest,
+                records = batch.len(),
+                "NARAD_TEST_DROP_HANDOFF: hand-off dropped and reported confirmed"
+            );
+            return Ok(());
+        }
         match dest {
             Destination::Shard(s) => self.0.append_one(s, batch).await,
             Destination::Node(m) => self.0.commit_remote(m, batch).await,
