@@ -55,6 +55,10 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },
+        ops::PARTITION_OP => match node.serve_op(&req.body).await {
+            Ok(b) => Outcome::Ok(b),
+            Err(e) => Outcome::Error(e),
+        },
         ops::COMMIT_BATCH => match node.serve_commit(&req.body).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),

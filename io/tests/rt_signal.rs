@@ -11,8 +11,16 @@ fn trigger_from_a_std_thread_wakes_every_shard() {
     // shards (cross-thread waking), and that is_triggered then stays true.
     let sig = ShutdownSignal::new();
     let trig = sig.clone();
+    // The trigger waits until both shards are about to wait (a fixed sleep raced a slow start
+    // of a shard on a loaded machine).
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let t = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..2 {
+            ready_rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a shard started");
+        }
+        std::thread::sleep(Duration::from_millis(20));
         trig.trigger();
     });
     let dir = std::env::temp_dir().join(format!("narad-rt-signal-{}", std::process::id()));
@@ -21,10 +29,13 @@ fn trigger_from_a_std_thread_wakes_every_shard() {
         pin: false,
         ..RuntimeConfig::new(dir.clone())
     };
+    let ready_tx = std::sync::Arc::new(std::sync::Mutex::new(ready_tx));
     let out = rt::run(cfg, move |_| {
         let sig = sig.clone();
+        let ready = ready_tx.lock().expect("sender").clone();
         async move {
             assert!(!sig.is_triggered());
+            ready.send(()).expect("trigger thread listens");
             rt::timeout(Duration::from_secs(5), sig.wait())
                 .await
                 .is_ok()

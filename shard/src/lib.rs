@@ -7,3 +7,4 @@ pub mod host;
 pub mod lease;
 pub mod route;
 pub mod transit;
+pub mod wire;

@@ -177,6 +177,18 @@ pub async fn execute(host: &Host, op: PartitionOp) -> OpReply {
     }
 }
 
+/// Why another node did not answer for a partition it owns (the API picks the status:
+/// CLUSTER.md §5.2–5.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnerError {
+    /// The request never left: the owner cannot be reached. Nothing was applied. `503`.
+    Down,
+    /// Sent, but no answer came in time: it may have been applied. `502`.
+    NoAnswer(String),
+    /// The owner says it does not own the partition (it moved). `421`.
+    NotOwner,
+}
+
 /// Why an append or a take did not happen (values that reach the client as a status).
 #[derive(Debug, Clone)]
 pub enum StoreError {
@@ -188,6 +200,8 @@ pub enum StoreError {
     TopicGone,
     /// The owner shard did not answer.
     Shard(ShardCallError),
+    /// The owner node did not answer.
+    Owner(OwnerError),
     Failed(String),
 }
 
@@ -196,6 +210,8 @@ pub enum SettleFailure {
     Gone,
     /// The owner shard did not answer.
     Shard(ShardCallError),
+    /// The owner node did not answer.
+    Owner(OwnerError),
     Failed(String),
 }
 
@@ -207,6 +223,8 @@ pub enum ReadFailure {
     Unreadable,
     /// The owner shard did not answer.
     Shard(ShardCallError),
+    /// The owner node did not answer.
+    Owner(OwnerError),
     Failed(String),
 }
 

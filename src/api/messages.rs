@@ -12,7 +12,7 @@ use narad_shard::host::{now_ms, Leased, QueueConf, SettleKind};
 use super::params::Params;
 use super::{error, BODY_BYTES_MAX};
 use crate::http::{Request, Response};
-use crate::node::{Node, ReadFailure, SettleFailure, ShardCallError, StoreError};
+use crate::node::{Node, OwnerError, ReadFailure, SettleFailure, ShardCallError, StoreError};
 use crate::schema::{Rejection, RejectionKind};
 use crate::wire;
 use crate::wire::duration::GoDuration;
@@ -49,6 +49,7 @@ fn store_failure(e: StoreError) -> Response {
         StoreError::DiskFull => error(500, "produce failed: disk full; retry later"),
         // Deleted between the topic lookup and the append: as if the lookup had missed it.
         StoreError::TopicGone => error(404, "topic not found"),
+        StoreError::Owner(e) => owner_response(&e),
         StoreError::Shard(e @ ShardCallError::Timeout { .. }) => shard_timeout(e),
         StoreError::Shard(e @ ShardCallError::Gone { .. }) => {
             tracing::error!(error = %e, "produce failed");
@@ -66,6 +67,31 @@ fn store_failure(e: StoreError) -> Response {
 /// there (a produce may be stored, an ack applied: a retried ack then answers `410`).
 fn shard_timeout(e: ShardCallError) -> Response {
     error(503, &shard_timeout_message(e)).with_header("Retry-After", "1")
+}
+
+/// Status, text and whether to send `Retry-After` when a partition's owner node did not do
+/// what was forwarded to it (CLUSTER.md §5.2–5.3, API.md §1). The texts name neither the owner
+/// nor the transport error.
+fn owner_failure(e: &OwnerError) -> (u16, &'static str, bool) {
+    match e {
+        OwnerError::Down => (503, "partition owner is down; retry later", true),
+        OwnerError::NoAnswer(_) => (
+            502,
+            "partition owner did not answer; the request may have been applied",
+            false,
+        ),
+        OwnerError::NotOwner => (421, "partition moved to another node; retry", false),
+    }
+}
+
+fn owner_response(e: &OwnerError) -> Response {
+    let (status, text, retry) = owner_failure(e);
+    let r = error(status, text);
+    if retry {
+        r.with_header("Retry-After", "1")
+    } else {
+        r
+    }
 }
 
 fn shard_timeout_message(e: ShardCallError) -> String {
@@ -464,6 +490,7 @@ async fn replay(
         Err(ReadFailure::Unreadable) => {
             error(410, &format!("{GONE}: offset {offset} is unreadable"))
         }
+        Err(ReadFailure::Owner(e)) => owner_response(&e),
         Err(ReadFailure::Shard(e @ ShardCallError::Timeout { .. })) => shard_timeout(e),
         Err(ReadFailure::Shard(e @ ShardCallError::Gone { .. })) => {
             tracing::error!(error = %e, "partition read failed");
@@ -577,6 +604,7 @@ async fn take_logged(
         tracing::error!(error = ?e, "consume failed");
         match e {
             StoreError::Shard(e @ ShardCallError::Timeout { .. }) => shard_timeout(e),
+            StoreError::Owner(e) => owner_response(&e),
             _ => error(500, "partition unreadable"),
         }
     })
@@ -678,6 +706,10 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
             Ok(_) => match results.next() {
                 Some(Ok(())) => (204, None, false),
                 Some(Err(SettleFailure::Gone)) | None => (410, Some(GONE.to_string()), false),
+                Some(Err(SettleFailure::Owner(e))) => {
+                    let (status, text, retry) = owner_failure(&e);
+                    (status, Some(text.to_string()), retry)
+                }
                 Some(Err(SettleFailure::Shard(e @ ShardCallError::Timeout { .. }))) => {
                     tracing::error!(error = %e, "ack got no answer from its shard");
                     (503, Some(shard_timeout_message(e)), true)

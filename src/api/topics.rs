@@ -429,7 +429,7 @@ pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
                 high_watermark: s.high_watermark.0,
                 size_bytes: s.size_bytes,
                 oldest_segment_at: s.oldest_segment_at.map(|m| m.0 / 1000),
-                owner_node: node_id.clone(),
+                owner_node: t.owner_of(p).unwrap_or(&node_id).to_string(),
                 status: "ok",
             })
             .collect(),

@@ -35,7 +35,7 @@ use narad_shard::route::Router;
 use narad_shard::transit::TransitProgress;
 
 pub use narad_shard::route::{
-    Lease, PartitionGauges, ReadFailure, SettleFailure, ShardCallError, StoreError,
+    Lease, OwnerError, PartitionGauges, ReadFailure, SettleFailure, ShardCallError, StoreError,
 };
 
 use crate::config::Config;

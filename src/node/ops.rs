@@ -11,9 +11,8 @@ use narad_shard::route::{self, group_by_owner, OpReply, PartitionOp, Placement};
 
 use super::*;
 
-/// The shard of a placement on this node. A node is its whole cluster today: the router places
-/// every partition here, so a remote placement is a bug. With the cluster, the callers that can
-/// meet a remote owner match on [`Placement`] and forward instead.
+/// The shard of a placement on this node. Callers that can meet a partition another node owns
+/// match on [`Placement`] and forward instead; the others only ever see this node's.
 pub(super) fn local_shard(p: Placement) -> ShardId {
     match p {
         Placement::Local(s) => s,
@@ -24,14 +23,17 @@ pub(super) fn local_shard(p: Placement) -> ShardId {
 }
 
 impl Node {
-    /// Where the owner of `key` is.
+    /// Where the owner of `key` is: another node of the cluster, or a shard of this one.
     pub fn place(&self, key: PartitionKey) -> Placement {
-        self.router.place(key)
+        match self.remote_owner(key) {
+            Some(m) => Placement::Remote(m),
+            None => self.router.place(key),
+        }
     }
 
-    /// The shard of this node that owns `key` (see [`local_shard`]).
+    /// The shard of this node that holds `key` when this node owns it.
     pub fn owner(&self, key: PartitionKey) -> ShardId {
-        local_shard(self.place(key))
+        local_shard(self.router.place(key))
     }
 
     /// Reserves `n` consecutive turns of the topic's node-wide keyless-produce rotation (one
@@ -164,18 +166,54 @@ impl Node {
                 partition,
             })
         });
-        // This shard's partitions first, then the other shards' in shard order.
-        groups.sort_by_key(|g| {
-            let s = local_shard(g.owner);
-            (s != self.shard, s.0)
+        // This shard's partitions first, then the other shards' in shard order, then other
+        // nodes' (CLUSTER.md §5.1: local first, then the remote owners, one at a time).
+        groups.sort_by_key(|g| match g.owner {
+            Placement::Local(s) => (s != self.shard, u64::from(s.0)),
+            Placement::Remote(m) => (true, u64::from(u32::MAX) + m.0),
         });
+        // A pinned consume (one partition) answers its owner's failure; a queue consume skips
+        // an owner that does not answer.
+        let pinned = partitions.len() == 1;
         let mut out = Vec::new();
         for g in groups {
             if out.len() >= n {
                 break;
             }
-            let (s, parts) = (local_shard(g.owner), g.items);
             let want = n - out.len();
+            let s = match g.owner {
+                Placement::Local(s) => s,
+                Placement::Remote(m) => {
+                    let take = PartitionOp::Take {
+                        conf,
+                        partitions: g.items,
+                        n: want,
+                    };
+                    let budget = if pinned {
+                        remote::FORWARD_BUDGET
+                    } else {
+                        remote::PROBE_BUDGET
+                    };
+                    match self.call_owner(m, &take, budget).await {
+                        Ok(OpReply::Taken(Ok(got))) => out.extend(got),
+                        Ok(OpReply::Taken(Err(e))) if pinned => return Err(e),
+                        Err(e) if pinned => return Err(StoreError::Owner(e)),
+                        Ok(OpReply::Taken(Err(e))) => {
+                            tracing::debug!(member = m.0, error = ?e, "remote owner could not take")
+                        }
+                        Err(e) => {
+                            tracing::debug!(member = m.0, error = ?e, "remote owner skipped")
+                        }
+                        Ok(_) => {
+                            return Err(StoreError::Failed(
+                                "a remote owner answered a take with another kind".into(),
+                            ))
+                        }
+                    }
+                    continue;
+                }
+            };
+            let parts = g.items;
             let got = if s == self.shard {
                 if !self.host.has_available(conf, &parts) {
                     continue;
@@ -210,7 +248,19 @@ impl Node {
             })
         });
         for g in groups {
-            let (s, items) = (local_shard(g.owner), g.items);
+            let s = match g.owner {
+                Placement::Local(s) => s,
+                Placement::Remote(m) => {
+                    // Unanswered, the leases run out at their visibility timeout instead.
+                    let release = PartitionOp::Release {
+                        topic,
+                        items: g.items,
+                    };
+                    let _ = self.call_owner(m, &release, remote::FORWARD_BUDGET).await;
+                    continue;
+                }
+            };
+            let items = g.items;
             if s == self.shard {
                 self.host.release(topic, &items);
             } else {
@@ -235,6 +285,39 @@ impl Node {
                 partition: it.0,
             })
         });
+        // Other nodes' parts first, all in flight at once (one call per owner, CLUSTER.md §5.3).
+        let (remote, groups): (Vec<_>, Vec<_>) = groups
+            .into_iter()
+            .partition(|g| matches!(g.owner, Placement::Remote(_)));
+        let remote: Vec<_> = remote
+            .into_iter()
+            .map(|g| {
+                let Placement::Remote(m) = g.owner else {
+                    unreachable!("partitioned on Remote")
+                };
+                let (idx, its): (Vec<usize>, Vec<Lease>) = g.items.into_iter().unzip();
+                let n = its.len();
+                let op = PartitionOp::Settle {
+                    conf,
+                    kind,
+                    items: its,
+                };
+                async move {
+                    let rs = match self.call_owner(m, &op, remote::FORWARD_BUDGET).await {
+                        Ok(OpReply::Settled(rs)) if rs.len() == n => rs,
+                        Ok(_) => vec![
+                            Err(SettleFailure::Owner(OwnerError::NoAnswer(
+                                "malformed settle reply".into()
+                            )));
+                            n
+                        ],
+                        Err(e) => vec![Err(SettleFailure::Owner(e)); n],
+                    };
+                    (idx, rs)
+                }
+            })
+            .collect();
+        let remote_done = futures_util::future::join_all(remote);
         // Every shard's part is in flight at once (a task for each other shard's, the first
         // inline), so a batch ack waits for one group commit, not one per shard.
         let mut groups = groups.into_iter();
@@ -272,6 +355,9 @@ impl Node {
         for (idx, task) in rest {
             fill(idx, task.await);
         }
+        for (idx, rs) in remote_done.await {
+            fill(idx, rs);
+        }
         results
             .into_iter()
             .map(|r| r.unwrap_or(Err(SettleFailure::Gone)))
@@ -283,6 +369,16 @@ impl Node {
         key: PartitionKey,
         offset: Offset,
     ) -> Result<Option<StoredRecord>, ReadFailure> {
+        if let Some(m) = self.remote_owner(key) {
+            let op = PartitionOp::Read { key, offset };
+            return match self.call_owner(m, &op, remote::FORWARD_BUDGET).await {
+                Ok(OpReply::Read(r)) => r,
+                Ok(_) => Err(ReadFailure::Owner(OwnerError::NoAnswer(
+                    "malformed read reply".into(),
+                ))),
+                Err(e) => Err(ReadFailure::Owner(e)),
+            };
+        }
         let s = self.owner(key);
         if s == self.shard {
             return self
@@ -322,8 +418,21 @@ impl Node {
     ) -> Vec<Option<PartitionGauges>> {
         let mut out: Vec<Option<PartitionGauges>> = vec![None; keys.len()];
         for g in group_by_owner(keys.iter().copied().enumerate(), |(_, k)| self.place(*k)) {
-            let s = local_shard(g.owner);
             let (positions, keys): (Vec<usize>, Vec<PartitionKey>) = g.items.into_iter().unzip();
+            let s = match g.owner {
+                Placement::Local(s) => s,
+                Placement::Remote(m) => {
+                    let op = PartitionOp::Stats { keys };
+                    if let Ok(OpReply::Stats(rs)) =
+                        self.call_owner(m, &op, remote::FORWARD_BUDGET).await
+                    {
+                        for (i, r) in positions.into_iter().zip(rs) {
+                            out[i] = Some(r);
+                        }
+                    }
+                    continue;
+                }
+            };
             let rs = if s == self.shard {
                 route::local_stats(&self.host, &keys)
             } else {

@@ -14,7 +14,7 @@ use narad_io::log::AppendRecord;
 use narad_io::peer::{ops, Identity, PeerError, Secret};
 use narad_io::types::{MemberId, PartitionKey};
 use narad_raft::MetaState;
-use narad_shard::route::{self, decode_op, encode_op, PartitionOp};
+use narad_shard::route::{self, decode_op, encode_op, OpReply, OwnerError, PartitionOp};
 
 use super::*;
 
@@ -129,7 +129,7 @@ impl Node {
         };
         if let Some(r) = records.iter().find(|r| self.remote_owner(r.key).is_some()) {
             return Err(format!(
-                "not the owner of partition {} of topic {}",
+                "{NOT_OWNER}: partition {} of topic {}",
                 r.key.partition.0, r.key.topic
             ));
         }
@@ -139,3 +139,93 @@ impl Node {
             .map_err(|e| format!("{e:?}"))
     }
 }
+
+/// Budget of a queue consume's probe of one remote owner (CLUSTER.md §5.1).
+pub const PROBE_BUDGET: Duration = Duration::from_millis(500);
+/// Budget of a forwarded ack, extend, nack, pinned read or stats (CLUSTER.md §5.3, §14).
+pub const FORWARD_BUDGET: Duration = Duration::from_secs(2);
+
+impl Node {
+    /// Runs `op` on member `to`, which owns every partition it names.
+    pub async fn call_owner(
+        &self,
+        to: MemberId,
+        op: &PartitionOp,
+        within: Duration,
+    ) -> Result<OpReply, OwnerError> {
+        let (Some(links), Some(peer)) = (&self.links, self.config.peers.get(to.0 as usize)) else {
+            return Err(OwnerError::Down);
+        };
+        match links
+            .to(&peer.addr)
+            .call(ops::PARTITION_OP, &encode_op(op), within)
+            .await
+        {
+            Ok(b) => narad_shard::wire::decode_reply(&b).map_err(OwnerError::NoAnswer),
+            Err(PeerError::Remote(m)) if m.starts_with(NOT_OWNER) => Err(OwnerError::NotOwner),
+            Err(e) if e.not_sent() => Err(OwnerError::Down),
+            Err(e) => Err(OwnerError::NoAnswer(e.to_string())),
+        }
+    }
+
+    /// Another node forwards work on partitions this node owns: runs it here (over this node's
+    /// shards) and answers the reply, or refuses it whole when a partition is not this node's.
+    pub async fn serve_op(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        let op = decode_op(body).map_err(|e| e.to_string())?;
+        let keys: Vec<PartitionKey> = match &op {
+            PartitionOp::Append(r) => r.iter().map(|r| r.key).collect(),
+            PartitionOp::Take {
+                conf, partitions, ..
+            } => partitions
+                .iter()
+                .map(|&partition| PartitionKey {
+                    topic: conf.topic,
+                    partition,
+                })
+                .collect(),
+            PartitionOp::Release { topic, items } => items
+                .iter()
+                .map(|it| PartitionKey {
+                    topic: *topic,
+                    partition: it.0,
+                })
+                .collect(),
+            PartitionOp::Settle { conf, items, .. } => items
+                .iter()
+                .map(|it| PartitionKey {
+                    topic: conf.topic,
+                    partition: it.0,
+                })
+                .collect(),
+            PartitionOp::Read { key, .. } => vec![*key],
+            PartitionOp::Stats { keys } => keys.clone(),
+        };
+        if let Some(k) = keys.iter().find(|k| self.remote_owner(**k).is_some()) {
+            return Err(format!(
+                "{NOT_OWNER}: partition {} of topic {}",
+                k.partition.0, k.topic
+            ));
+        }
+        let reply = match op {
+            PartitionOp::Append(r) => OpReply::Appended(self.append(r).await.map(|()| Vec::new())),
+            PartitionOp::Take {
+                conf,
+                partitions,
+                n,
+            } => OpReply::Taken(self.take(conf, &partitions, n).await),
+            PartitionOp::Release { topic, items } => {
+                self.release(topic, items).await;
+                OpReply::Released
+            }
+            PartitionOp::Settle { conf, kind, items } => {
+                OpReply::Settled(self.settle(conf, kind, &items).await)
+            }
+            PartitionOp::Read { key, offset } => OpReply::Read(self.read_at(key, offset).await),
+            PartitionOp::Stats { keys } => OpReply::Stats(self.stats(&keys).await),
+        };
+        Ok(narad_shard::wire::encode_reply(reply))
+    }
+}
+
+/// How an owner refuses work on a partition it does not own.
+const NOT_OWNER: &str = "not the owner";

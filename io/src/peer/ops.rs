@@ -19,3 +19,6 @@ pub const META_READ_INDEX: u8 = 7;
 /// Records accepted by the sender for partitions the receiver owns (`PartitionOp::Append`,
 /// rkyv): answered once committed (fsync, read back).
 pub const COMMIT_BATCH: u8 = 8;
+/// Work on partitions the receiver owns (`PartitionOp`: take, release, settle, read, stats;
+/// rkyv), answered with the owner's reply (`narad_shard::wire`).
+pub const PARTITION_OP: u8 = 9;
