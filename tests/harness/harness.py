@@ -189,8 +189,8 @@ class Cluster:
         """How a node starts: the one place to change when cluster mode (issue 31) lands.
 
         Security is off (no credentials in the harness), 2 shards so single produces cross
-        shards through transit. With N > 1 the cluster variables are set; today's build refuses
-        `cluster.peers` at start, so N > 1 fails fast with the node's own message.
+        shards through transit. With N > 1 the cluster variables are set as README.md's 3-node
+        example sets them (every member in the peer list, one secret).
         """
         argv = [
             self.binary,
