@@ -148,6 +148,17 @@ class Node:
         return self.proc is not None and self.proc.poll() is None
 
 
+def last_line(path: str) -> str:
+    """The last line a node wrote (its reason, when it stops at start-up), and where to look."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [x for x in f.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    except OSError:
+        lines = []
+    return f"{lines[-1][:300] if lines else '(no output)'} (log {path})"
+
+
 class Cluster:
     """The N nodes of one round. Only the main thread spawns (the parent-death signal is tied to
     the thread that forked)."""
@@ -245,7 +256,7 @@ class Cluster:
         while now_mono() < deadline:
             if not node.alive():
                 code = node.proc.returncode if node.proc else None
-                return f"{node.id} exited during start-up (status {code}); see {node.log_path}"
+                return f"{node.id} exited during start-up (status {code}): {last_line(node.log_path)}"
             try:
                 c = http.client.HTTPConnection("127.0.0.1", node.port, timeout=2)
                 c.request("GET", "/readyz")
