@@ -122,4 +122,21 @@ impl HandOff for NodeHandOff {
     fn stopping(&self) -> bool {
         self.0.shutting_down()
     }
+
+    fn note_stuck(&self, dest: Destination, stuck: bool) {
+        if let Destination::Node(m) = dest {
+            self.0.note_stuck(m, stuck);
+        }
+    }
+
+    async fn reroute(
+        &self,
+        dest: Destination,
+        batch: Vec<AppendRecord>,
+    ) -> Result<bool, StoreError> {
+        match dest {
+            Destination::Node(m) => self.0.reroute(m, batch).await,
+            Destination::Shard(_) => Ok(false),
+        }
+    }
 }

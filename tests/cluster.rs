@@ -284,12 +284,13 @@ fn produce_on_one_node_consume_and_ack_on_the_others() {
 }
 
 #[test]
-fn an_owner_killed_keeps_produce_answered_and_pinned_work_gets_503() {
-    // Proves CLUSTER.md §11's row "one node down": with node 3 killed (-9), produces through
-    // node 1 are still answered 202 (kept in node 1's WAL for node 3's partition), queue
-    // consumes on node 1 skip node 3's partition instead of failing, a pinned consume of it
-    // answers 503 `partition owner is down; retry later` with Retry-After; after node 3
-    // restarts, every message answered 202 is delivered once.
+fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
+    // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
+    // through node 1 are still answered 202; the records of node 3's partition are rerouted to
+    // sibling partitions after its hand-offs keep failing, so every one of them is consumable
+    // within seconds while node 3 is down; a pinned consume of node 3's partition answers 503
+    // `partition owner is down; retry later` with Retry-After; after node 3 restarts nothing is
+    // delivered twice and nothing is missing.
     let mut c = Cluster::start("ownerdown", 3);
     let mut a = c.nodes[0].admin();
     let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":3}"#);
@@ -302,6 +303,7 @@ fn an_owner_killed_keeps_produce_answered_and_pinned_work_gets_503() {
         .collect();
     let p3 = owners.iter().position(|o| o == "n3").expect("n3 owns one");
     c.nodes[2].kill9();
+    let killed = Instant::now();
     let mut want = std::collections::BTreeSet::new();
     for i in 0..30 {
         let r = a.post("/v1/topics/jobs/produce", &format!(r#"{{"late":{i}}}"#));
@@ -316,23 +318,29 @@ fn an_owner_killed_keeps_produce_answered_and_pinned_work_gets_503() {
         r.text()
     );
     assert_eq!(r.header("Retry-After"), Some("1"));
-    let before = drain(&c, 0, "jobs");
-    assert!(
-        before.len() < 30,
-        "node 3's share waits for it: got {}",
-        before.len()
-    );
-    c.start_node(2);
-    c.wait_ready(Duration::from_secs(30));
-    let mut got: std::collections::BTreeSet<String> = before.into_iter().collect();
-    let done = within(Duration::from_secs(15), || {
+    let mut got = Vec::new();
+    let all = within(Duration::from_secs(20), || {
         got.extend(drain(&c, 0, "jobs"));
-        got == want
+        got.len() >= want.len()
     });
+    println!(
+        "all {} produced with the owner down consumable {:?} after its kill",
+        want.len(),
+        all.map(|_| killed.elapsed())
+    );
     assert!(
-        done.is_some(),
-        "late messages delivered: {} of {}",
+        all.is_some(),
+        "rerouted and consumable: {} of {}",
         got.len(),
         want.len()
     );
+    c.start_node(2);
+    c.wait_ready(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..3 {
+        got.extend(drain(&c, i, "jobs"));
+    }
+    let set: std::collections::BTreeSet<String> = got.iter().cloned().collect();
+    assert_eq!(set, want, "every 202 delivered");
+    assert_eq!(got.len(), set.len(), "none twice");
 }

@@ -84,7 +84,23 @@ pub trait HandOff {
     /// The owner's log stopped for good: the node must take no more produces.
     fn owner_stopped(&self);
     fn stopping(&self) -> bool;
+    /// `dest` keeps failing (`stuck`), or committed again: what other choices should avoid.
+    fn note_stuck(&self, _dest: Destination, _stuck: bool) {}
+    /// Hands `batch`, which `dest` could not take, to other partitions of the same topics
+    /// instead (CLUSTER.md §4.3): `Ok(true)` once every record is durable on its way there,
+    /// `Ok(false)` when there is nowhere else to go (keep retrying `dest`).
+    fn reroute(
+        &self,
+        _dest: Destination,
+        _batch: Vec<AppendRecord>,
+    ) -> impl Future<Output = Result<bool, StoreError>> {
+        async { Ok(false) }
+    }
 }
+
+/// Consecutive failed hand-offs to another node before its records go to sibling partitions
+/// (CLUSTER.md §4.3: "after 3 failed passes").
+pub const REROUTE_AFTER_PASSES: u32 = 3;
 
 /// The transit records a read must see: those this shard queued before sequence `upto`, and
 /// as many as the node had accepted (see [`Transit::mark`]).
@@ -316,6 +332,7 @@ impl Transit {
         delay: Option<Duration>,
     ) {
         let mut backoff = RETRY_FIRST;
+        let mut failed_passes = 0u32;
         loop {
             let work = self.work(dest);
             let batch = self.next_batch(dest);
@@ -331,12 +348,34 @@ impl Transit {
             if let Some(d) = delay {
                 rt::sleep(d).await;
             }
+            let kept = matches!(dest, Destination::Node(_)).then(|| batch.clone());
             match node.hand_over(dest, batch).await {
                 Ok(()) => {
                     backoff = RETRY_FIRST;
+                    if failed_passes > 0 {
+                        node.note_stuck(dest, false);
+                        failed_passes = 0;
+                    }
                     self.finish(log, dest, n).await;
                 }
                 Err(e) => {
+                    failed_passes += 1;
+                    if let Some(batch) = kept {
+                        node.note_stuck(dest, true);
+                        if failed_passes >= REROUTE_AFTER_PASSES {
+                            match node.reroute(dest, batch).await {
+                                Ok(true) => {
+                                    tracing::info!(shard = self.me.0, to = ?dest, records = n, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
+                                    self.finish(log, dest, n).await;
+                                    continue;
+                                }
+                                Ok(false) => {}
+                                Err(re) => {
+                                    tracing::warn!(shard = self.me.0, to = ?dest, error = ?re, "rerouting failed; retrying the owner")
+                                }
+                            }
+                        }
+                    }
                     if matches!(e, StoreError::Stopped(_)) {
                         // The owner's log stopped: the records stay here until a restart, and
                         // the node takes no more produces (SEMANTICS.md §3.4).
@@ -354,7 +393,13 @@ impl Transit {
                         continue;
                     }
                     tracing::warn!(shard = self.me.0, to = ?dest, records = n, error = ?e, retry_in_ms = backoff.as_millis() as u64, "handing accepted records to their shard failed; retrying");
-                    rt::sleep(backoff).await;
+                    // Another node gets the spec's 1 s between failed passes (CLUSTER.md §4.2), so
+                    // that a reroute comes after ~3 s, not after a blip.
+                    let pause = match dest {
+                        Destination::Node(_) => RETRY_MAX,
+                        Destination::Shard(_) => backoff,
+                    };
+                    rt::sleep(pause).await;
                     backoff = (backoff * 2).min(RETRY_MAX);
                 }
             }

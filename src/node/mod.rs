@@ -92,6 +92,9 @@ pub struct Node {
     /// Per topic, the member owning each entry of its `owners` rotation, `None` for this node
     /// (cluster only; rebuilt with every metadata install).
     remote_owners: RefCell<HashMap<TopicId, Rc<[Option<narad_io::types::MemberId>]>>>,
+    /// Members this shard's dispatchers cannot hand records to right now (CLUSTER.md §4.3's
+    /// stuck destinations): reroutes avoid their partitions, probes of them get a short budget.
+    stuck: RefCell<std::collections::HashSet<narad_io::types::MemberId>>,
 }
 
 /// A cluster node is ready only if it heard from a metadata leader this recently (CLUSTER.md §6).
@@ -182,6 +185,7 @@ impl Node {
             ),
             links,
             remote_owners: RefCell::new(HashMap::new()),
+            stuck: RefCell::new(Default::default()),
             wide,
         });
         node.index_owners(&node.meta());

@@ -20,6 +20,8 @@ use super::*;
 
 /// Longest an owner may take to commit a hand-off (CLUSTER.md §14: commit RPC 30 s).
 pub const COMMIT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
+/// The same for an owner whose hand-offs keep failing (a probe, CLUSTER.md §14: 5 s).
+pub const STUCK_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// This node's identity on the cluster port: its id and the secret it proves
 /// (`NARAD_CLUSTER_SECRET`, or, for a node that is its whole cluster, 32 random bytes of this
@@ -108,15 +110,65 @@ impl Node {
             return Err(StoreError::Failed(format!("no cluster member {}", to.0)));
         };
         let body = encode_op(&PartitionOp::Append(batch));
+        let within = if self.stuck.borrow().contains(&to) {
+            STUCK_PROBE_TIMEOUT
+        } else {
+            COMMIT_RPC_TIMEOUT
+        };
         match links
             .to(&peer.addr)
-            .call(ops::COMMIT_BATCH, &body, COMMIT_RPC_TIMEOUT)
+            .call(ops::COMMIT_BATCH, &body, within)
             .await
         {
             Ok(_) => Ok(()),
             Err(PeerError::Remote(e)) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
             Err(e) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
         }
+    }
+
+    /// Whether member `m`'s hand-offs keep failing here.
+    pub fn note_stuck(&self, m: MemberId, stuck: bool) {
+        let mut s = self.stuck.borrow_mut();
+        if stuck {
+            s.insert(m);
+        } else {
+            s.remove(&m);
+        }
+    }
+
+    /// Moves records that their owner `from` could not take to sibling partitions (CLUSTER.md
+    /// §4.3): for each, the first partition after its own, circularly, whose owner is neither
+    /// `from` nor stuck. Appends them there (durable here before this answers, as transit
+    /// records or locally) and answers true; false, with nothing done, when some record has
+    /// nowhere else to go (a single-partition topic, every other owner stuck, a deleted topic).
+    pub async fn reroute(
+        &self,
+        from: MemberId,
+        batch: Vec<AppendRecord>,
+    ) -> Result<bool, StoreError> {
+        let meta = self.meta();
+        let stuck = self.stuck.borrow().clone();
+        let me = self.member_of(&self.config.node_id);
+        let mut moved = Vec::with_capacity(batch.len());
+        for mut r in batch {
+            let Some(t) = meta.topics.values().find(|t| t.id == r.key.topic) else {
+                return Ok(false);
+            };
+            let n = t.partitions;
+            let p = r.key.partition.0;
+            let target = (1..n).map(|k| (p + k) % n).find(|&q| {
+                let owner = t.owner_of(q).and_then(|o| self.member_of(o));
+                owner != Some(from) && (owner == me || owner.is_none_or(|o| !stuck.contains(&o)))
+            });
+            match target {
+                Some(q) => {
+                    r.key.partition = narad_io::types::PartitionId(q);
+                    moved.push(r);
+                }
+                None => return Ok(false),
+            }
+        }
+        self.append(moved).await.map(|()| true)
     }
 
     /// Another node hands records here: commits those of partitions this node owns and
