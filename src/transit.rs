@@ -123,6 +123,10 @@ impl HandOff for NodeHandOff {
         self.0.shutting_down()
     }
 
+    fn dead(&self, dest: Destination) -> bool {
+        matches!(dest, Destination::Node(m) if self.0.member_dead(m))
+    }
+
     fn note_stuck(&self, dest: Destination, stuck: bool) {
         if let Destination::Node(m) = dest {
             self.0.note_stuck(m, stuck);

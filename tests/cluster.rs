@@ -344,3 +344,89 @@ fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     assert_eq!(set, want, "every 202 delivered");
     assert_eq!(got.len(), set.len(), "none twice");
 }
+
+#[test]
+fn members_are_listed_marked_dead_and_revived() {
+    // Proves CLUSTER.md §6 and API.md §12.1: every node lists the three members (sorted, one
+    // leader, three voters, alive); a member killed (-9) is marked dead by the leader once it
+    // missed its heartbeats (shortened here by test settings: heartbeat 300 ms, dead after 2 s),
+    // a pinned consume of its partition then answers 503 at once, and its restart makes it alive
+    // again.
+    let knobs = |_| {
+        vec![
+            ("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()),
+            ("NARAD_TEST_DEAD_AFTER_MS".to_string(), "2000".to_string()),
+        ]
+    };
+    let mut c = Cluster::spawn("members", 3, knobs);
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let listed = within(Duration::from_secs(10), || {
+        let r = a.get("/v1/cluster/members");
+        let m = r.json()["members"].as_array().cloned().unwrap_or_default();
+        m.len() == 3 && m.iter().filter(|x| x["leader"] == true).count() == 1
+    });
+    assert!(listed.is_some(), "{}", a.get("/v1/cluster/members").text());
+    let r = a.get("/v1/cluster/members");
+    let m = r.json()["members"].as_array().cloned().expect("members");
+    let ids: Vec<&str> = m.iter().map(|x| x["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["n1", "n2", "n3"]);
+    assert!(
+        m.iter()
+            .all(|x| x["voter"] == true && x["status"] == "alive"),
+        "{m:?}"
+    );
+    let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let owners: Vec<String> = a.get("/v1/topics/jobs").json()["partition_stats"]
+        .as_array()
+        .expect("stats")
+        .iter()
+        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
+        .collect();
+    let p3 = owners.iter().position(|o| o == "n3").expect("n3 owns one");
+
+    c.nodes[2].kill9();
+    let dead = within(Duration::from_secs(30), || {
+        let r = a.get("/v1/cluster/members");
+        r.json()["members"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|x| x["id"] == "n3" && x["status"] == "dead"))
+    });
+    println!("n3 marked dead after {dead:?}");
+    assert!(
+        dead.is_some(),
+        "n3 marked dead: {}",
+        a.get("/v1/cluster/members").text()
+    );
+    let t = Instant::now();
+    let r = a.get(&format!("/v1/topics/jobs/consume?partition={p3}"));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(t.elapsed() < Duration::from_millis(500), "answered at once");
+    // New topics are placed on the alive members only.
+    let r = a.post("/v1/topics", r#"{"name":"later","partitions":4}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let later = a.get("/v1/topics/later").json();
+    assert!(
+        later["partition_stats"]
+            .as_array()
+            .expect("stats")
+            .iter()
+            .all(|p| p["owner_node"] != "n3"),
+        "{later}"
+    );
+
+    c.start_node(2);
+    c.wait_ready(Duration::from_secs(30));
+    let alive = within(Duration::from_secs(10), || {
+        let r = a.get("/v1/cluster/members");
+        r.json()["members"]
+            .as_array()
+            .is_some_and(|m| m.iter().all(|x| x["status"] == "alive"))
+    });
+    assert!(
+        alive.is_some(),
+        "n3 revived: {}",
+        a.get("/v1/cluster/members").text()
+    );
+}

@@ -44,6 +44,8 @@ pub fn apply(
             | MetaCommand::AlterTopic { .. }
             | MetaCommand::AttachChild { .. }
             | MetaCommand::DetachChild { .. }
+            | MetaCommand::Heartbeat { .. }
+            | MetaCommand::MarkDead { .. }
     );
     let out = match cmd {
         MetaCommand::CreateTopic(t) => create_topic(state, t),
@@ -105,6 +107,36 @@ pub fn apply(
             password_hash,
             created_at_ms,
         } => seed_root(state, password_hash, created_at_ms),
+        MetaCommand::Heartbeat {
+            id,
+            addr,
+            cluster_addr,
+            at_ms,
+        } => {
+            let m = state
+                .members
+                .entry(id.clone())
+                .or_insert_with(|| MemberMeta {
+                    id,
+                    addr: String::new(),
+                    cluster_addr: String::new(),
+                    heartbeat_ms: 0,
+                    dead: false,
+                });
+            m.addr = addr;
+            m.cluster_addr = cluster_addr;
+            m.heartbeat_ms = m.heartbeat_ms.max(at_ms);
+            m.dead = false;
+            Ok(MetaResponse::Done)
+        }
+        MetaCommand::MarkDead { ids } => {
+            for id in ids {
+                if let Some(m) = state.members.get_mut(&id) {
+                    m.dead = true;
+                }
+            }
+            Ok(MetaResponse::Done)
+        }
     };
     if out.is_ok() {
         if touches_topics {

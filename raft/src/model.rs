@@ -60,6 +60,24 @@ pub struct MetaState {
     /// Users by username.
     #[serde(default)]
     pub users: BTreeMap<String, UserMeta>,
+    /// Members of the cluster by node id (CLUSTER.md §3, §6); empty for a node that is its
+    /// whole cluster.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub members: BTreeMap<String, MemberMeta>,
+}
+
+/// A member of the cluster as the leader last heard it (CLUSTER.md §6).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberMeta {
+    pub id: String,
+    /// Its client API address.
+    pub addr: String,
+    /// Its cluster port address.
+    pub cluster_addr: String,
+    /// The leader's wall clock (Unix ms) when it stamped the member's last heartbeat.
+    pub heartbeat_ms: u64,
+    /// Marked dead by the leader after missing heartbeats; a heartbeat revives it.
+    pub dead: bool,
 }
 
 impl MetaState {
@@ -280,6 +298,18 @@ pub enum MetaCommand {
         password_hash: String,
         created_at_ms: u64,
     },
+    /// A member's heartbeat, stamped by the leader's clock (`at_ms`): registers the member,
+    /// or refreshes it and makes it alive again.
+    Heartbeat {
+        id: String,
+        addr: String,
+        cluster_addr: String,
+        at_ms: u64,
+    },
+    /// The leader's verdict: these members missed their heartbeats.
+    MarkDead {
+        ids: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for MetaCommand {
@@ -300,6 +330,8 @@ impl std::fmt::Display for MetaCommand {
             MetaCommand::SetGrants { username, .. } => write!(f, "SetGrants({username})"),
             MetaCommand::SetPassword { username, .. } => write!(f, "SetPassword({username})"),
             MetaCommand::SeedRoot { .. } => write!(f, "SeedRoot"),
+            MetaCommand::Heartbeat { id, .. } => write!(f, "Heartbeat({id})"),
+            MetaCommand::MarkDead { ids } => write!(f, "MarkDead({})", ids.join(",")),
         }
     }
 }

@@ -482,6 +482,21 @@ impl MetaNode {
 
     /// Proposes on this node's own Raft: [`ProposeError::NoLeader`] when it does not lead.
     async fn propose_here(&self, cmd: MetaCommand) -> Result<(u64, MetaResponse), ProposeError> {
+        // A heartbeat is judged on the leader's clock (CLUSTER.md §6): the leader stamps it.
+        let cmd = match cmd {
+            MetaCommand::Heartbeat {
+                id,
+                addr,
+                cluster_addr,
+                ..
+            } if self.is_leader() => MetaCommand::Heartbeat {
+                id,
+                addr,
+                cluster_addr,
+                at_ms: narad_io::types::UnixMillis::now().0,
+            },
+            other => other,
+        };
         // The entry's frame, and the frames openraft appends around it (the committed id), fit
         // in the room reserved here, so a full disk refuses this change instead of failing the
         // append, which would stop the group until a restart.
@@ -573,6 +588,17 @@ impl MetaNode {
                 return "stopped".to_string();
             }
         }
+    }
+
+    /// The Raft view: the leader's id, the voters and the non-voters.
+    pub fn raft_view(&self) -> (Option<String>, Vec<String>, Vec<String>) {
+        let m = self.metrics.borrow_watched();
+        let membership = m.membership_config.membership();
+        (
+            m.current_leader.clone(),
+            membership.voter_ids().collect(),
+            membership.learner_ids().collect(),
+        )
     }
 
     /// Whether this node currently leads the group.

@@ -84,6 +84,10 @@ pub trait HandOff {
     /// The owner's log stopped for good: the node must take no more produces.
     fn owner_stopped(&self);
     fn stopping(&self) -> bool;
+    /// Whether membership says `dest` is dead: its records reroute at the first failure.
+    fn dead(&self, _dest: Destination) -> bool {
+        false
+    }
     /// `dest` keeps failing (`stuck`), or committed again: what other choices should avoid.
     fn note_stuck(&self, _dest: Destination, _stuck: bool) {}
     /// Hands `batch`, which `dest` could not take, to other partitions of the same topics
@@ -362,7 +366,7 @@ impl Transit {
                     failed_passes += 1;
                     if let Some(batch) = kept {
                         node.note_stuck(dest, true);
-                        if failed_passes >= REROUTE_AFTER_PASSES {
+                        if failed_passes >= REROUTE_AFTER_PASSES || node.dead(dest) {
                             match node.reroute(dest, batch).await {
                                 Ok(true) => {
                                     tracing::info!(shard = self.me.0, to = ?dest, records = n, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");

@@ -70,9 +70,46 @@ fn unknown_member(id: &str) -> Response {
     error(404, &format!("member {id:?} not found"))
 }
 
+/// The members of a cluster as the metadata records them (sorted by id), with their Raft role
+/// from shard 0's view and the partitions each owns.
+fn cluster_member_views(node: &Node) -> Vec<Value> {
+    let meta = node.meta();
+    let view = node.raft_view();
+    let now = narad_io::types::UnixMillis::now().0;
+    let mut owned: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for t in meta.topics.values() {
+        for p in 0..t.partitions {
+            if let Some(o) = t.owner_of(p) {
+                *owned.entry(o).or_default() += 1;
+            }
+        }
+    }
+    meta.members
+        .values()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "addr": m.addr,
+                "status": if m.dead { "dead" } else { "alive" },
+                "draining": false,
+                "owned_partitions": owned.get(m.id.as_str()).copied().unwrap_or(0),
+                "outbound_moves": 0,
+                "voter": view.voters.contains(&m.id),
+                "leader": view.leader.as_deref() == Some(m.id.as_str()),
+                "heartbeat_age_seconds": now.saturating_sub(m.heartbeat_ms) / 1000,
+            })
+        })
+        .collect()
+}
+
 /// `GET /v1/cluster/members[?detail=true]` (§12.1).
 pub fn members(node: &Rc<Node>, req: &Request) -> Response {
     let detail = tri!(parse_bool("detail", &Params::new(&req.query)));
+    if !node.config.peers.is_empty() {
+        // A cluster answers from its replica, ready or not: an operator looks here when a node
+        // is cut off.
+        return json_response(200, &json!({ "members": cluster_member_views(node) }));
+    }
     if let Some(r) = unavailable(node) {
         return r;
     }

@@ -98,9 +98,16 @@ fn view_with_schema(t: &TopicMeta) -> TopicView<'_> {
 /// members, starting at a member that turns with every topic created; a child's rotation is its
 /// parent's shifted by one, so child partition `p` lives away from parent partition `p` (both
 /// follow `owners[p % n]`). Empty for a node that is its whole cluster.
-// TODO(cluster): alive, non-draining members once membership is a Raft domain; the peers now.
+/// Members marked dead are left out while another one is alive.
 fn placement(node: &Node, parent_owners: Vec<String>) -> Vec<String> {
-    let members: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    let meta = node.meta();
+    let all: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    let alive: Vec<String> = all
+        .iter()
+        .filter(|id| !meta.members.get(*id).is_some_and(|m| m.dead))
+        .cloned()
+        .collect();
+    let members = if alive.is_empty() { all } else { alive };
     if members.is_empty() {
         return Vec::new();
     }

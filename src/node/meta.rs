@@ -130,6 +130,7 @@ impl Node {
         let Some(mn) = self.meta_node.clone() else {
             return;
         };
+        self.run_membership();
         let news = Rc::new(rt::Notify::new());
         let n2 = news.clone();
         mn.subscribe(Box::new(move |_| n2.notify_waiters()));

@@ -42,6 +42,7 @@ use crate::config::Config;
 
 mod dispatch;
 mod fanout;
+mod members;
 mod meta;
 mod ops;
 mod poll;
@@ -53,6 +54,7 @@ pub use dispatch::{
     NodeMesh, ShardControl, ShardEvent, ShardReq, ShardResp, MESH_CONTROL_CALL_TIMEOUT_MS,
     MESH_COUNTERS_CALL_TIMEOUT_MS, MESH_DATA_CALL_TIMEOUT_MS,
 };
+pub use members::RaftView;
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
 
@@ -325,6 +327,10 @@ pub struct NodeWide {
     /// When shard 0 last knew of a working metadata leader ([`now_ms`]; 0: never), for every
     /// shard's readiness in a cluster.
     leader_contact_ms: AtomicU64,
+    /// Shard 0's last published Raft view (a cluster's members route reads it).
+    raft_view: Mutex<Arc<members::RaftView>>,
+    /// Dead verdicts the breaker refused (`narad_dead_marking_refused`).
+    dead_marking_refused: AtomicU64,
 }
 
 impl NodeWide {

@@ -158,7 +158,9 @@ impl Node {
             let p = r.key.partition.0;
             let target = (1..n).map(|k| (p + k) % n).find(|&q| {
                 let owner = t.owner_of(q).and_then(|o| self.member_of(o));
-                owner != Some(from) && (owner == me || owner.is_none_or(|o| !stuck.contains(&o)))
+                owner != Some(from)
+                    && (owner == me
+                        || owner.is_none_or(|o| !stuck.contains(&o) && !self.member_dead(o)))
             });
             match target {
                 Some(q) => {
@@ -208,6 +210,10 @@ impl Node {
         let (Some(links), Some(peer)) = (&self.links, self.config.peers.get(to.0 as usize)) else {
             return Err(OwnerError::Down);
         };
+        // An owner marked dead is not asked (CLUSTER.md §5.2: 503 at once).
+        if self.member_dead(to) {
+            return Err(OwnerError::Down);
+        }
         match links
             .to(&peer.addr)
             .call(ops::PARTITION_OP, &encode_op(op), within)

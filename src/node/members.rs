@@ -1,0 +1,228 @@
+//! Membership (CLUSTER.md §6), run by shard 0 of a cluster node: this node's heartbeat through
+//! the leader every 5 s, and, while this node leads, the verdicts: a member not heard for 30 s
+//! (on the leader's clock, and never within 30 s of this node's election) is marked dead,
+//! unless that would leave fewer alive voters than a quorum (the dead-marking breaker). A dead
+//! member's next heartbeat revives it.
+//!
+//! Also the Raft view the other shards read (leader, voters) for `/v1/cluster/members`.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use narad_io::rt;
+use narad_io::types::{MemberId, UnixMillis};
+use narad_raft::{MetaCommand, MetaState};
+
+use super::*;
+
+/// Heartbeat period (CLUSTER.md §6).
+pub const HEARTBEAT_MS: u64 = 5_000;
+/// A member unheard this long is dead (CLUSTER.md §6).
+pub const DEAD_AFTER_MS: u64 = 30_000;
+/// How often shard 0 publishes the Raft view and, leading, looks for dead members (more often
+/// than CLUSTER.md §14's 10 s reconcile: a verdict then lands within a second of being due).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// The Raft view shard 0 last published: leader id, voters, non-voters.
+#[derive(Clone, Debug, Default)]
+pub struct RaftView {
+    pub leader: Option<String>,
+    pub voters: Vec<String>,
+    pub learners: Vec<String>,
+}
+
+/// A test setting in milliseconds (`NARAD_TEST_*`), else `default`.
+fn knob_ms(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Which members to mark dead now: alive, unheard for longer than `dead_after_ms` at `now_ms`,
+/// unless marking them leaves fewer alive voters than a quorum of `voters` (then none; the
+/// caller counts the refusal). Pure, for the leader's reconcile.
+pub fn dead_verdict(
+    meta: &MetaState,
+    voters: &[String],
+    now_ms: u64,
+    dead_after_ms: u64,
+) -> Result<Vec<String>, Vec<String>> {
+    let late: Vec<String> = meta
+        .members
+        .values()
+        .filter(|m| !m.dead && now_ms.saturating_sub(m.heartbeat_ms) > dead_after_ms)
+        .map(|m| m.id.clone())
+        .collect();
+    if late.is_empty() {
+        return Ok(late);
+    }
+    let alive_voters = voters
+        .iter()
+        .filter(|v| {
+            meta.members
+                .get(*v)
+                .is_none_or(|m| !m.dead && !late.contains(&m.id))
+        })
+        .count();
+    if alive_voters < voters.len() / 2 + 1 {
+        return Err(late);
+    }
+    Ok(late)
+}
+
+impl Node {
+    /// Whether member `m` is marked dead.
+    pub fn member_dead(&self, m: MemberId) -> bool {
+        let Some(peer) = self.config.peers.get(m.0 as usize) else {
+            return false;
+        };
+        self.meta
+            .borrow()
+            .members
+            .get(&peer.id)
+            .is_some_and(|x| x.dead)
+    }
+
+    /// The Raft view shard 0 last published.
+    pub fn raft_view(&self) -> RaftView {
+        self.wide.raft_view()
+    }
+
+    /// Shard 0 of a cluster: heartbeats, the leader's verdicts, the published Raft view.
+    pub(super) fn run_membership(self: &Rc<Self>) {
+        let Some(mn) = self.meta_node.clone() else {
+            return;
+        };
+        let heartbeat = Duration::from_millis(knob_ms("NARAD_TEST_HEARTBEAT_MS", HEARTBEAT_MS));
+        let dead_after = knob_ms("NARAD_TEST_DEAD_AFTER_MS", DEAD_AFTER_MS);
+        let me = self.clone();
+        rt::spawn(async move {
+            while !me.shutting_down() {
+                let cmd = MetaCommand::Heartbeat {
+                    id: me.config.node_id.clone(),
+                    addr: me.config.http.addr.clone(),
+                    cluster_addr: me.config.advertised_cluster_addr(),
+                    at_ms: UnixMillis::now().0,
+                };
+                if let Err(e) = me.propose(cmd).await {
+                    tracing::debug!(error = %e, "heartbeat not recorded");
+                }
+                rt::sleep(heartbeat).await;
+            }
+        })
+        .detach();
+        let me = self.clone();
+        rt::spawn(async move {
+            let mut led_since: Option<Instant> = None;
+            while !me.shutting_down() {
+                let (leader, voters, learners) = mn.raft_view();
+                let leads = mn.is_leader();
+                me.wide.set_raft_view(RaftView {
+                    leader,
+                    voters: voters.clone(),
+                    learners,
+                });
+                led_since = match (leads, led_since) {
+                    (true, None) => Some(Instant::now()),
+                    (true, s) => s,
+                    (false, _) => None,
+                };
+                // Election grace: every member gets a full `dead_after` from this election.
+                let graced = led_since.is_some_and(|t| t.elapsed().as_millis() as u64 > dead_after);
+                if graced {
+                    match dead_verdict(&mn.state(), &voters, UnixMillis::now().0, dead_after) {
+                        Ok(ids) if ids.is_empty() => {}
+                        Ok(ids) => {
+                            tracing::warn!(members = ?ids, "marking members dead: no heartbeat");
+                            let _ = me.propose(MetaCommand::MarkDead { ids }).await;
+                        }
+                        Err(ids) => {
+                            me.wide.note_dead_marking_refused();
+                            tracing::warn!(members = ?ids, "dead verdict refused: it would leave fewer alive voters than a quorum");
+                        }
+                    }
+                }
+                rt::sleep(LOOK_EVERY).await;
+            }
+        })
+        .detach();
+    }
+}
+
+impl NodeWide {
+    pub fn set_raft_view(&self, v: RaftView) {
+        *self.raft_view.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(v);
+    }
+
+    pub fn raft_view(&self) -> RaftView {
+        (**self.raft_view.lock().unwrap_or_else(|e| e.into_inner())).clone()
+    }
+
+    pub fn note_dead_marking_refused(&self) {
+        self.dead_marking_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Dead verdicts the breaker refused (`narad_dead_marking_refused`).
+    pub fn dead_marking_refused(&self) -> u64 {
+        self.dead_marking_refused.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_raft::MemberMeta;
+
+    fn state(members: &[(&str, u64, bool)]) -> MetaState {
+        let mut s = MetaState::default();
+        for (id, hb, dead) in members {
+            s.members.insert(
+                id.to_string(),
+                MemberMeta {
+                    id: id.to_string(),
+                    addr: String::new(),
+                    cluster_addr: String::new(),
+                    heartbeat_ms: *hb,
+                    dead: *dead,
+                },
+            );
+        }
+        s
+    }
+
+    #[test]
+    fn dead_verdicts_follow_the_clock_and_the_breaker() {
+        // Proves CLUSTER.md §6: a member unheard for more than 30 s is judged dead, a recent
+        // one is not, one already dead is not judged again, and the breaker refuses a verdict
+        // that would leave fewer alive voters than a quorum.
+        let voters: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let now = 100_000;
+        let s = state(&[
+            ("a", now - 1_000, false),
+            ("b", now - 31_000, false),
+            ("c", now, false),
+        ]);
+        assert_eq!(
+            dead_verdict(&s, &voters, now, 30_000),
+            Ok(vec!["b".to_string()])
+        );
+        let s = state(&[
+            ("a", now, false),
+            ("b", now - 29_000, false),
+            ("c", now, false),
+        ]);
+        assert_eq!(dead_verdict(&s, &voters, now, 30_000), Ok(vec![]));
+        let s = state(&[
+            ("a", now, false),
+            ("b", 0, true),
+            ("c", now - 40_000, false),
+        ]);
+        assert_eq!(
+            dead_verdict(&s, &voters, now, 30_000),
+            Err(vec!["c".to_string()]),
+            "b dead and c late would leave one alive voter of three"
+        );
+    }
+}
