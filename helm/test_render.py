@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Proves that the Helm chart renders the objects, values and checks of OPERATIONS.md §10 (as far
-as this single-node build goes), and that the container args and environment it renders start the
-real binary: the pod's command line is run on loopback ports with a temporary data directory and
-its own probes, scrape annotations and credentials are exercised over HTTP.
+as this build goes), and that the container args and environment it renders start the real
+binary: a pod's command line is run on loopback ports with a temporary data directory and its own
+probes, scrape annotations and credentials are exercised over HTTP; and the default three pods,
+their headless DNS names mapped to loopback, form one cluster (CLUSTER.md §7).
 
 Usage: helm/test_render.py [CHART_DIR]   (default helm/narad; NARAD_BIN overrides the binary,
 default target/debug/narad). Every helm call and every wait is bounded. Exit status 1 when a
@@ -35,6 +36,7 @@ RELEASE = "narad"
 NS = "narad"
 HELM_TIMEOUT_S = 60
 BOOT_WAIT_S = 30
+CLUSTER_WAIT_S = 60
 STOP_WAIT_S = 20
 SEL = {"app.kubernetes.io/name": "narad", "app.kubernetes.io/instance": RELEASE}
 RELEASE_PODS = [{"podSelector": {"matchLabels": SEL}}]
@@ -56,6 +58,20 @@ DEFAULT_ENV = {
     "NARAD_REMOTES_MAX_HELD_BYTES": "268435456",
     "NARAD_REMOTES_API_HOP_ENCRYPTED": "false",
 }
+# What a peer list adds to it (the default: three pods, all peers, all initial members).
+PODS = ["narad-0", "narad-1", "narad-2"]
+HEADLESS = "narad-headless.narad.svc.cluster.local"
+DEFAULT_CLUSTER_ENV = {
+    "NARAD_CLUSTER_PEERS": ",".join(f"{p}@{p}.{HEADLESS}:7943" for p in PODS),
+    "NARAD_CLUSTER_INITIAL_MEMBERS": ",".join(PODS),
+    "NARAD_CLUSTER_ADVERTISE_ADDR": f"$(POD_NAME).{HEADLESS}:7943",
+    "NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT": "true",
+}
+CLUSTER_ENV_NAMES = set(DEFAULT_CLUSTER_ENV) | {
+    "NARAD_CLUSTER_SECRET", "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER", "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH",
+}
+# A single node: no peer list (OPERATIONS.md §10.2 allows initialClusterSize 1).
+ONE_NODE = ("replicaCount=1", "initialClusterSize=1")
 DEFAULT_ARGS = [
     "serve",
     "--addr=:7942",
@@ -135,6 +151,43 @@ def ports_of(c):
     return [(p["name"], p["containerPort"], p["protocol"]) for p in c["ports"]]
 
 
+def expand(text, defined):
+    """The kubelet's $(VAR) expansion (k8s.io/kubernetes third_party/forked/golang/expansion):
+    $(NAME) of a defined variable becomes its value, of an undefined one stays as written, and $$
+    is one $."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else defined.get(m.group(1), m.group(0)),
+        text,
+    )
+
+
+def pod_command(st, ordinal, secret=None):
+    """The args and environment the kubelet gives the container of pod <StatefulSet>-<ordinal>:
+    fieldRefs, the Secret's keys from `secret` (a required key it lacks fails, as the kubelet
+    refuses to start the container), env values expanded against the variables defined before
+    them, args against all of them."""
+    pod_name = f"{st['metadata']['name']}-{ordinal}"
+    (c,) = st["spec"]["template"]["spec"]["containers"]
+    env = {}
+    for e in c["env"]:
+        if "value" in e:
+            env[e["name"]] = expand(e["value"], env)
+            continue
+        src = e["valueFrom"]
+        if "fieldRef" in src:
+            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": NS}[src["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in src:
+            ref = src["secretKeyRef"]
+            if secret and ref["key"] in secret:
+                env[e["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{e['name']}: required Secret key {ref['key']} absent"
+        else:
+            raise AssertionError(f"unexpected valueFrom {src}")
+    return [expand(a, env) for a in c["args"]], env
+
+
 def np_rules(np):
     """The NetworkPolicy spec's ingress rules as (set of (port, protocol), from-list or None)."""
     out = []
@@ -182,7 +235,7 @@ def default_render_has_exactly_the_default_objects():
 def default_statefulset():
     objs = render()
     s = sts(objs)["spec"]
-    eq(s["replicas"], 1, "replicas (single-node build)")
+    eq(s["replicas"], 3, "replicas")
     eq(s["podManagementPolicy"], "Parallel", "podManagementPolicy")
     eq(s["updateStrategy"], {"type": "RollingUpdate"}, "updateStrategy")
     eq(s["serviceName"], "narad-headless", "serviceName")
@@ -202,15 +255,18 @@ def default_statefulset():
     eq(c["image"], "ghcr.io/debanganthakuria/narad:latest", "image")
     eq(c["args"], DEFAULT_ARGS, "args")
     env_names(c)
-    eq(env_values(c), DEFAULT_ENV, "env values")
+    eq(env_values(c), DEFAULT_ENV | DEFAULT_CLUSTER_ENV, "env values")
     eq(
         env_from(c),
         {
             "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},
             "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            "NARAD_NODE_ID": {"fieldRef": {"fieldPath": "metadata.name"}},
             "NARAD_ADMIN_PASSWORD": {
                 "secretKeyRef": {"name": "narad-security", "key": "admin-password", "optional": True}
             },
+            # Required: a secured cluster does not start without it (CLUSTER.md §12).
+            "NARAD_CLUSTER_SECRET": {"secretKeyRef": {"name": "narad-security", "key": "cluster-secret"}},
         },
         "env valueFrom",
     )
@@ -424,6 +480,7 @@ def everything_enabled_statefulset_and_networkpolicy():
     )
     eq(env, expected, "env values")
     eq(env_from(c)["NARAD_ADMIN_PASSWORD"]["secretKeyRef"]["name"], "narad-secrets", "existingSecret")
+    eq(CLUSTER_ENV_NAMES & set(env_names(c)), set(), "cluster variables of a single node")
     assert ("pprof", 6060, "TCP") in ports_of(c), ports_of(c)
     assert {"name": "cluster-tls", "mountPath": "/etc/narad/cluster-tls", "readOnly": True} in c["volumeMounts"], c["volumeMounts"]
     np = objs[("NetworkPolicy", "nd")]["spec"]
@@ -463,10 +520,16 @@ def validation_refuses_with_the_spec_messages():
     refused = [
         (["initialClusterSize=2"], "initialClusterSize must be odd (Raft quorum)."),
         (["initialClusterSize=0"], "initialClusterSize must be odd (Raft quorum)."),
-        (["initialClusterSize=3"], "replicaCount (1) must be >= initialClusterSize (3)."),
-        (["initialClusterSize=3", "replicaCount=3", "clusterPeerCount=1"], "clusterPeerCount (1) must be 0 (= initialClusterSize) or >= initialClusterSize (3)."),
-        (["replicaCount=3", "initialClusterSize=3"], "this build runs single-node only: replicaCount must be 1 until clustering lands"),
-        (["replicaCount=2"], "this build runs single-node only: replicaCount must be 1 until clustering lands"),
+        (["replicaCount=1"], "replicaCount (1) must be >= initialClusterSize (3)."),
+        (["initialClusterSize=5"], "replicaCount (3) must be >= initialClusterSize (5)."),
+        (["clusterPeerCount=1"], "clusterPeerCount (1) must be 0 (= initialClusterSize) or >= initialClusterSize (3)."),
+        # This build's limits: the binary needs >= 3 peers and cannot join a pod outside them...
+        (["replicaCount=1", "initialClusterSize=1", "clusterPeerCount=2"], "the peer list has 2 pods (clusterPeerCount, else initialClusterSize): the binary needs at least 3 peers, or 1 for a single node."),
+        (["replicaCount=4"], "replicaCount (4) is above the peer list's size (3, clusterPeerCount or else initialClusterSize): this build cannot join a node outside NARAD_CLUSTER_PEERS yet."),
+        (["initialClusterSize=1"], "replicaCount (3) is above the peer list's size (1, clusterPeerCount or else initialClusterSize)"),
+        (["replicaCount=4", "clusterPeerCount=3"], "replicaCount (4) is above the peer list's size (3"),
+        # ... and refuses the Raft TLS files in a cluster.
+        (["security.clusterTLS.enabled=true"], "security.clusterTLS.enabled with a peer list: this build has no TLS on the cluster port"),
         (["networkPolicy.enabled=false"], "security.enabled with security.clusterTLS.enabled=false leaves Raft traffic in plaintext"),
         (["serviceMonitor.enabled=true", "metrics.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
         (["serviceMonitor.enabled=true", "service.internal.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
@@ -481,12 +544,109 @@ def validation_refuses_with_the_spec_messages():
     for sets in (
         ["networkPolicy.enabled=false", "security.enabled=false"],
         ["networkPolicy.enabled=false", "security.allowPlaintextRaft=true"],
-        ["networkPolicy.enabled=false", "security.clusterTLS.enabled=true"],
-        ["clusterPeerCount=1"],
+        [*ONE_NODE, "networkPolicy.enabled=false", "security.clusterTLS.enabled=true"],
+        [*ONE_NODE, "clusterPeerCount=1"],
         ["clusterPeerCount=3"],
+        ["clusterPeerCount=5"],
+        ["clusterPeerCount=5", "replicaCount=5"],
+        ["replicaCount=5", "initialClusterSize=5"],
         ["security.enabled=false"],
     ):
         render(*sets)
+
+
+def peer_list(value):
+    """NARAD_CLUSTER_PEERS as [(id, host, port)]."""
+    out = []
+    for entry in value.split(","):
+        pid, _, addr = entry.partition("@")
+        host, _, port = addr.rpartition(":")
+        out.append((pid, host, int(port)))
+    return out
+
+
+@check
+def default_pods_get_one_peer_list_and_their_own_identity():
+    """Each of the three pods, its environment resolved as the kubelet does: the same peer list and
+    initial members everywhere, naming the StatefulSet's pods by their headless Service DNS names
+    and the cluster port; node id (flag and NARAD_NODE_ID) = pod name; advertise address = the
+    pod's own headless name, the one its peers list for it."""
+    objs = render()
+    st = sts(objs)
+    eq(st["spec"]["replicas"], 3, "replicas")
+    headless_svc = objs[("Service", st["spec"]["serviceName"])]
+    eq(headless_svc["spec"]["clusterIP"], "None", "serviceName is the headless Service")
+    cluster_port = {p["name"]: p["port"] for p in headless_svc["spec"]["ports"]}["cluster"]
+    eq(cluster_port, {p["name"]: p["containerPort"] for p in container(objs)["ports"]}["cluster"], "cluster port")
+    domain = f"{st['spec']['serviceName']}.{NS}.svc.cluster.local"
+    envs = []
+    for i in range(3):
+        args, env = pod_command(st, i, secret={"cluster-secret": "s3cret"})
+        pod_name = f"{st['metadata']['name']}-{i}"
+        eq(env["POD_NAME"], pod_name, "POD_NAME")
+        eq(env["NARAD_NODE_ID"], pod_name, f"{pod_name}: NARAD_NODE_ID")
+        assert f"--node-id={pod_name}" in args, f"{pod_name}: args {args}"
+        eq(env["NARAD_CLUSTER_ADVERTISE_ADDR"], f"{pod_name}.{domain}:{cluster_port}", f"{pod_name}: advertise address")
+        eq(env["NARAD_CLUSTER_SECRET"], "s3cret", f"{pod_name}: cluster secret")
+        eq(env["NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT"], "true", f"{pod_name}: plaintext Raft switch (NetworkPolicy on)")
+        own = [(h, port) for pid, h, port in peer_list(env["NARAD_CLUSTER_PEERS"]) if pid == pod_name]
+        eq([f"{h}:{port}" for h, port in own], [env["NARAD_CLUSTER_ADVERTISE_ADDR"]], f"{pod_name}: its own peer entry")
+        envs.append(env)
+    for name in ("NARAD_CLUSTER_PEERS", "NARAD_CLUSTER_INITIAL_MEMBERS"):
+        eq({e[name] for e in envs}, {envs[0][name]}, f"{name} identical on every pod")
+    eq(
+        peer_list(envs[0]["NARAD_CLUSTER_PEERS"]),
+        [(f"narad-{i}", f"narad-{i}.{domain}", cluster_port) for i in range(3)],
+        "peers",
+    )
+    eq(envs[0]["NARAD_CLUSTER_INITIAL_MEMBERS"], "narad-0,narad-1,narad-2", "initial members")
+    # Without the Secret's cluster-secret key the kubelet does not start the container.
+    try:
+        pod_command(st, 0)
+    except AssertionError as e:
+        assert "NARAD_CLUSTER_SECRET: required Secret key cluster-secret absent" in str(e), e
+    else:
+        raise AssertionError("NARAD_CLUSTER_SECRET is optional")
+
+
+@check
+def cluster_values_shape_the_peer_env():
+    # Peer list and initial members sized apart; names, namespace, domain and port followed.
+    objs = render("clusterPeerCount=5", "fullnameOverride=q", "clusterDomain=k8s.internal", "service.ports.cluster=17943")
+    args, env = pod_command(sts(objs, "q"), 1, secret={"cluster-secret": "x"})
+    eq(sts(objs, "q")["spec"]["serviceName"], "q-headless", "serviceName")
+    eq(
+        peer_list(env["NARAD_CLUSTER_PEERS"]),
+        [(f"q-{i}", f"q-{i}.q-headless.{NS}.svc.k8s.internal", 17943) for i in range(5)],
+        "peers (clusterPeerCount=5)",
+    )
+    eq(env["NARAD_CLUSTER_INITIAL_MEMBERS"], "q-0,q-1,q-2", "initial members (initialClusterSize=3)")
+    eq(env["NARAD_CLUSTER_ADVERTISE_ADDR"], f"q-1.q-headless.{NS}.svc.k8s.internal:17943", "advertise address")
+    assert "--cluster-port=17943" in args, args
+    env = env_values(container(render("replicaCount=5", "initialClusterSize=5")))
+    eq(len(peer_list(env["NARAD_CLUSTER_PEERS"])), 5, "peers (initialClusterSize=5)")
+    eq(env["NARAD_CLUSTER_INITIAL_MEMBERS"].split(","), [f"narad-{i}" for i in range(5)], "initial members (5)")
+    # The Secret and its key.
+    ref = env_from(container(render("security.existingSecret=s", "security.clusterSecretKey=k")))["NARAD_CLUSTER_SECRET"]
+    eq(ref, {"secretKeyRef": {"name": "s", "key": "k"}}, "cluster secret ref")
+    # The plaintext-Raft switch: with security on it comes from the NetworkPolicy or the value.
+    c = container(render("networkPolicy.enabled=false", "security.allowPlaintextRaft=true"))
+    eq(env_values(c).get("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT"), "true", "plaintext switch from allowPlaintextRaft")
+    c = container(render("security.enabled=false"))
+    eq(env_values(c).get("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT"), None, "plaintext switch with security off")
+    eq(env_from(c)["NARAD_CLUSTER_SECRET"]["secretKeyRef"].get("optional"), None, "secret required with security off")
+    assert "NARAD_ADMIN_PASSWORD" not in env_names(c), "admin password with security off"
+    # allowInsecureCluster: the secret becomes optional only with security off.
+    c = container(render("security.enabled=false", "security.allowInsecureCluster=true", "security.allowLegacyClusterAuth=true"))
+    eq(env_from(c)["NARAD_CLUSTER_SECRET"]["secretKeyRef"].get("optional"), True, "secret optional (security off, insecure allowed)")
+    eq(env_values(c).get("NARAD_SECURITY_ALLOW_INSECURE_CLUSTER"), "true", "NARAD_SECURITY_ALLOW_INSECURE_CLUSTER")
+    eq(env_values(c).get("NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH"), "true", "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH")
+    c = container(render("security.allowInsecureCluster=true"))
+    eq(env_from(c)["NARAD_CLUSTER_SECRET"]["secretKeyRef"].get("optional"), None, "secret required with security on")
+    # One node: none of it (the binary needs >= 3 peers or none).
+    c = container(render(*ONE_NODE, "security.allowInsecureCluster=true"))
+    eq(CLUSTER_ENV_NAMES & set(env_names(c)), set(), "cluster variables of a single node")
+    eq(env_from(c)["NARAD_NODE_ID"], {"fieldRef": {"fieldPath": "metadata.name"}}, "single node's NARAD_NODE_ID")
 
 
 @check
@@ -494,13 +654,19 @@ def env_names_are_read_by_this_binary():
     src = (ROOT / "src" / "config.rs").read_text() + (ROOT / "src" / "auth" / "seed.rs").read_text()
     known = set(re.findall(r'"(NARAD_[A-Z0-9_]+)"', src))
     assert "NARAD_HTTP_METRICS_ADDR" in known and "NARAD_ADMIN_PASSWORD" in known, "source scan found too little"
-    renders = [render(), render("metrics.enabled=false", "security.enabled=false"), render(values=[EVERYTHING])]
+    renders = [
+        render(),
+        render("metrics.enabled=false", "security.enabled=false", "security.allowInsecureCluster=true", "security.allowLegacyClusterAuth=true"),
+        render(values=[EVERYTHING]),
+    ]
+    seen = set()
     for objs in renders:
         (st,) = [o for k, o in objs.items() if k[0] == "StatefulSet"]
         for name in env_names(st["spec"]["template"]["spec"]["containers"][0]):
+            seen.add(name)
             if name.startswith("NARAD_"):
                 assert name in known, f"{name} is rendered but src/config.rs does not read it"
-            assert name != "NARAD_CLUSTER_PEERS", "NARAD_CLUSTER_PEERS rendered: this build refuses it"
+    eq(CLUSTER_ENV_NAMES - seen, set(), "cluster variables never rendered")
 
 
 @check
@@ -523,8 +689,16 @@ def notes_name_the_service_pods_and_commands():
             "curl -s localhost:7942/healthz",
             "curl -s localhost:7942/readyz",
             "curl -s localhost:9100/metrics",
+            "kubectl -n narad create secret generic narad-security --from-literal=cluster-secret=",
+            "curl -s -u admin:<password> localhost:7942/v1/cluster/members",
+            "kubectl -n narad exec narad-$i -- cat /var/lib/narad/admin-password",
         ]:
             assert want in notes, f"NOTES.txt lacks {want!r}:\n{notes}"
+        notes = render(*ONE_NODE, chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+        for want in ["kubectl -n narad exec narad-0 -- cat /var/lib/narad/admin-password"]:
+            assert want in notes, f"NOTES.txt (one node) lacks {want!r}:\n{notes}"
+        for unwanted in ["create secret", "narad-1.", "/v1/cluster/members"]:
+            assert unwanted not in notes, f"NOTES.txt (one node) has {unwanted!r}:\n{notes}"
         notes = render("metrics.enabled=false", "clusterDomain=k8s.internal", chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
         for want in ["narad-0.narad-headless.narad.svc.k8s.internal", "localhost:7942/metrics"]:
             assert want in notes, f"NOTES.txt (metrics off) lacks {want!r}:\n{notes}"
@@ -566,27 +740,12 @@ def boot(sets=(), values=(), secret=None, set_json=()):
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="narad-helm-"))
     data = tmp / "data"
     data.mkdir()
+    args, pod_env = pod_command(st, 0, secret)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp)}
-    pod_name = st["metadata"]["name"] + "-0"
-    for e in c["env"]:
-        if "value" in e:
-            v = e["value"]
-            env[e["name"]] = loopback(v) if e["name"].endswith("_ADDR") else v
-            continue
-        src = e["valueFrom"]
-        if "fieldRef" in src:
-            env[e["name"]] = {"metadata.name": pod_name, "metadata.namespace": NS}[src["fieldRef"]["fieldPath"]]
-        elif "secretKeyRef" in src:
-            ref = src["secretKeyRef"]
-            if secret and ref["key"] in secret:
-                env[e["name"]] = secret[ref["key"]]
-            else:
-                assert ref.get("optional"), f"{e['name']}: required Secret key {ref['key']} absent"
-        else:
-            raise AssertionError(f"unexpected valueFrom {src}")
-    args = []
-    for a in c["args"]:
-        a = a.replace("$(POD_NAME)", env["POD_NAME"])
+    for k, v in pod_env.items():
+        env[k] = loopback(v) if k.endswith("_ADDR") else v
+    resolved, args = args, []
+    for a in resolved:
         if a == "--data-dir=/var/lib/narad":
             a = f"--data-dir={data}"
         elif a.startswith("--addr="):
@@ -661,7 +820,7 @@ def default_pod_starts_the_binary():
         eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics")[0], 401, "topics without credentials")
         eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics", auth=f"admin:{pw}")[0], 200, "topics as admin")
 
-    with_booted(run)
+    with_booted(run, sets=ONE_NODE)
 
 
 @check
@@ -681,7 +840,7 @@ def insecure_pod_without_metrics_starts_the_binary():
         probe_and_scrape(objs, c, ports)
         eq(http_get(f"http://127.0.0.1:{ports['api']}/v1/topics")[0], 200, "topics without credentials")
 
-    with_booted(run, sets=["metrics.enabled=false", "security.enabled=false"])
+    with_booted(run, sets=[*ONE_NODE, "metrics.enabled=false", "security.enabled=false"])
 
 
 def main():

@@ -36,3 +36,34 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- range . }}{{ $out = append $out (int64 . | toString) }}{{ end -}}
 {{- join "," $out -}}
 {{- end -}}
+{{/* The size of the peer list: clusterPeerCount, 0 = initialClusterSize. */}}
+{{- define "narad.peerCount" -}}
+{{- if int .Values.clusterPeerCount }}{{ int .Values.clusterPeerCount }}{{ else }}{{ int .Values.initialClusterSize }}{{ end -}}
+{{- end -}}
+{{/* Whether the pods form a cluster (a peer list of more than one pod); else each is one node. */}}
+{{- define "narad.clustered" -}}
+{{- if gt (int (include "narad.peerCount" .)) 1 }}true{{ end -}}
+{{- end -}}
+{{/* The headless DNS name of a pod, from (list <context> <pod name>): the peer list's hosts and
+the advertise address (CLUSTER.md §7). */}}
+{{- define "narad.podHost" -}}
+{{- $ctx := index . 0 -}}
+{{- printf "%s.%s-headless.%s.svc.%s" (index . 1) (include "narad.fullname" $ctx) $ctx.Release.Namespace $ctx.Values.clusterDomain -}}
+{{- end -}}
+{{/* NARAD_CLUSTER_PEERS: id@<headless name>:<cluster port> for pods 0..peerCount-1. */}}
+{{- define "narad.peers" -}}
+{{- $out := list -}}
+{{- range $i := until (int (include "narad.peerCount" .)) -}}
+{{- $pod := printf "%s-%d" (include "narad.fullname" $) $i -}}
+{{- $out = append $out (printf "%s@%s:%d" $pod (include "narad.podHost" (list $ $pod)) (int $.Values.service.ports.cluster)) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
+{{/* NARAD_CLUSTER_INITIAL_MEMBERS: pods 0..initialClusterSize-1. */}}
+{{- define "narad.initialMembers" -}}
+{{- $out := list -}}
+{{- range $i := until (int .Values.initialClusterSize) -}}
+{{- $out = append $out (printf "%s-%d" (include "narad.fullname" $) $i) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}
