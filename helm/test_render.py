@@ -6,8 +6,9 @@ probes, scrape annotations and credentials are exercised over HTTP; and the defa
 their headless DNS names mapped to loopback, form one cluster (CLUSTER.md §7).
 
 Usage: helm/test_render.py [CHART_DIR]   (default helm/narad; NARAD_BIN overrides the binary,
-default target/debug/narad). Every helm call and every wait is bounded. Exit status 1 when a
-check fails; every check runs and each failure is printed.
+default target/debug/narad). Every helm call and every wait is bounded (the three-pod cluster: 60 s
+to form); every broker started is stopped, on failure or SIGTERM too. Exit status 1 when a check
+fails; every check runs and each failure is printed.
 """
 
 import base64
@@ -16,6 +17,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -843,8 +845,186 @@ def insecure_pod_without_metrics_starts_the_binary():
     with_booted(run, sets=[*ONE_NODE, "metrics.enabled=false", "security.enabled=false"])
 
 
+CLUSTER_SECRET = {"cluster-secret": "helm-test-cluster-secret", "admin-password": "helm-test-admin-pw"}
+
+
+def pods_on_loopback(objs, tmp):
+    """The rendered pods' command lines as processes on this machine: each pod's args and
+    environment resolved as the kubelet would (pod_command, with CLUSTER_SECRET as the Secret),
+    then what DNS and the pod network would give it replaced: every pod's headless name and
+    cluster port becomes 127.0.0.1 and that pod's own cluster port, ':<port>' listen addresses
+    become loopback ones on the pod's own ports, /var/lib/narad a directory under `tmp`. Returns
+    [(pod name, argv, env, {container port name: local port})]."""
+    st = sts(objs)
+    c = container(objs)
+    by_number = {}
+    for p in c["ports"]:
+        by_number.setdefault(p["containerPort"], p["name"])
+    domain = f"{st['spec']['serviceName']}.{NS}.svc.{yaml.safe_load((CHART / 'values.yaml').read_text())['clusterDomain']}"
+    cluster_port = {p["name"]: p["containerPort"] for p in c["ports"]}["cluster"]
+    n = st["spec"]["replicas"]
+    names = [f"{st['metadata']['name']}-{i}" for i in range(n)]
+    free = iter(free_ports(len(names) * len(by_number)))
+    local = {name: {pname: next(free) for pname in by_number.values()} for name in names}
+    dns = {f"{name}.{domain}:{cluster_port}": f"127.0.0.1:{local[name]['cluster']}" for name in names}
+    pods = []
+    for i, name in enumerate(names):
+        args, env = pod_command(st, i, CLUSTER_SECRET)
+        ports = local[name]
+        mine = {num: ports[pname] for num, pname in by_number.items()}
+        for k, v in env.items():
+            for host, addr in dns.items():
+                v = v.replace(host, addr)
+            if k.endswith("_ADDR") and v.startswith(":"):
+                v = f"127.0.0.1:{mine[int(v[1:])]}"
+            assert domain not in v, f"{name}: {k}={v} names a pod outside the StatefulSet"
+            env[k] = v
+        argv = [str(BIN)]
+        for a in args:
+            flag, eq_, v = a.partition("=")
+            if a == "--data-dir=/var/lib/narad":
+                a = f"--data-dir={tmp / name}"
+            elif flag == "--addr" and v.startswith(":"):
+                a = f"--addr=127.0.0.1:{mine[int(v[1:])]}"
+            elif flag == "--cluster-port":
+                # Listens on every interface, like the pod: security on then needs the chart's
+                # NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT (the binary exempts only a loopback address).
+                a = f"--cluster-port={mine[int(v)]}"
+            argv.append(a)
+        env.update({"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp)})
+        pods.append((name, argv, env, ports))
+    return pods
+
+
+def run_refused(argv, env, log, timeout=20):
+    """Runs a command line that must stop at start-up; returns (exit status, output)."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_WAIT_S)
+            raise AssertionError(f"still running after {timeout}s: {pathlib.Path(log).read_text()[-1000:]}")
+    return code, pathlib.Path(log).read_text()
+
+
+@check
+def cluster_pod_needs_the_chart_switches():
+    """The binary refuses a pod of the rendered cluster without the plaintext-Raft switch, and
+    without the cluster secret: both variables the chart sets are needed."""
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="narad-helm-"))
+    try:
+        name, argv, env, _ = pods_on_loopback(render(), tmp)[0]
+        for drop, message in [
+            ("NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT", "set security.allow_plaintext_raft (NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT)"),
+            ("NARAD_CLUSTER_SECRET", "NARAD_CLUSTER_SECRET is required when security is on and cluster.peers is set"),
+        ]:
+            code, out = run_refused(argv, {k: v for k, v in env.items() if k != drop}, tmp / f"{drop}.log")
+            assert code != 0, f"{name} without {drop} exited 0: {out[-1000:]}"
+            assert message in out, f"{name} without {drop}: expected {message!r} in {out[-1000:]!r}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@check
+def default_pods_form_one_cluster():
+    """The default render's three pods, started with the real binary on loopback (their headless
+    names mapped to 127.0.0.1 and their own ports): all three become ready and every one lists the
+    three pods as alive members, one leader, all voters; a topic created through one pod is seen
+    by another. SIGTERM (then SIGKILL) ends all three whatever happens."""
+    # Two shards a node, as the cluster tests run (the default is one per CPU, three times over).
+    objs = render("extraEnv.NARAD_SHARDS=2")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="narad-helm-cluster-"))
+    procs = {}
+    try:
+        pods = pods_on_loopback(objs, tmp)
+        eq([p[0] for p in pods], PODS, "pods")
+        for name, argv, env, _ in pods:
+            with open(tmp / f"{name}.log", "w") as log:
+                procs[name] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+        def logs():
+            return "\n".join(f"--- {n}:\n{(tmp / f'{n}.log').read_text()[-1500:]}" for n in procs)
+
+        admin = f"admin:{CLUSTER_SECRET['admin-password']}"
+        deadline = time.monotonic() + CLUSTER_WAIT_S
+        views = {}
+        while True:
+            for name, proc in procs.items():
+                if proc.poll() is not None:
+                    raise AssertionError(f"{name} exited with {proc.returncode}\n{logs()}")
+            try:
+                ready = all(http_get(f"http://127.0.0.1:{ports['api']}/readyz")[0] == 200 for _, _, _, ports in pods)
+                views = {}
+                for name, _, _, ports in pods:
+                    status, body = http_get(f"http://127.0.0.1:{ports['api']}/v1/cluster/members", auth=admin)
+                    views[name] = json.loads(body)["members"] if status == 200 else body
+                if ready and all(
+                    isinstance(v, list) and len(v) == 3 and all(m["status"] == "alive" for m in v) and sum(m["leader"] for m in v) == 1
+                    for v in views.values()
+                ):
+                    break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no 3-member cluster in {CLUSTER_WAIT_S}s: members {views}\n{logs()}")
+            time.sleep(0.2)
+        # A member's "addr" is the API address its pod listens on (http.addr): each id is its pod's.
+        api_addr = {name: f"127.0.0.1:{ports['api']}" for name, _, _, ports in pods}
+        for name, members in views.items():
+            eq(sorted(m["id"] for m in members), PODS, f"member ids seen by {name} (node id = pod name)")
+            for m in members:
+                eq(m["addr"], api_addr[m["id"]], f"{name}'s view of {m['id']}: API address")
+                eq(m["voter"], True, f"{name}'s view of {m['id']}: voter")
+            eq({m["id"] for m in members if m["leader"]}, {m["id"] for m in views[PODS[0]] if m["leader"]}, f"leader seen by {name}")
+        # The rendered probes on each pod's own ports.
+        c = container(objs)
+        for name, _, _, ports in pods:
+            for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                g = c[probe]["httpGet"]
+                status, body = http_get(f"http://127.0.0.1:{ports[g['port']]}{g['path']}")
+                eq(status, 200, f"{name} {probe} {g} ({body.strip()})")
+            # The root admin came from the Secret: no pod generated a password.
+            assert not (tmp / name / "admin-password").exists(), f"{name} generated an admin password"
+        # One metadata: a topic created through narad-0 is seen by narad-2.
+        first, last = pods[0][3]["api"], pods[-1][3]["api"]
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{first}/v1/topics", method="POST", data=b'{"name":"helm-chart","partitions":3}',
+            headers={"Content-Type": "application/json", "Authorization": "Basic " + base64.b64encode(admin.encode()).decode()},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        eq(status, 201, "create topic through narad-0")
+        deadline = time.monotonic() + 10
+        while http_get(f"http://127.0.0.1:{last}/v1/topics/helm-chart", auth=admin)[0] != 200:
+            assert time.monotonic() < deadline, "narad-2 does not see the topic created through narad-0"
+            time.sleep(0.1)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        stuck = []
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                stuck.append(name)
+                proc.kill()
+                proc.wait(timeout=STOP_WAIT_S)
+        shutil.rmtree(tmp, ignore_errors=True)
+    eq(stuck, [], "pods that ignored SIGTERM")
+    eq({n: p.returncode for n, p in procs.items()}, {n: 0 for n in procs}, "exit statuses after SIGTERM")
+
+
 def main():
     sys.stdout.reconfigure(line_buffering=True)
+    # SIGTERM (timeout(1), CI cancelling) unwinds like an exception: the finally blocks stop the
+    # brokers this started and remove their directories.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"chart {CHART}, binary {BIN}")
     if not BIN.exists():
         print(f"FAIL: {BIN} does not exist (cargo build --bin narad, or set NARAD_BIN)")
