@@ -860,7 +860,8 @@ def pods_on_loopback(objs, tmp):
     by_number = {}
     for p in c["ports"]:
         by_number.setdefault(p["containerPort"], p["name"])
-    domain = f"{st['spec']['serviceName']}.{NS}.svc.{yaml.safe_load((CHART / 'values.yaml').read_text())['clusterDomain']}"
+    # The pods' DNS subdomain: the StatefulSet's headless Service, default clusterDomain.
+    domain = f"{st['spec']['serviceName']}.{NS}.svc.cluster.local"
     cluster_port = {p["name"]: p["containerPort"] for p in c["ports"]}["cluster"]
     n = st["spec"]["replicas"]
     names = [f"{st['metadata']['name']}-{i}" for i in range(n)]
@@ -881,7 +882,7 @@ def pods_on_loopback(objs, tmp):
             env[k] = v
         argv = [str(BIN)]
         for a in args:
-            flag, eq_, v = a.partition("=")
+            flag, _, v = a.partition("=")
             if a == "--data-dir=/var/lib/narad":
                 a = f"--data-dir={tmp / name}"
             elif flag == "--addr" and v.startswith(":"):
