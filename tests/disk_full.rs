@@ -305,6 +305,164 @@ fn a_full_disk_refuses_produces_clearly_loses_nothing_accepted_and_recovers() {
     );
 }
 
+/// Batch acks of `handles`: the status of each and the error text of those refused.
+fn ack_results(c: &mut Client, topic: &str, handles: &[String]) -> Vec<(u64, Option<String>)> {
+    let body = serde_json::json!({ "receipt_handles": handles }).to_string();
+    let r = c.request(
+        "POST",
+        &format!("/v1/topics/{topic}/ack"),
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Narad-Client", "narad-tests/0"),
+        ],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "batch ack: {}", r.text());
+    r.json()["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["status"].as_u64().unwrap(),
+                x["error"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// Rounds of consume and ack while producers keep meeting the full disk.
+const ACK_ROUNDS: usize = 40;
+/// Producer threads hammering the full disk during those rounds.
+const FULL_DISK_PRODUCERS: usize = 2;
+
+#[test]
+fn acks_answered_on_a_full_disk_stay_acked_after_space_frees_and_a_kill() {
+    // Proves that an ack answered `204` while the data disk is full is durable once space frees:
+    // acks go out while producers keep hitting the full disk (so settle records share group
+    // commits with appends the disk refuses); then space frees, and a `kill -9` well after that
+    // (longer than any group commit) and a restart deliver none of the acked messages again.
+    // An ack the broker cannot record is refused with a `503` naming the full disk (nothing
+    // settled), and its message is delivered again. Before, a settle record whose group commit
+    // failed on the full disk was never written: the ack was answered and came back after the
+    // crash (the fault harness's finding, seed 103).
+    let dir = TempDir::new("disk-full-acks");
+    let Some(mount) = tmpfs::Mount::tmpfs(&dir.0.join("mnt"), TMPFS_BYTES) else {
+        return;
+    };
+    let filler = mount.0.join("filler");
+    let filler2 = mount.0.join("filler2");
+    for f in [&filler, &filler2] {
+        std::fs::write(f, vec![0x5a; FILLER_BYTES]).expect("fillers fit on the fresh tmpfs");
+    }
+    let mut s = Server::start_with(mount.0.join("data"), vec![]);
+    let mut c = s.client();
+    c.create_topic("t", 4);
+    settle(&mount.0);
+    let mut sent = Sent::default();
+    fill(&mut c, "a", &mut sent);
+
+    // Producers keep meeting the full disk while the acks go out.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producers: Vec<_> = (0..FULL_DISK_PRODUCERS)
+        .map(|t| {
+            let stop = stop.clone();
+            let addr = s.addr();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(addr).expect("connect");
+                let mut all = Vec::new();
+                let mut accepted = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let ids: Vec<String> =
+                        (n..n + 8).map(|i| payload(&format!("p{t}"), i)).collect();
+                    n += 8;
+                    let r = try_produce_batch(&mut c, "t", &ids).expect("batch produce");
+                    if r.status == 202 {
+                        accepted.extend(ids.iter().cloned());
+                    } else {
+                        assert_full(&r, "a produce during the acks");
+                    }
+                    all.extend(ids);
+                }
+                (all, accepted)
+            })
+        })
+        .collect();
+    let mut acked: HashSet<String> = HashSet::new();
+    let mut refused: HashSet<String> = HashSet::new();
+    for _ in 0..ACK_ROUNDS {
+        let leased = consume(&mut c, "t", "0s");
+        for chunk in leased.chunks(10) {
+            let handles: Vec<String> = chunk.iter().map(|(_, h)| h.clone()).collect();
+            for ((p, _), (status, error)) in chunk.iter().zip(ack_results(&mut c, "t", &handles)) {
+                match status {
+                    204 => {
+                        acked.insert(p.clone());
+                    }
+                    503 => {
+                        let error = error.unwrap_or_default();
+                        assert!(error.contains("disk full"), "a refused ack: {error}");
+                        refused.insert(p.clone());
+                    }
+                    other => panic!("an ack on the full disk answered {other}: {error:?}"),
+                }
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in producers {
+        let (all, accepted) = t.join().expect("producer");
+        sent.all.extend(all);
+        sent.accepted.extend(accepted);
+    }
+    assert!(
+        acked.len() >= 100,
+        "only {} acks answered 204 on the full disk ({} refused)",
+        acked.len(),
+        refused.len()
+    );
+
+    // Space frees; the kill comes long after any group commit could still be writing.
+    std::fs::remove_file(&filler).unwrap();
+    std::fs::remove_file(&filler2).unwrap();
+    std::thread::sleep(ACK_DURABLE_AFTER);
+    s.restart();
+    let mut c = s.client();
+    let accepted = &sent.accepted;
+    let seen = drain(&mut c, "t", |seen| {
+        accepted
+            .iter()
+            .all(|p| acked.contains(p) || seen.contains_key(p))
+    });
+    let returned: Vec<&String> = seen.keys().filter(|p| acked.contains(*p)).collect();
+    assert!(
+        returned.is_empty(),
+        "{} of {} messages acked (204) on the full disk came back after space freed and a kill, \
+         e.g. {:?}",
+        returned.len(),
+        acked.len(),
+        names(returned.iter().copied())
+    );
+    let lost: Vec<&String> = accepted
+        .iter()
+        .filter(|p| !acked.contains(*p) && !seen.contains_key(*p))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} messages answered 202 (of them {} with a refused ack) were not delivered, e.g. {:?}",
+        lost.len(),
+        lost.iter().filter(|p| refused.contains(**p)).count(),
+        names(lost.iter().copied())
+    );
+    eprintln!(
+        "{} acks answered 204 and {} refused on the full disk; {} delivered after the restart",
+        acked.len(),
+        refused.len(),
+        seen.len()
+    );
+}
+
 /// Fills the file system of `dir` to the last byte with a file there, `fill-all`.
 fn fill_to_the_last_byte(dir: &std::path::Path) -> std::path::PathBuf {
     use std::io::Write;

@@ -365,3 +365,98 @@ async fn small_reads_back(log: &ShardLog, k: PartitionKey, acked: &[(Offset, u64
         assert_eq!(r[0].payload, small(k, i).payload, "offset {}", o.0);
     }
 }
+
+#[test]
+fn settles_on_a_full_disk_are_written_once_space_frees_never_dropped() {
+    // Proves a settle (an ack the shard answers once it is queued) is never dropped by a full
+    // disk: each settle is queued with an append in the same group commit; the append is refused
+    // (`DiskFull`) while the settle either becomes durable at once (it needs WAL room only, not
+    // the partition's) or, once the WAL itself has no room, waits (`settle_backlog`) and is
+    // written as soon as space frees. After a restart every settled offset is still settled.
+    // Before, the settle failed with the batch and was never written again: an ack answered
+    // while the disk was full came back after the next crash.
+    let Some((mount, ballast)) = small_disk("narad-log-full-settle") else {
+        return;
+    };
+    // No checkpoint: the restart replays every settle from the WAL.
+    let cfg = small_cfg(mount.0.join("data"), 1 << 40);
+    let k = key(33, 0);
+    let rec = |i: u64| record(k, i);
+    let c = cfg.clone();
+    let settled = rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(c).await.expect("open");
+        let mut acked = Vec::new();
+        assert!(
+            fill(&log, &rec, 0..5000, &mut acked).await,
+            "never hit disk full"
+        );
+        let mut settled = Vec::new();
+        let mut waiting = None;
+        for &(offset, i) in &acked {
+            // Both are queued before the committer runs: one batch.
+            let (append, durable) = futures_lite::future::zip(log.append(vec![rec(i)]), async {
+                log.settle_many(vec![(k, vec![offset])]).await
+            })
+            .await;
+            assert!(
+                matches!(append, Err(LogError::DiskFull)),
+                "append beside settle {}: {append:?}",
+                offset.0
+            );
+            let durable = durable.expect("settle queued");
+            settled.push(offset);
+            match rt::timeout(Duration::from_millis(500), durable).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!(
+                    "settle of offset {} failed on the full disk ({e}): its ack was answered and \
+                     would come back after a crash",
+                    offset.0
+                ),
+                Err(_) => {
+                    waiting = Some(offset);
+                    break;
+                }
+            }
+        }
+        let Some(waiting) = waiting else {
+            panic!(
+                "the WAL never ran out of room for {} settles",
+                settled.len()
+            )
+        };
+        assert!(log.settle_backlog() > 0, "settle {} waits", waiting.0);
+        assert_eq!(
+            log.settled(k).frontier,
+            waiting,
+            "not settled before it is durable"
+        );
+        std::fs::remove_file(&ballast).expect("free space");
+        let start = std::time::Instant::now();
+        while log.settle_backlog() > 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "settles still waiting 10 s after space freed"
+            );
+            rt::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(log.settled(k).frontier, Offset(waiting.0 + 1));
+        assert!(log.poisoned().is_none(), "{:?}", log.poisoned());
+        drop(log);
+        settled
+    });
+    rt::block_on(async move {
+        let (_log, recovered, _) = ShardLog::open(cfg).await.expect("reopen");
+        let p = recovered
+            .iter()
+            .find(|p| p.key == k)
+            .expect("partition recovered");
+        let last = *settled.last().expect("settled something");
+        assert_eq!(
+            p.settled.frontier,
+            Offset(last.0 + 1),
+            "every settle survived the restart ({} of them)",
+            settled.len()
+        );
+    });
+    drop(mount);
+}

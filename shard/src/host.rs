@@ -6,9 +6,12 @@
 //!
 //! Ordering that makes consumption safe: a lease is recorded in the table *before* the record is
 //! read, so two consumers never hold the same live offset; only offsets below the high watermark
-//! (durable and verified, see `narad_io::log`) are ever leased; an ack updates the table and then
-//! waits for its settle record to be durable before the caller is answered, so an answered ack is
-//! never redelivered after a crash.
+//! (durable and verified, see `narad_io::log`) are ever leased; an ack updates the table and is
+//! answered once its settle record is queued for the shard's next group commit, so a crash
+//! redelivers at most the acks of the batch being written (DESIGN.md §2.5). The log never drops
+//! a queued settle: one a full disk refused is written again once space frees
+//! (`ShardLog::settle_backlog`), and while any waits, new acks are refused (`DiskFull`, nothing
+//! settled) rather than answered on a queue that cannot reach the disk.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -62,6 +65,9 @@ pub enum SettleError {
     Gone,
     /// The settle record could not be made durable.
     Log(LogError),
+    /// Settles already wait for a full disk to free space: this ack was refused with nothing
+    /// settled (the lease is still held; a retry may succeed, or the lease lapses).
+    DiskFull,
 }
 
 /// A record handed out under a lease.
@@ -379,13 +385,20 @@ impl Host {
         self.wake(topic);
     }
 
-    /// Acks, extends or nacks one lease each; acks are made durable before this returns.
+    /// Acks, extends or nacks one lease each; an ack's settle record is queued for the next
+    /// group commit before this returns, or the ack is refused (`DiskFull`) with nothing settled.
     pub async fn settle(
         &self,
         conf: QueueConf,
         kind: SettleKind,
         items: &[(PartitionId, Offset, Nonce)],
     ) -> Vec<Result<(), SettleError>> {
+        // Settles that a full disk refused are still waiting: an ack answered now could only be
+        // queued behind them, and a crash before space frees would undo it. Refused before the
+        // lease table is touched, so the lease stays as it was.
+        if kind == SettleKind::Ack && self.log.settle_backlog() > 0 {
+            return items.iter().map(|_| Err(SettleError::DiskFull)).collect();
+        }
         let now = now_ms();
         let mut results = Vec::with_capacity(items.len());
         let mut durable: FastMap<PartitionId, Vec<Offset>> = FastMap::default();
@@ -430,6 +443,7 @@ impl Host {
         // One request for every partition: their settle records share one group commit. The
         // ack is answered once its records are queued, not once they are durable: the lease
         // state above already settled them in memory, a graceful stop writes the queue out,
+        // a full disk delays them (the log writes them once space frees, never drops them),
         // and a crash redelivers at most the acks of the batch being written (DESIGN.md §2.5).
         if let Err(e) = self.log.settle_many(parts).await.map(drop) {
             let msg = e.to_string();

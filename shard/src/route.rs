@@ -208,6 +208,8 @@ pub enum StoreError {
 #[derive(Debug, Clone)]
 pub enum SettleFailure {
     Gone,
+    /// The owner's data disk is full and earlier settles wait for space: nothing was settled.
+    DiskFull,
     /// The owner shard did not answer.
     Shard(ShardCallError),
     /// The owner node did not answer.
@@ -273,6 +275,7 @@ pub fn settle_failure(r: Result<(), SettleError>) -> Result<(), SettleFailure> {
     r.map_err(|e| match e {
         SettleError::Gone => SettleFailure::Gone,
         SettleError::Log(e) => SettleFailure::Failed(e.to_string()),
+        SettleError::DiskFull => SettleFailure::DiskFull,
     })
 }
 

@@ -121,6 +121,7 @@ impl From<OpReply> for WireReply {
                     .map(|r| {
                         r.map_err(|e| match e {
                             SettleFailure::Gone => WireFailure::Gone,
+                            SettleFailure::DiskFull => WireFailure::DiskFull,
                             other => WireFailure::Failed(format!("{other:?}")),
                         })
                     })
@@ -177,6 +178,7 @@ impl From<WireReply> for OpReply {
                     .map(|r| {
                         r.map_err(|e| match e {
                             WireFailure::Gone => SettleFailure::Gone,
+                            WireFailure::DiskFull => SettleFailure::DiskFull,
                             other => SettleFailure::Failed(format!("{other:?}")),
                         })
                     })

@@ -30,6 +30,8 @@ pub const CONSUME_RESPONSE_BYTES_MAX: usize = 8 << 20;
 pub const ACK_BATCH_MAX: usize = 100;
 
 const GONE: &str = "receipt handle no longer matches an active reservation";
+/// An ack the owner refused because its data disk is full (nothing settled; the lease holds).
+const ACK_DISK_FULL: &str = "ack not recorded: disk full; retry later";
 
 fn queue_conf(t: &TopicMeta) -> QueueConf {
     QueueConf {
@@ -698,7 +700,8 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     node.metrics
         .settled(t.id, kind, settled.iter().filter(|r| r.is_ok()).count());
     let mut results = settled.into_iter();
-    // Per handle: status, error message, and whether the owner shard timed out (Retry-After).
+    // Per handle: status, error message, and whether to send Retry-After (the owner shard timed
+    // out, or its disk is full).
     let outcome: Vec<(u16, Option<String>, bool)> = parsed
         .iter()
         .map(|r| match r {
@@ -722,6 +725,7 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
                         false,
                     )
                 }
+                Some(Err(SettleFailure::DiskFull)) => (503, Some(ACK_DISK_FULL.to_string()), true),
                 Some(Err(SettleFailure::Failed(e))) => {
                     tracing::error!(error = %e, "ack could not be made durable");
                     (

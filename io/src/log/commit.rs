@@ -17,24 +17,33 @@
 //! committer plans again from the partitions' ends in their files. Segment space is reserved
 //! before the WAL write, so writing the frames after it cannot run out of disk; a durable batch
 //! that still cannot be written to its partition poisons the shard log (the WAL keeps it for the
-//! restart).
+//! restart). No room for that reservation refuses only the requests carrying messages. Settles
+//! are answered once queued (`shard::host`), so a full disk never fails one: a settle whose WAL
+//! batch is refused goes back to the front of the queue and is tried again every
+//! `SETTLE_RETRY_INTERVAL` until written.
 
 use std::collections::hash_map::Entry;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::rc::{Rc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::checkpoint::{checkpoint_owed, maybe_checkpoint};
 use super::transit::{legacy_destination, take_transit, TransitHold};
 use super::{
-    poison, AppendRecord, CommitCallback, Inner, Kind, LogConfig, LogError, Request, Signals, State,
+    poison, settle_records, AppendRecord, CommitCallback, Inner, Kind, LogConfig, LogError,
+    Request, Signals, State,
 };
 use crate::codec::{self, WalPosition, WalRecord};
 use crate::file::is_disk_full;
 use crate::partition::{frame, EncodedBatch, PartitionLog};
 use crate::rt::{oneshot, Task};
-use crate::types::{FastMap, Offset, PartitionKey, UnixMillis};
+use crate::types::{FastMap, Offset, PartitionKey, TopicId, UnixMillis};
 use crate::wal::{Wal, WalError};
+
+/// How long the committer waits before it tries again to write settles that a full disk
+/// refused: long enough not to spin on a disk that stays full, short enough that they are
+/// durable soon after space frees (well inside the crash seam of SEMANTICS.md §1).
+const SETTLE_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Takes queued requests up to the WAL batch limits (always at least one).
 fn take_batch(st: &mut State, cfg: &LogConfig) -> Vec<Request> {
@@ -70,6 +79,8 @@ pub(super) async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
     // The WAL's refusal count when the batches in flight began to be planned: their offsets
     // continue one another, so none may be written once one of them was refused.
     let mut window_refusals = 0;
+    // Settles were put back after a full disk refused them: no batch before this time.
+    let mut retry_at: Option<Instant> = None;
     loop {
         let work = signals.work.notified();
         let Some(inner) = weak.upgrade() else { return };
@@ -84,7 +95,11 @@ pub(super) async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
             window_refusals = wal.refusals();
         }
         let depth = inner.cfg.wal_batches_in_flight_max.max(1);
+        if retry_at.is_some_and(|t| Instant::now() >= t) {
+            retry_at = None;
+        }
         let may_start = !halted
+            && retry_at.is_none()
             && (flying.is_empty()
                 || (flying.len() < depth
                     && inner.state.borrow().queue_bytes >= inner.cfg.wal_pipeline_min_bytes
@@ -122,12 +137,17 @@ pub(super) async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
             // (an idle log sets no timer at all).
             let idle_for = {
                 let st = inner.state.borrow();
-                checkpoint_owed(&st).then(|| {
+                let checkpoint = checkpoint_owed(&st).then(|| {
                     let interval = Duration::from_millis(inner.cfg.checkpoint_interval_ms.max(1));
                     interval
                         .saturating_sub(st.last_checkpoint_at.elapsed())
                         .max(Duration::from_millis(10))
-                })
+                });
+                let retry = retry_at.map(|t| t.saturating_duration_since(Instant::now()));
+                match (checkpoint, retry) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             };
             drop(inner);
             match idle_for {
@@ -156,23 +176,25 @@ pub(super) async fn committer(weak: Weak<Inner>, signals: Rc<Signals>) {
         if result.is_err() {
             halted = true;
         }
-        materialise(&inner, planned, result.map_err(LogError::from));
+        if materialise(&inner, planned, result.map_err(LogError::from)) {
+            retry_at = Some(Instant::now() + SETTLE_RETRY_INTERVAL);
+        }
         signals.progress.notify_waiters();
         maybe_checkpoint(&inner, &signals);
         drop(inner);
     }
 }
 
-/// Before the WAL write: creates missing partitions and reserves segment space for every run
-/// (on top of the runs of batches still in flight), so that writing the frames after the WAL
-/// commit cannot run out of disk. ENOSPC here fails the batch as `DiskFull` with nothing written
-/// anywhere.
+/// Before the WAL write: creates missing partitions and reserves segment space for the frame
+/// bytes `need` of every partition (on top of the runs of batches still in flight), so that
+/// writing the frames after the WAL commit cannot run out of disk. ENOSPC here refuses the
+/// batch's appends as `DiskFull` with nothing written anywhere.
 fn prepare_partitions(
     inner: &Inner,
     st: &mut State,
-    runs: &FastMap<PartitionKey, EncodedBatch>,
+    need: &FastMap<PartitionKey, (usize, usize)>,
 ) -> Result<(), LogError> {
-    for (key, run) in runs {
+    for (key, &(bytes, _)) in need {
         let ahead = st.planned_next.get(key).map_or(0, |p| p.1);
         let p = match st.partitions.entry(*key) {
             Entry::Occupied(o) => o.into_mut(),
@@ -182,7 +204,7 @@ fn prepare_partitions(
                 inner.cfg.partition_segment_bytes_max,
             )?),
         };
-        p.reserve(ahead + run.byte_len() as u64)?;
+        p.reserve(ahead + bytes as u64)?;
     }
     Ok(())
 }
@@ -194,7 +216,8 @@ struct Planned {
     /// records once these are encoded ([`take_transit`]).
     transit: Vec<(TransitHold, AppendRecord)>,
     offsets: Vec<Vec<Offset>>,
-    replies: Vec<(Kind, Reply)>,
+    /// Per request: its kind, whom to answer, and whether it is a settle put back before.
+    replies: Vec<(Kind, Reply, bool)>,
     wal_bytes: u64,
 }
 
@@ -205,6 +228,19 @@ type Reply = oneshot::Sender<Result<Vec<Offset>, LogError>>;
 /// the batches still in flight (`planned_next`), else after the partition's end in its files.
 /// Returns `None` when nothing is left to write (every request answered already).
 fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<WalRecord>)> {
+    let mut st = inner.state.borrow_mut();
+    let has_message = |req: &Request, deleted_only: Option<&HashSet<TopicId>>| {
+        req.records.iter().any(|r| match r {
+            WalRecord::Message { key, .. } => deleted_only.is_none_or(|d| d.contains(&key.topic)),
+            _ => false,
+        })
+    };
+    let (deleted, mut batch): (Vec<Request>, Vec<Request>) = batch
+        .into_iter()
+        .partition(|req| has_message(req, Some(&st.deleted_topics)));
+    for req in deleted {
+        let _ = req.reply.send(Err(LogError::TopicDeleted));
+    }
     // Each partition's frames are sized first, so that its run is allocated once.
     let mut need: FastMap<PartitionKey, (usize, usize)> = FastMap::default();
     for rec in batch.iter().flat_map(|r| &r.records) {
@@ -220,22 +256,34 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
             n.1 += 1;
         }
     }
+    // Room in the partition files first, before anything is numbered: when there is none, only
+    // the requests that carry messages are refused. Settles, transit records and markers need
+    // WAL room alone; failing them with the appends beside them would drop acks already
+    // answered (a settle is answered once queued).
+    if let Err(e) = prepare_partitions(inner, &mut st, &need) {
+        let e = match e {
+            LogError::Io(e) if is_disk_full(&e) => LogError::DiskFull,
+            e => e,
+        };
+        if matches!(e, LogError::DiskFull) {
+            inner.wal.shed_recycled();
+        }
+        let (refused, rest): (Vec<Request>, Vec<Request>) =
+            batch.into_iter().partition(|req| has_message(req, None));
+        for req in refused {
+            let _ = req.reply.send(Err(e.copy()));
+        }
+        batch = rest;
+        need.clear();
+    }
     let mut runs: FastMap<PartitionKey, EncodedBatch> = FastMap::default();
     let mut offsets: Vec<Vec<Offset>> = Vec::with_capacity(batch.len());
     let mut replies = Vec::with_capacity(batch.len());
     let mut records = Vec::with_capacity(batch.iter().map(|r| r.records.len()).sum());
     let mut wal_bytes = 0u64;
-    let mut st = inner.state.borrow_mut();
     let now = UnixMillis::now().max(st.last_stamp);
     st.last_stamp = now;
     for mut req in batch {
-        let deleted = req.records.iter().any(|r| {
-            matches!(r, WalRecord::Message { key, .. } if st.deleted_topics.contains(&key.topic))
-        });
-        if deleted {
-            let _ = req.reply.send(Err(LogError::TopicDeleted));
-            continue;
-        }
         wal_bytes += req.wal_bytes as u64;
         let mut offs = Vec::new();
         if matches!(req.kind, Kind::Append) {
@@ -280,49 +328,33 @@ fn plan_batch(inner: &Rc<Inner>, batch: Vec<Request>) -> Option<(Planned, Vec<Wa
         }
         offsets.push(offs);
         records.extend(req.records);
-        replies.push((req.kind, req.reply));
+        replies.push((req.kind, req.reply, req.requeued));
     }
     if replies.is_empty() {
         return None;
     }
-    match prepare_partitions(inner, &mut st, &runs) {
-        Ok(()) => {
-            for (key, run) in &runs {
-                let e = st.planned_next.entry(*key).or_insert((run.first(), 0));
-                *e = (run.next(), e.1 + run.byte_len() as u64);
-            }
-            Some((
-                Planned {
-                    runs,
-                    transit: Vec::new(),
-                    offsets,
-                    replies,
-                    wal_bytes,
-                },
-                records,
-            ))
-        }
-        Err(e) => {
-            drop(st);
-            let e = match e {
-                LogError::Io(e) if is_disk_full(&e) => LogError::DiskFull,
-                e => e,
-            };
-            if matches!(e, LogError::DiskFull) {
-                inner.wal.shed_recycled();
-            }
-            for (_, reply) in replies {
-                let _ = reply.send(Err(e.copy()));
-            }
-            None
-        }
+    for (key, run) in &runs {
+        debug_assert_eq!(Some(run.byte_len()), need.get(key).map(|n| n.0));
+        let e = st.planned_next.entry(*key).or_insert((run.first(), 0));
+        *e = (run.next(), e.1 + run.byte_len() as u64);
     }
+    Some((
+        Planned {
+            runs,
+            transit: Vec::new(),
+            offsets,
+            replies,
+            wal_bytes,
+        },
+        records,
+    ))
 }
 
 /// The WAL answered for `planned` (the oldest batch in flight): on success writes its frames to
 /// the partition files (page cache), which advances the high watermarks, applies its settles,
-/// then answers every caller and runs the commit callbacks.
-fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, LogError>) {
+/// then answers every caller and runs the commit callbacks. On a full disk its settles are put
+/// back in the queue instead of failing; returns true when it did so.
+fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, LogError>) -> bool {
     let Planned {
         runs,
         transit,
@@ -406,6 +438,7 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
             let queued: Vec<Request> = {
                 let mut st = inner.state.borrow_mut();
                 st.queue_bytes = 0;
+                st.settles_requeued = 0;
                 st.queue.drain(..).collect()
             };
             for r in queued {
@@ -421,11 +454,48 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
             }
         }
     }
-    for ((_, reply), offs) in replies.into_iter().zip(offsets) {
-        let _ = reply.send(match &outcome {
-            Ok(()) => Ok(offs),
-            Err(e) => Err(e.copy()),
-        });
+    // A settle is answered once queued (its ack already went out), so a full disk must not drop
+    // it: it goes back to the front of the queue and is written by the first batch that finds
+    // room. Settling is idempotent and order-free, so where it lands among others is no matter.
+    // A closing log cannot wait for space: the stop then fails as it would for any write.
+    let retry = matches!(outcome, Err(LogError::DiskFull)) && !inner.state.borrow().closing;
+    let mut again: Vec<Request> = Vec::new();
+    for ((kind, reply, requeued), offs) in replies.into_iter().zip(offsets) {
+        match kind {
+            Kind::Settle(parts) if retry => {
+                let records = settle_records(&parts);
+                again.push(Request {
+                    wal_bytes: records.iter().map(codec::encoded_len).sum(),
+                    records,
+                    kind: Kind::Settle(parts),
+                    reply,
+                    requeued,
+                });
+            }
+            _ => {
+                if requeued {
+                    let mut st = inner.state.borrow_mut();
+                    st.settles_requeued = st.settles_requeued.saturating_sub(1);
+                }
+                let _ = reply.send(match &outcome {
+                    Ok(()) => Ok(offs),
+                    Err(e) => Err(e.copy()),
+                });
+            }
+        }
+    }
+    let requeued = !again.is_empty();
+    if requeued {
+        let mut st = inner.state.borrow_mut();
+        let at = st.queue.iter().take_while(|r| r.requeued).count();
+        for mut r in again.into_iter().rev() {
+            if !r.requeued {
+                r.requeued = true;
+                st.settles_requeued += 1;
+            }
+            st.queue_bytes += r.wal_bytes;
+            st.queue.insert(at, r);
+        }
     }
     if !moved.is_empty() {
         moved.sort();
@@ -434,4 +504,5 @@ fn materialise(inner: &Rc<Inner>, planned: Planned, result: Result<WalPosition, 
             cb(&moved);
         }
     }
+    requeued
 }

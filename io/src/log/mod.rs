@@ -272,12 +272,28 @@ struct Request {
     records: Vec<WalRecord>,
     wal_bytes: usize,
     reply: oneshot::Sender<Result<Vec<Offset>, LogError>>,
+    /// A settle put back after its batch failed on a full disk (counted in
+    /// `State::settles_requeued` until answered).
+    requeued: bool,
+}
+
+/// The WAL records of a settle request: one per partition.
+fn settle_records(parts: &[(PartitionKey, Vec<Offset>)]) -> Vec<WalRecord> {
+    parts
+        .iter()
+        .map(|(key, offsets)| WalRecord::Settle {
+            key: *key,
+            offsets: offsets.clone(),
+        })
+        .collect()
 }
 
 struct State {
     partitions: FastMap<PartitionKey, PartitionLog>,
     queue: VecDeque<Request>,
     queue_bytes: usize,
+    /// Settle requests in `queue` put back after a full disk failed their batch (at its front).
+    settles_requeued: usize,
     /// Batches handed to the WAL and not yet materialised.
     inflight: usize,
     /// For partitions with batches in flight: the next offset to assign and the frame bytes
@@ -418,6 +434,7 @@ impl ShardLog {
                 records,
                 wal_bytes,
                 reply: tx,
+                requeued: false,
             });
         }
         self.signals.work.notify_waiters();
@@ -486,13 +503,7 @@ impl ShardLog {
         if parts.iter().map(|(_, o)| o.len()).sum::<usize>() > SETTLE_OFFSETS_MAX {
             return Err(LogError::TooLarge);
         }
-        let recs = parts
-            .iter()
-            .map(|(key, offsets)| WalRecord::Settle {
-                key: *key,
-                offsets: offsets.clone(),
-            })
-            .collect();
+        let recs = settle_records(&parts);
         self.enqueue(Kind::Settle(parts), recs).await
     }
 
@@ -512,6 +523,13 @@ impl ShardLog {
             .partitions
             .get(&key)
             .map_or(Offset(0), PartitionLog::oldest_offset)
+    }
+
+    /// Settle requests whose group commit failed on a full disk and that wait to be written
+    /// again (they are retried until written; see `commit.rs`). While any wait, the disk is
+    /// full for settles too: a caller that would answer an ack once queued refuses it instead.
+    pub fn settle_backlog(&self) -> usize {
+        self.inner.state.borrow().settles_requeued
     }
 
     /// The settled state of a partition (as of the last materialised batch).

@@ -135,6 +135,7 @@ impl ShardLog {
             partitions,
             queue: VecDeque::new(),
             queue_bytes: 0,
+            settles_requeued: 0,
             inflight: 0,
             planned_next: FastMap::default(),
             last_pos,
