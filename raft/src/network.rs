@@ -33,6 +33,7 @@ use narad_io::peer::{ops, Identity, PeerError, PeerLink};
 use openraft::errors::NetworkError;
 use openraft::raft::{TransferLeaderRequest, TransferLeaderResponse};
 
+use crate::store::LogStore;
 use crate::types::{Raft, SnapshotMeta, TypeConfig, Vote};
 
 /// Network factory of a one-member group: every client it makes is unreachable.
@@ -259,7 +260,26 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
 
 /// Serves one inbound Raft request (`op` one of the `RAFT_*` codes) on the group's own shard:
 /// the reply body, or why not (the caller sees a remote error, which openraft retries).
-pub async fn serve_raft(raft: &Raft, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
+/// Bytes reserved in the Raft log for entries received from the leader beyond the request's
+/// JSON (which holds every entry's JSON): the frames' headers and wrappers, a truncation and
+/// the committed id written around them.
+pub const APPEND_FRAME_SLACK_BYTES: u64 = 64 << 10;
+
+/// Makes room in `log` for the entries of an append request of `body_bytes` before openraft
+/// sees them: openraft stops the group on a failed append, so a full disk answers the leader
+/// with an error instead (it sends the entries again later) and this node's group goes on,
+/// taking them once space frees.
+pub fn reserve_for_append(log: &LogStore, body_bytes: usize) -> Result<(), String> {
+    log.reserve(body_bytes as u64 + APPEND_FRAME_SLACK_BYTES)
+        .map_err(|e| format!("no room in the metadata log for the leader's entries: {e}"))
+}
+
+pub async fn serve_raft(
+    raft: &Raft,
+    log: &LogStore,
+    op: u8,
+    body: &[u8],
+) -> Result<Vec<u8>, String> {
     fn json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, String> {
         serde_json::to_vec(v).map_err(|e| e.to_string())
     }
@@ -267,12 +287,13 @@ pub async fn serve_raft(raft: &Raft, op: u8, body: &[u8]) -> Result<Vec<u8>, Str
         serde_json::from_slice(b).map_err(|e| format!("malformed raft request: {e}"))
     }
     match op {
-        ops::RAFT_APPEND => json(
-            &raft
-                .append_entries(parse(body)?)
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        ops::RAFT_APPEND => {
+            let req: AppendEntriesRequest<TypeConfig> = parse(body)?;
+            if !req.entries.is_empty() {
+                reserve_for_append(log, body.len())?;
+            }
+            json(&raft.append_entries(req).await.map_err(|e| e.to_string())?)
+        }
         ops::RAFT_VOTE => json(&raft.vote(parse(body)?).await.map_err(|e| e.to_string())?),
         ops::RAFT_PRE_VOTE => json(
             &raft

@@ -467,7 +467,7 @@ impl MetaNode {
                 serde_json::to_vec(&r).map_err(|e| e.to_string())
             }
             ops::RAFT_APPEND => {
-                let r = serve_raft(&self.raft, op, body).await;
+                let r = serve_raft(&self.raft, &self.log, op, body).await;
                 if r.is_ok() {
                     let m = self.metrics.borrow_watched();
                     if m.current_leader.as_deref() == Some(from) {
@@ -476,7 +476,7 @@ impl MetaNode {
                 }
                 r
             }
-            _ => serve_raft(&self.raft, op, body).await,
+            _ => serve_raft(&self.raft, &self.log, op, body).await,
         }
     }
 

@@ -5,7 +5,7 @@
 //! | File | Content | Written |
 //! |---|---|---|
 //! | `raft-log` | header + frames of log operations (below) | appended, `fdatasync` before an append is acknowledged |
-//! | `vote.json` | the last vote, JSON | atomically: temp file, `fdatasync`, rename, directory `fsync` ([`narad_io::durable::replace_file`]) |
+//! | `raft-vote` | the last vote: two slots (below), written in place | one slot overwritten, `fdatasync` |
 //! | `snapshot.json` | `{"format":1,"meta":<SnapshotMeta>,"state":<MetaState>}` | atomically, as above |
 //!
 //! `raft-log` layout, little endian:
@@ -18,9 +18,27 @@
 //! | 4 | CRC32C (Castagnoli, [`narad_io::checksum::crc32c`]) of the payload |
 //! | *n* | payload: JSON of one [`LogOp`] (an entry, a truncation, a purge, the committed id) |
 //!
+//! `raft-vote` is [`VOTE_FILE_BYTES`] long, created whole (zeros, or the vote of a `vote.json`
+//! left by an older version) by an atomic replace ([`narad_io::durable::replace_file`]) at open,
+//! and never grows: a vote overwrites the older of its two [`VOTE_SLOT_BYTES`] slots in place, so
+//! a full disk cannot refuse it (before, a vote written as a new file failed with ENOSPC and
+//! openraft stopped the group for good). A slot, little endian:
+//!
+//! | Bytes | Field |
+//! |---|---|
+//! | 4 | magic `0x5654524E` (`NRTV` on disk) |
+//! | 8 | sequence number (the newer slot has the higher one) |
+//! | 4 | payload length *n* (≤ `VOTE_SLOT_BYTES - 20`) |
+//! | 4 | CRC32C of the sequence number, the length and the payload |
+//! | *n* | payload: JSON of the [`Vote`]; the rest of the slot is zeros |
+//!
 //! Crash safety: an append writes all frames of the batch with one `write`, then `fdatasync`, and
-//! only then tells openraft the entries are durable; a vote is acknowledged only after its file
-//! was renamed into place and the directory synced. A crash can therefore only leave a torn
+//! only then tells openraft the entries are durable; a vote is acknowledged only after its slot
+//! was written and synced. A write torn by a crash leaves that slot failing its CRC, and open
+//! takes the other slot: the previous vote, durable before, and the only one openraft acted on.
+//! Log frames are written into disk blocks reserved ahead ([`LogStore::reserve`]): proposals and
+//! entries received from the leader reserve their room before openraft sees them, so a full
+//! disk refuses them (the leader retries) instead of failing an append. A crash can therefore only leave a torn
 //! *tail* written since the last completed sync, possibly with holes (pages of one write reach the
 //! disk in any order). Nothing is written after a synced write until its sync returned, so data
 //! of a *later* write behind an intact sync-end frame (`NRLS`) proves the earlier write was
@@ -85,7 +103,18 @@ const LOG_FILE: &str = "raft-log";
 
 /// Disk space reserved past the end of `raft-log` at a time (see [`LogStore::reserve`]).
 pub const LOG_RESERVE_AHEAD_BYTES: u64 = 1 << 20;
-const VOTE_FILE: &str = "vote.json";
+/// The vote file (see the module doc).
+const VOTE_FILE: &str = "raft-vote";
+/// Where versions before `raft-vote` kept the vote (a JSON file replaced atomically); read at
+/// open when `raft-vote` does not exist yet, then removed.
+const VOTE_FILE_LEGACY: &str = "vote.json";
+/// One slot of `raft-vote`: a page, so that writing one never touches the other's blocks.
+pub const VOTE_SLOT_BYTES: usize = 4096;
+/// Length of `raft-vote`: two slots.
+pub const VOTE_FILE_BYTES: usize = 2 * VOTE_SLOT_BYTES;
+/// Marks a written slot of `raft-vote`.
+pub const VOTE_SLOT_MAGIC: u32 = 0x5654_524E;
+const VOTE_SLOT_HEADER_BYTES: usize = 20;
 const SNAPSHOT_FILE: &str = "snapshot.json";
 
 /// One operation in `raft-log`, replayed in order at open.
@@ -225,11 +254,117 @@ pub struct LogRecovery {
     pub torn_tail_bytes: u64,
 }
 
+/// The slot bytes of `vote` with sequence number `seq`.
+fn encode_vote_slot(vote: &Vote, seq: u64) -> io::Result<Vec<u8>> {
+    let payload = serde_json::to_vec(vote).map_err(io::Error::other)?;
+    if payload.len() > VOTE_SLOT_BYTES - VOTE_SLOT_HEADER_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a vote of {} bytes does not fit its slot", payload.len()),
+        ));
+    }
+    let mut slot = Vec::with_capacity(VOTE_SLOT_BYTES);
+    slot.extend_from_slice(&VOTE_SLOT_MAGIC.to_le_bytes());
+    slot.extend_from_slice(&seq.to_le_bytes());
+    slot.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    let crc = crc32c(&[&slot[4..16], &payload[..]].concat());
+    slot.extend_from_slice(&crc.to_le_bytes());
+    slot.extend_from_slice(&payload);
+    slot.resize(VOTE_SLOT_BYTES, 0);
+    Ok(slot)
+}
+
+/// The sequence number and vote of an intact slot; `None` for an empty or torn one.
+fn decode_vote_slot(slot: &[u8]) -> Option<(u64, Vote)> {
+    if u32_at(slot, 0)? != VOTE_SLOT_MAGIC {
+        return None;
+    }
+    let seq = u64::from_le_bytes(slot.get(4..12)?.try_into().ok()?);
+    let len = u32_at(slot, 12)? as usize;
+    let crc = u32_at(slot, 16)?;
+    let payload = slot.get(VOTE_SLOT_HEADER_BYTES..VOTE_SLOT_HEADER_BYTES.checked_add(len)?)?;
+    if crc32c(&[&slot[4..16], payload].concat()) != crc {
+        return None;
+    }
+    Some((seq, serde_json::from_slice(payload).ok()?))
+}
+
+/// `raft-vote`, open for writing in place, and the sequence number of its newer slot.
+struct VoteFile {
+    file: File,
+    seq: u64,
+}
+
+impl VoteFile {
+    /// Opens `raft-vote` in `dir`, creating it whole when absent (with the vote of a legacy
+    /// `vote.json`, which is then removed). Returns the file and the newest intact vote.
+    fn open(dir: &Path) -> io::Result<(VoteFile, Option<Vote>)> {
+        let path = dir.join(VOTE_FILE);
+        let buf = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let legacy = dir.join(VOTE_FILE_LEGACY);
+                let vote: Option<Vote> = match std::fs::read(&legacy) {
+                    Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("{VOTE_FILE_LEGACY}: {e}"),
+                        )
+                    })?),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e),
+                };
+                let mut buf = vec![0u8; VOTE_FILE_BYTES];
+                if let Some(v) = &vote {
+                    buf[..VOTE_SLOT_BYTES].copy_from_slice(&encode_vote_slot(v, 1)?);
+                }
+                durable::replace_file(&path, &buf)?;
+                if vote.is_some() {
+                    std::fs::remove_file(&legacy)?;
+                    durable::sync_dir(dir)?;
+                }
+                buf
+            }
+            Err(e) => return Err(e),
+        };
+        if buf.len() != VOTE_FILE_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: {} bytes, not {VOTE_FILE_BYTES}",
+                    path.display(),
+                    buf.len()
+                ),
+            ));
+        }
+        let newest = buf
+            .chunks(VOTE_SLOT_BYTES)
+            .filter_map(decode_vote_slot)
+            .max_by_key(|(seq, _)| *seq);
+        let file = OpenOptions::new().write(true).open(&path)?;
+        let seq = newest.as_ref().map_or(0, |(seq, _)| *seq);
+        Ok((VoteFile { file, seq }, newest.map(|(_, v)| v)))
+    }
+
+    /// Overwrites the older slot with `vote` and syncs it: no block is allocated.
+    fn save(&mut self, vote: &Vote) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let seq = self.seq + 1;
+        let slot = encode_vote_slot(vote, seq)?;
+        let at = (seq % 2) * VOTE_SLOT_BYTES as u64;
+        self.file.write_all_at(&slot, at)?;
+        self.file.sync_data()?;
+        self.seq = seq;
+        Ok(())
+    }
+}
+
 struct LogInner {
     dir: PathBuf,
     file: File,
     image: LogImage,
     vote: Option<Vote>,
+    vote_file: VoteFile,
     /// Frames in the current file, for the compaction trigger.
     frames_in_file: u64,
     /// Length of the current file.
@@ -271,6 +406,10 @@ impl LogInner {
         for (i, op) in ops.iter().enumerate() {
             encode_frame(op, sync && i + 1 == ops.len(), &mut buf)?;
         }
+        // Normally within the room reserved ahead (proposals and entries from the leader
+        // reserve theirs); growing past it on a full disk would fail the write half-done, so
+        // no room refuses it here with nothing written and the store still healthy.
+        self.reserve(buf.len() as u64)?;
         let r =
             self.file
                 .write_all(&buf)
@@ -416,13 +555,7 @@ impl LogStore {
                 }
             }
         }
-        let vote = match std::fs::read(dir.join(VOTE_FILE)) {
-            Ok(b) => Some(serde_json::from_slice(&b).map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("{VOTE_FILE}: {e}"))
-            })?),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
-        };
+        let (vote_file, vote) = VoteFile::open(dir)?;
         let file = OpenOptions::new().append(true).open(&path)?;
         let len = file.metadata()?.len();
         let mut inner = LogInner {
@@ -430,6 +563,7 @@ impl LogStore {
             file,
             image,
             vote,
+            vote_file,
             frames_in_file: rec.frames,
             len,
             reserved_end: len,
@@ -515,8 +649,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
         let mut inner = self.0.borrow_mut();
         inner.check()?;
-        let bytes = serde_json::to_vec(vote).map_err(io::Error::other)?;
-        if let Err(e) = durable::replace_file(&inner.dir.join(VOTE_FILE), &bytes) {
+        if let Err(e) = inner.vote_file.save(vote) {
+            tracing::error!(error = %e, "metadata raft vote write failed; the metastore stops");
             inner.failed = Some(e.to_string());
             return Err(e);
         }
@@ -526,7 +660,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
         let mut inner = self.0.borrow_mut();
-        inner.write_ops(&[LogOp::Committed(committed.clone())], false)?;
+        match inner.write_ops(&[LogOp::Committed(committed.clone())], false) {
+            Ok(()) => {}
+            // A stale committed id on disk only makes openraft re-apply less at start-up: on a
+            // full disk it is skipped rather than stop the group.
+            Err(e) if narad_io::file::is_disk_full(&e) && inner.failed.is_none() => {
+                tracing::warn!(error = %e, "metadata raft log: committed id not written, the disk is full");
+            }
+            Err(e) => return Err(e),
+        }
         inner.image.committed = committed;
         Ok(())
     }
@@ -1005,6 +1147,44 @@ mod tests {
             assert_eq!(log.read_vote().await.expect("vote"), Some(vote));
         });
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_vote_json_of_an_older_version_moves_into_the_vote_file() {
+        // Proves an upgrade keeps the vote: a `vote.json` written by a version before
+        // `raft-vote` is read at open, written into `raft-vote` (then removed), and the next
+        // vote goes to the other slot, the newer one read back after a reopen.
+        let dir = temp_dir("vote-legacy");
+        std::fs::create_dir_all(&dir).unwrap();
+        let old = Vote::new(7, "n2".to_string());
+        std::fs::write(
+            dir.join(VOTE_FILE_LEGACY),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        narad_io::rt::block_on(async {
+            let (mut log, _) = LogStore::open(&dir).expect("open");
+            assert_eq!(log.read_vote().await.unwrap(), Some(old.clone()));
+            assert!(!dir.join(VOTE_FILE_LEGACY).exists());
+            assert_eq!(
+                std::fs::metadata(dir.join(VOTE_FILE)).unwrap().len(),
+                VOTE_FILE_BYTES as u64
+            );
+            let (mut log2, _) = LogStore::open(&dir).expect("reopen");
+            assert_eq!(log2.read_vote().await.unwrap(), Some(old));
+            drop(log2);
+            log.save_vote(&Vote::new(8, "n3".to_string()))
+                .await
+                .unwrap();
+        });
+        narad_io::rt::block_on(async {
+            let (mut log, _) = LogStore::open(&dir).expect("reopen");
+            assert_eq!(
+                log.read_vote().await.unwrap(),
+                Some(Vote::new(8, "n3".to_string()))
+            );
+        });
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
