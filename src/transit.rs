@@ -10,68 +10,82 @@ use std::time::Duration;
 
 use narad_io::log::AppendRecord;
 use narad_io::rt;
-use narad_io::types::{Destination, MemberId, ShardId};
+use narad_io::types::{Destination, ShardId};
 
 use narad_shard::transit::HandOff;
 
 use crate::node::{Node, StoreError};
 
+/// How this node's dispatchers run (test knobs).
+#[derive(Clone, Copy)]
+struct Knobs {
+    /// `NARAD_TEST_TRANSIT_PAUSED=1`: accept through transit but never hand over, so a test can
+    /// kill the process with records only in the accepting shard's WAL.
+    paused: bool,
+    /// `NARAD_TEST_TRANSIT_DELAY_MS`: every hand-off starts this late, so a test can see a read
+    /// wait for it.
+    delay: Option<Duration>,
+    /// `NARAD_TEST_DROP_HANDOFF=1`: one hand-off of the process is reported confirmed but never
+    /// appended (a lost acknowledged message), so the fault harness (tests/harness) is seen to
+    /// catch a loss.
+    drop_one: bool,
+}
+
 /// Starts one dispatcher per shard (this one's own queue only ever holds recovered records of
-/// its own partitions, never expected: the layout is fixed per data directory), and queues the
-/// transit records recovery found.
+/// its own partitions, never expected: the layout is fixed per data directory) and one per
+/// other node as records for it first arrive, and queues the transit records recovery found.
 pub fn start(node: &Rc<Node>) {
-    let t = &node.transit;
+    let knobs = Knobs {
+        paused: std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1"),
+        delay: std::env::var("NARAD_TEST_TRANSIT_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis),
+        drop_one: std::env::var("NARAD_TEST_DROP_HANDOFF").is_ok_and(|v| v == "1"),
+    };
+    for d in 0..node.shards {
+        spawn_dispatcher(node, Destination::Shard(ShardId(d)), knobs);
+    }
     for (hold, rec) in node.host.log().take_recovered_transit() {
-        t.push(destination(node, hold.dest, &rec), hold, rec);
+        queue(node, hold, rec, knobs);
     }
     let weak = Rc::downgrade(node);
     node.host.log().on_transit(Box::new(move |hold, rec| {
         if let Some(n) = weak.upgrade() {
-            let to = destination(&n, hold.dest, &rec);
-            n.transit.push(to, hold, rec);
+            queue(&n, hold, rec, knobs);
         }
     }));
-    // Test knob: accept through transit but never hand over, so a test can kill the process
-    // with records only in the accepting shard's WAL.
-    if std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1") {
-        return;
-    }
-    // Test knob: every hand-off starts this late, so a test can see a read wait for it.
-    let delay = std::env::var("NARAD_TEST_TRANSIT_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis);
-    // Test knob: one hand-off of the process is reported confirmed but never appended (a lost
-    // acknowledged message), so the fault harness (tests/harness) is seen to catch a loss.
-    let drop_one = std::env::var("NARAD_TEST_DROP_HANDOFF").is_ok_and(|v| v == "1");
-    let me = node.member_of(&node.config.node_id);
-    let shards = (0..node.shards).map(|d| Destination::Shard(ShardId(d)));
-    let members = (0..node.config.peers.len() as u64)
-        .map(MemberId)
-        .filter(|m| Some(*m) != me)
-        .map(Destination::Node);
-    for d in shards.chain(members) {
-        let node = NodeHandOff(node.clone(), drop_one);
-        rt::spawn(async move {
-            let n = &node.0;
-            n.transit.dispatch(&node, n.host.log(), d, delay).await;
-        })
-        .detach();
+}
+
+/// Queues a durable transit record, starting the dispatcher of a node met for the first time.
+fn queue(node: &Rc<Node>, hold: narad_io::log::TransitHold, rec: AppendRecord, knobs: Knobs) {
+    let to = destination(node, hold.dest, &rec);
+    if node.transit.push(to, hold, rec) {
+        spawn_dispatcher(node, to, knobs);
     }
 }
 
-/// The queue that takes a transit record for `dest`: its shard, or another member of the
-/// cluster. A record naming this node, or a member the configuration no longer has (the peer
-/// list changed across a restart), goes to the owner shard of its partition here.
+fn spawn_dispatcher(node: &Rc<Node>, dest: Destination, knobs: Knobs) {
+    if knobs.paused {
+        return;
+    }
+    let node = NodeHandOff(node.clone(), knobs.drop_one);
+    rt::spawn(async move {
+        let n = &node.0;
+        n.transit
+            .dispatch(&node, n.host.log(), dest, knobs.delay)
+            .await;
+    })
+    .detach();
+}
+
+/// The queue that takes a transit record for `dest`: its shard, or another node of the
+/// cluster. A record naming this node (or another node on a node that is its whole cluster)
+/// goes to the owner shard of its partition here.
 fn destination(node: &Node, dest: Destination, rec: &AppendRecord) -> Destination {
     match dest {
         Destination::Shard(s) if s.0 < node.shards => dest,
-        Destination::Node(m)
-            if (m.0 as usize) < node.config.peers.len()
-                && node.member_of(&node.config.node_id) != Some(m) =>
-        {
-            dest
-        }
+        Destination::Node(m) if !node.config.peers.is_empty() && m != node.me() => dest,
         _ => Destination::Shard(node.owner(rec.key)),
     }
 }

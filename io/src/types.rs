@@ -7,10 +7,23 @@ use std::fmt;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ShardId(pub u32);
 
-/// A member of the cluster, as the metadata numbers it (a node's name maps to one number for
-/// the life of the cluster; numbers are never reused).
+/// A member of the cluster: the 64-bit FNV-1a hash of its node id ([`MemberId::of`]), so every
+/// node computes the same number for a node without asking, and a restart, a new peer list or a
+/// node that joined later never renumbers anyone (node ids are never reused, CLUSTER.md §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MemberId(pub u64);
+
+impl MemberId {
+    /// The member number of node `id`.
+    pub fn of(id: &str) -> MemberId {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in id.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        MemberId(h)
+    }
+}
 
 /// Where an accepted record must be handed over: a shard of this node, or another node (which
 /// places it on one of its own shards). Stored in the WAL's transit records and `Handed`

@@ -35,13 +35,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use narad_io::log::{AppendRecord, ShardLog, TransitHold};
-use narad_io::rt::{self, Notified, Notify};
-use narad_io::types::{Destination, ShardId};
+use narad_io::rt::{self, Notify};
+use narad_io::types::{Destination, MemberId, ShardId};
 
 use crate::route::StoreError;
 
@@ -124,13 +125,21 @@ fn weight(r: &AppendRecord) -> usize {
     r.payload.len() + r.msg_key.as_ref().map_or(0, Vec::len) + 64
 }
 
+/// One destination's queue and its wake-up.
+#[derive(Default)]
+struct Slot {
+    queue: RefCell<VecDeque<Queued>>,
+    work: Notify,
+}
+
 pub struct Transit {
     me: ShardId,
     shards: u32,
-    /// Indexed by destination: the node's shards, then the cluster's members (this shard's own
-    /// queue stays empty; see [`Transit::slot`]).
-    queues: Vec<RefCell<VecDeque<Queued>>>,
-    work: Vec<Notify>,
+    /// The node's shards (indexed by shard; this shard's own stays empty), then the cluster's
+    /// members in the order this shard first queued for them ([`Transit::slot`]).
+    queues: RefCell<Vec<Rc<Slot>>>,
+    /// The member of each queue after the shards'.
+    members: RefCell<Vec<MemberId>>,
     /// Something was handed over (or dropped).
     progress: Notify,
     next_seq: Cell<u64>,
@@ -141,16 +150,15 @@ pub struct Transit {
 }
 
 impl Transit {
-    /// Transit state of shard `me` of `shards`, in a cluster of `members` nodes (0 for a node
-    /// that is its whole cluster).
-    pub fn new(me: ShardId, shards: u32, members: u32, node: Arc<TransitProgress>) -> Transit {
-        let slots = (shards + members) as usize;
+    /// Transit state of shard `me` of `shards`; queues for other nodes are made as records for
+    /// them arrive.
+    pub fn new(me: ShardId, shards: u32, node: Arc<TransitProgress>) -> Transit {
         Transit {
             me,
             shards,
             node,
-            queues: (0..slots).map(|_| RefCell::new(VecDeque::new())).collect(),
-            work: (0..slots).map(|_| Notify::new()).collect(),
+            queues: RefCell::new((0..shards).map(|_| Rc::new(Slot::default())).collect()),
+            members: RefCell::new(Vec::new()),
             progress: Notify::new(),
             next_seq: Cell::new(0),
             pending_bytes: Cell::new(0),
@@ -158,14 +166,39 @@ impl Transit {
         }
     }
 
-    /// The queue of `dest`. A member beyond the cluster's size (a bug) shares the last queue
-    /// rather than panicking.
-    fn slot(&self, dest: Destination) -> usize {
-        let i = match dest {
-            Destination::Shard(s) => s.0 as usize,
-            Destination::Node(m) => self.shards as usize + m.0 as usize,
-        };
-        i.min(self.queues.len() - 1)
+    /// The queue of `dest`, made at its first use for a member (`true`: new). A shard beyond
+    /// the node's count (a bug) shares the last shard's queue rather than panicking.
+    fn slot_new(&self, dest: Destination) -> (Rc<Slot>, bool) {
+        match dest {
+            Destination::Shard(s) => {
+                let i = (s.0 as usize).min(self.shards as usize - 1);
+                (self.queues.borrow()[i].clone(), false)
+            }
+            Destination::Node(m) => {
+                let pos = self.members.borrow().iter().position(|x| *x == m);
+                match pos {
+                    Some(i) => (
+                        self.queues.borrow()[self.shards as usize + i].clone(),
+                        false,
+                    ),
+                    None => {
+                        let s = Rc::new(Slot::default());
+                        self.members.borrow_mut().push(m);
+                        self.queues.borrow_mut().push(s.clone());
+                        (s, true)
+                    }
+                }
+            }
+        }
+    }
+
+    fn slot(&self, dest: Destination) -> Rc<Slot> {
+        self.slot_new(dest).0
+    }
+
+    /// The other nodes this shard has queues for.
+    pub fn members(&self) -> Vec<MemberId> {
+        self.members.borrow().clone()
     }
 
     fn node_handed(&self) -> u64 {
@@ -177,30 +210,35 @@ impl Transit {
         !self.closing.get() && self.pending_bytes.get() < TRANSIT_PENDING_BYTES_MAX
     }
 
-    /// Queues a durable transit record for its owner `dest`.
-    pub fn push(&self, dest: Destination, hold: TransitHold, rec: AppendRecord) {
-        let slot = self.slot(dest);
+    /// Queues a durable transit record for its owner `dest`. True when `dest` is a node this
+    /// shard never queued for before: its dispatcher must be started.
+    pub fn push(&self, dest: Destination, hold: TransitHold, rec: AppendRecord) -> bool {
+        let (slot, new) = self.slot_new(dest);
         let seq = self.next_seq.get();
         self.next_seq.set(seq + 1);
         self.pending_bytes
             .set(self.pending_bytes.get() + weight(&rec));
-        self.queues[slot]
-            .borrow_mut()
-            .push_back(Queued { seq, hold, rec });
+        slot.queue.borrow_mut().push_back(Queued { seq, hold, rec });
         self.node.accepted.fetch_add(1, Ordering::AcqRel);
-        self.work[slot].notify_waiters();
+        slot.work.notify_waiters();
+        new
     }
 
     /// Records queued and not yet handed over.
     pub fn pending(&self) -> usize {
-        self.queues.iter().map(|q| q.borrow().len()).sum()
+        self.queues
+            .borrow()
+            .iter()
+            .map(|s| s.queue.borrow().len())
+            .sum()
     }
 
     /// Whether every record queued before sequence `upto` has left its queue.
     fn handed_before(&self, upto: u64) -> bool {
         self.queues
+            .borrow()
             .iter()
-            .all(|q| q.borrow().front().is_none_or(|e| e.seq >= upto))
+            .all(|s| s.queue.borrow().front().is_none_or(|e| e.seq >= upto))
     }
 
     /// Waits (at most [`CATCH_UP_WAIT_MAX`]) until every record this shard accepted so far has
@@ -272,16 +310,12 @@ impl Transit {
         self.closing.get()
     }
 
-    /// Fires when a record is queued for `dest`.
-    pub fn work(&self, dest: Destination) -> Notified<'_> {
-        self.work[self.slot(dest)].notified()
-    }
-
     /// The next hand-off to `dest`: its oldest records, at most [`HANDOFF_RECORDS_MAX`] and
     /// [`HANDOFF_BYTES_MAX`] (one record however large). They stay queued until
     /// [`Transit::finish`].
     pub fn next_batch(&self, dest: Destination) -> Vec<AppendRecord> {
-        let q = self.queues[self.slot(dest)].borrow();
+        let slot = self.slot(dest);
+        let q = slot.queue.borrow();
         let mut bytes = 0;
         q.iter()
             .take(HANDOFF_RECORDS_MAX)
@@ -296,10 +330,7 @@ impl Transit {
     /// The owner committed the first `n` records of `dest`'s queue: removes them and releases
     /// their WAL holds.
     pub async fn finish(&self, log: &ShardLog, dest: Destination, n: usize) {
-        let done: Vec<Queued> = self.queues[self.slot(dest)]
-            .borrow_mut()
-            .drain(..n)
-            .collect();
+        let done: Vec<Queued> = self.slot(dest).queue.borrow_mut().drain(..n).collect();
         self.forget(log, done).await;
     }
 
@@ -312,7 +343,8 @@ impl Transit {
         gone: impl Fn(&AppendRecord) -> bool,
     ) -> usize {
         let vanished: Vec<Queued> = {
-            let mut q = self.queues[self.slot(dest)].borrow_mut();
+            let slot = self.slot(dest);
+            let mut q = slot.queue.borrow_mut();
             if !q.iter().any(|e| gone(&e.rec)) {
                 return 0;
             }
@@ -337,15 +369,16 @@ impl Transit {
     ) {
         let mut backoff = RETRY_FIRST;
         let mut failed_passes = 0u32;
+        let slot = self.slot(dest);
         loop {
-            let work = self.work(dest);
+            let ticket = slot.work.ticket();
             let batch = self.next_batch(dest);
             if batch.is_empty() {
                 if node.stopping() && self.closing() {
                     return;
                 }
                 // Wake at least once a second to notice the end of the shard.
-                let _ = rt::timeout(IDLE_LOOK_MAX, work).await;
+                let _ = rt::timeout(IDLE_LOOK_MAX, slot.work.notified_since(ticket)).await;
                 continue;
             }
             let n = batch.len();
@@ -483,7 +516,7 @@ mod tests {
         let cfg = LogConfig::new(dir.clone(), ShardId(0), 2);
         rt::block_on(async move {
             let (log, _, _) = ShardLog::open(cfg).await.unwrap();
-            let t = Transit::new(ShardId(0), 2, 0, Arc::new(TransitProgress::default()));
+            let t = Transit::new(ShardId(0), 2, Arc::new(TransitProgress::default()));
             let to = Destination::Shard(ShardId(1));
             for r in [rec(1, 0), rec(99, 1), rec(1, 2)] {
                 let hold = log.append_transit(to, r.clone()).await.unwrap();

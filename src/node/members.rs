@@ -75,14 +75,11 @@ pub fn dead_verdict(
 impl Node {
     /// Whether member `m` is marked dead.
     pub fn member_dead(&self, m: MemberId) -> bool {
-        let Some(peer) = self.config.peers.get(m.0 as usize) else {
-            return false;
-        };
         self.meta
             .borrow()
             .members
-            .get(&peer.id)
-            .is_some_and(|x| x.dead)
+            .values()
+            .any(|x| x.dead && MemberId::of(&x.id) == m)
     }
 
     /// The Raft view shard 0 last published.

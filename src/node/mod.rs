@@ -156,7 +156,6 @@ impl Node {
             wide,
         } = setup;
         let meta = meta_node.as_ref().map(|m| m.state()).unwrap_or_default();
-        let members = config.peers.len() as u32;
         let links = (!config.peers.is_empty())
             .then(|| narad_raft::network::PeerLinks::new(remote::identity(&config)));
         let node = Rc::new(Node {
@@ -179,12 +178,7 @@ impl Node {
             ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
-            transit: narad_shard::transit::Transit::new(
-                shard,
-                shards,
-                members,
-                wide.transit.clone(),
-            ),
+            transit: narad_shard::transit::Transit::new(shard, shards, wide.transit.clone()),
             links,
             remote_owners: RefCell::new(HashMap::new()),
             stuck: RefCell::new(Default::default()),

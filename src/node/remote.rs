@@ -47,13 +47,33 @@ pub fn identity(config: &Config) -> Identity {
 }
 
 impl Node {
-    /// The member number of node `id` (its place in `cluster.peers`).
+    /// The member number of node `id`.
     pub fn member_of(&self, id: &str) -> Option<MemberId> {
+        Some(MemberId::of(id))
+    }
+
+    /// This node's member number.
+    pub fn me(&self) -> MemberId {
+        MemberId::of(&self.config.node_id)
+    }
+
+    /// Node id and cluster address of member `m`, from the metadata's members and the peer
+    /// list.
+    pub fn member_addr(&self, m: MemberId) -> Option<(String, String)> {
+        if let Some(x) = self
+            .meta
+            .borrow()
+            .members
+            .values()
+            .find(|x| MemberId::of(&x.id) == m && !x.cluster_addr.is_empty())
+        {
+            return Some((x.id.clone(), x.cluster_addr.clone()));
+        }
         self.config
             .peers
             .iter()
-            .position(|p| p.id == id)
-            .map(|i| MemberId(i as u64))
+            .find(|p| MemberId::of(&p.id) == m)
+            .map(|p| (p.id.clone(), p.addr.clone()))
     }
 
     /// Rebuilds the owner index from a new metadata snapshot (cluster only).
@@ -106,8 +126,8 @@ impl Node {
         to: MemberId,
         batch: Vec<AppendRecord>,
     ) -> Result<(), StoreError> {
-        let (Some(links), Some(peer)) = (&self.links, self.config.peers.get(to.0 as usize)) else {
-            return Err(StoreError::Failed(format!("no cluster member {}", to.0)));
+        let (Some(links), Some((peer_id, peer_addr))) = (&self.links, self.member_addr(to)) else {
+            return Err(StoreError::Failed(format!("no cluster member {:x}", to.0)));
         };
         let body = encode_op(&PartitionOp::Append(batch));
         let within = if self.stuck.borrow().contains(&to) {
@@ -116,13 +136,12 @@ impl Node {
             COMMIT_RPC_TIMEOUT
         };
         match links
-            .to(&peer.addr)
+            .to(&peer_addr)
             .call(ops::COMMIT_BATCH, &body, within)
             .await
         {
             Ok(_) => Ok(()),
-            Err(PeerError::Remote(e)) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
-            Err(e) => Err(StoreError::Failed(format!("node {}: {e}", peer.id))),
+            Err(e) => Err(StoreError::Failed(format!("node {peer_id}: {e}"))),
         }
     }
 
@@ -207,7 +226,7 @@ impl Node {
         op: &PartitionOp,
         within: Duration,
     ) -> Result<OpReply, OwnerError> {
-        let (Some(links), Some(peer)) = (&self.links, self.config.peers.get(to.0 as usize)) else {
+        let (Some(links), Some((_, peer_addr))) = (&self.links, self.member_addr(to)) else {
             return Err(OwnerError::Down);
         };
         // An owner marked dead is not asked (CLUSTER.md §5.2: 503 at once).
@@ -215,7 +234,7 @@ impl Node {
             return Err(OwnerError::Down);
         }
         match links
-            .to(&peer.addr)
+            .to(&peer_addr)
             .call(ops::PARTITION_OP, &encode_op(op), within)
             .await
         {
