@@ -51,7 +51,8 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         | ops::RAFT_PRE_VOTE
         | ops::RAFT_SNAPSHOT
         | ops::RAFT_TRANSFER_LEADER
-        | ops::META_PROPOSE => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
+        | ops::META_PROPOSE
+        | ops::META_JOIN => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },

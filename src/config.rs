@@ -1330,9 +1330,9 @@ impl Config {
         if !self.node_id_given {
             return Err("cluster.node_id (NARAD_NODE_ID) must be set when cluster.peers is".into());
         }
-        if !ids.contains(&self.node_id.as_str()) {
+        if !ids.contains(&self.node_id.as_str()) && self.advertise_addr.is_empty() {
             return Err(format!(
-                "cluster.node_id {:?} is not in cluster.peers ({}); joining as a new member is not supported by this build yet",
+                "cluster.node_id {:?} is not in cluster.peers ({}): a node that joins needs cluster.advertise_addr (NARAD_CLUSTER_ADVERTISE_ADDR), where the others reach its cluster port",
                 self.node_id,
                 ids.join(", ")
             ));
@@ -1386,6 +1386,9 @@ impl Config {
 
     /// Whether this node may bootstrap the metadata group (CLUSTER.md §7).
     pub fn may_bootstrap(&self) -> bool {
+        if !self.peers.iter().any(|p| p.id == self.node_id) {
+            return false;
+        }
         let m = self.initial_member_ids();
         m.is_empty() || m.contains(&self.node_id.as_str())
     }
@@ -2032,7 +2035,7 @@ mod tests {
                 "is not id@host:port",
             ),
             (("NARAD_CLUSTER_PEERS", "a@h:1,b@nope,c@h:3"), "peer b"),
-            (("NARAD_NODE_ID", "z"), "not in cluster.peers"),
+            (("NARAD_NODE_ID", "z"), "needs cluster.advertise_addr"),
             (
                 ("NARAD_CLUSTER_SECRET", ""),
                 "NARAD_CLUSTER_SECRET is required",

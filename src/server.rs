@@ -436,6 +436,12 @@ async fn shard_main(
                 .map(|p| (p.id.clone(), p.addr.clone()))
                 .collect();
             mc.may_bootstrap = config.may_bootstrap();
+            // Between nodes an append's budget includes the follower's fsync and the network,
+            // on machines that may be busy: a leader heard every 200 ms, an election after 0.8-1.6 s
+            // of silence (CLUSTER.md §6: crash election ~1 s).
+            mc.heartbeat_interval_ms = 200;
+            mc.election_timeout_min_ms = 800;
+            mc.election_timeout_max_ms = 1600;
             // The group elects through the cluster port, which opens once the node exists:
             // waiting for a leader here would only delay that.
             mc.leader_wait_ms = 0;

@@ -115,8 +115,11 @@ fn a_killed_leader_is_replaced_and_writes_resume_within_5_s() {
         "writes resumed only after {took:?}"
     );
     let third = (leader + 2) % 3;
-    let r = c.nodes[third].admin().get("/v1/topics/after-kill");
-    assert_eq!(r.status, 200, "{}", r.text());
+    let mut t = c.nodes[third].admin();
+    let seen = within(Duration::from_secs(5), || {
+        t.get("/v1/topics/after-kill").status == 200
+    });
+    assert!(seen.is_some(), "the third node applied the create");
     c.start_node(leader);
     c.wait_ready(Duration::from_secs(30));
     let caught_up = within(Duration::from_secs(5), || {
@@ -429,4 +432,73 @@ fn members_are_listed_marked_dead_and_revived() {
         "n3 revived: {}",
         a.get("/v1/cluster/members").text()
     );
+}
+
+#[test]
+fn a_fourth_node_joins_as_a_non_voter_and_is_promoted() {
+    // Proves CLUSTER.md §7: a node outside the peer list (with its advertise address) asks the
+    // peers to admit it, is staged as a non-voter, becomes ready, is promoted to voter once
+    // caught up (the leader's 12 s wait shortened by a test setting), and then serves: a topic
+    // created afterwards places a partition on it, and what is produced there through another
+    // node is consumed through it.
+    let knobs = |_| {
+        vec![
+            ("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()),
+            (
+                "NARAD_TEST_PROMOTE_AFTER_MS".to_string(),
+                "1000".to_string(),
+            ),
+        ]
+    };
+    let mut c = Cluster::spawn("join", 3, knobs);
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"before","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let j = c.add_joiner(vec![(
+        "NARAD_TEST_HEARTBEAT_MS".to_string(),
+        "300".to_string(),
+    )]);
+    c.wait_ready(Duration::from_secs(60));
+    let voter = within(Duration::from_secs(30), || {
+        let r = a.get("/v1/cluster/members");
+        r.json()["members"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|x| x["id"] == "n4" && x["voter"] == true))
+    });
+    assert!(
+        voter.is_some(),
+        "n4 promoted: {}",
+        a.get("/v1/cluster/members").text()
+    );
+    // The joiner has the metadata written before it came.
+    let r = c.nodes[j].admin().get("/v1/topics/before");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = a.post("/v1/topics", r#"{"name":"after","partitions":4}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let owners: Vec<String> = a.get("/v1/topics/after").json()["partition_stats"]
+        .as_array()
+        .expect("stats")
+        .iter()
+        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
+        .collect();
+    let p4 = owners
+        .iter()
+        .position(|o| o == "n4")
+        .expect("a partition on n4");
+    let r = a.post(
+        &format!("/v1/topics/after/produce?partition={p4}"),
+        r#"{"on":4}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let mut joiner = c.nodes[j].admin();
+    let got = within(Duration::from_secs(10), || {
+        joiner
+            .get(&format!(
+                "/v1/topics/after/consume?partition={p4}&wait=200ms"
+            ))
+            .status
+            == 200
+    });
+    assert!(got.is_some(), "the joiner serves its partition");
 }

@@ -29,5 +29,6 @@ pub mod types;
 pub use apply::apply;
 pub use model::*;
 pub use node::{
-    metastore_dir, stored_node_id, MetaConfig, MetaNode, MetaStartError, ProposeError, RaftGauges,
+    metastore_dir, stored_node_id, JoinAnswer, MetaConfig, MetaNode, MetaStartError, ProposeError,
+    RaftGauges,
 };

@@ -212,6 +212,27 @@ pub struct MetaNode {
     leader_heard: Rc<Cell<Option<Instant>>>,
 }
 
+/// The leader's answer to a node asking to join (CLUSTER.md §7).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum JoinAnswer {
+    /// Added as a non-voter; promoted once caught up.
+    Staged,
+    Voter,
+    /// Not the leader: ask this one instead (when known).
+    NotLeader {
+        leader_id: Option<String>,
+        leader_addr: Option<String>,
+    },
+    Refused(String),
+}
+
+/// How long a proposal waits for an election under way before it answers that there is no
+/// leader.
+const LEADER_WAIT_ON_PROPOSE: Duration = Duration::from_secs(3);
+
+/// Longest a membership change may take before the leader gives up on it (it retries later).
+const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Hops a proposal follows to find the leader before giving up (leader hints can be stale
 /// during an election).
 const FORWARD_HOPS_MAX: usize = 3;
@@ -306,8 +327,12 @@ impl MetaNode {
                     "membership",
                 )
                 .await;
+            // Voters and non-voters: a node that joined may still be one.
             let voters: Vec<String> = match recovered {
-                Ok(m) => m.membership_config.membership().voter_ids().collect(),
+                Ok(m) => {
+                    let ms = m.membership_config.membership();
+                    ms.voter_ids().chain(ms.learner_ids()).collect()
+                }
                 Err(_) => vec![cfg.node_id.clone()],
             };
             if !voters.contains(&cfg.node_id) {
@@ -395,6 +420,12 @@ impl MetaNode {
         let Some(links) = &self.links else {
             return r;
         };
+        if matches!(r, Err(ProposeError::NoLeader { leader: None })) {
+            // An election is under way: give it a moment rather than answer 503 at once.
+            if self.wait_for_leader(LEADER_WAIT_ON_PROPOSE).await {
+                r = self.propose_here(cmd.clone()).await;
+            }
+        }
         for _ in 0..FORWARD_HOPS_MAX {
             let leader = match &r {
                 Err(ProposeError::NoLeader { leader: Some(l) }) if *l != self.id => l.clone(),
@@ -455,10 +486,124 @@ impl MetaNode {
             .is_ok()
     }
 
+    /// Leader: admits node `id` reachable at `addr` as a non-voter (CLUSTER.md §7); promotion
+    /// comes later ([`MetaNode::promote_caught_up`]).
+    pub async fn admit(&self, id: &str, addr: &str) -> JoinAnswer {
+        if !self.is_leader() {
+            let leader_id = self.metrics.borrow_watched().current_leader.clone();
+            let leader_addr = leader_id.as_deref().and_then(|l| self.member_addr(l));
+            return JoinAnswer::NotLeader {
+                leader_id,
+                leader_addr,
+            };
+        }
+        let (_, voters, learners) = self.raft_view();
+        if voters.iter().any(|v| v == id) {
+            return JoinAnswer::Voter;
+        }
+        if learners.iter().any(|v| v == id) {
+            return JoinAnswer::Staged;
+        }
+        let add = self
+            .raft
+            .add_learner(id.to_string(), BasicNode::new(addr), false);
+        match crate::rt::timeout(MEMBERSHIP_CHANGE_TIMEOUT, add).await {
+            Ok(Ok(_)) => {
+                tracing::info!(node = id, addr, "node staged as a non-voter");
+                JoinAnswer::Staged
+            }
+            Ok(Err(e)) => JoinAnswer::Refused(e.to_string()),
+            Err(_) => JoinAnswer::Refused("membership change did not finish in time".into()),
+        }
+    }
+
+    /// Leader: promotes the non-voters that `eligible` accepts and whose replicated log is
+    /// within `lag` entries of the leader's; answers who was promoted.
+    pub async fn promote_caught_up(
+        &self,
+        eligible: impl Fn(&str) -> bool,
+        lag: u64,
+    ) -> Vec<String> {
+        if !self.is_leader() {
+            return Vec::new();
+        }
+        let ready: std::collections::BTreeSet<String> = {
+            let m = self.metrics.borrow_watched();
+            let last = m.last_log_index.unwrap_or(0);
+            let learners: Vec<String> = m.membership_config.membership().learner_ids().collect();
+            learners
+                .into_iter()
+                .filter(|l| eligible(l))
+                .filter(|l| {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(l))
+                        .and_then(|x| x.as_ref())
+                        .is_some_and(|matched| matched.index() + lag >= last)
+                })
+                .collect()
+        };
+        if ready.is_empty() {
+            return Vec::new();
+        }
+        let change = self
+            .raft
+            .change_membership(openraft::ChangeMembers::AddVoterIds(ready.clone()), false);
+        match crate::rt::timeout(MEMBERSHIP_CHANGE_TIMEOUT, change).await {
+            Ok(Ok(_)) => {
+                tracing::info!(nodes = ?ready, "non-voters promoted to voters");
+                ready.into_iter().collect()
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "promotion refused");
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Asks the node at `addr` (cluster port) to admit this one, reachable at `my_addr`.
+    pub async fn ask_to_join(&self, addr: &str, my_addr: &str) -> Result<JoinAnswer, String> {
+        let links = self.links.as_ref().ok_or("not a cluster node")?;
+        let body = serde_json::to_vec(&(&self.id, my_addr)).map_err(|e| e.to_string())?;
+        let reply = links
+            .to(addr)
+            .call(
+                ops::META_JOIN,
+                &body,
+                MEMBERSHIP_CHANGE_TIMEOUT + Duration::from_secs(2),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&reply).map_err(|e| format!("malformed join answer: {e}"))
+    }
+
+    /// Waits up to `within` until this node's Raft knows a leader. False on timeout.
+    pub async fn wait_for_leader(&self, within: Duration) -> bool {
+        self.raft
+            .wait(Some(within))
+            .metrics(|m| m.current_leader.is_some(), "a leader")
+            .await
+            .is_ok()
+    }
+
+    /// Whether this node's Raft knows a leader.
+    pub fn has_leader(&self) -> bool {
+        self.metrics.borrow_watched().current_leader.is_some()
+    }
+
     /// Serves a request another node sent to this one's metadata group: Raft's own messages,
     /// and proposals forwarded by followers (answered as JSON of the proposal's result).
     pub async fn serve_rpc(&self, from: &str, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
         match op {
+            ops::META_JOIN => {
+                let (id, addr): (String, String) = serde_json::from_slice(body)
+                    .map_err(|e| format!("malformed join request: {e}"))?;
+                if id != from {
+                    return Err("a node can only ask to join as itself".into());
+                }
+                serde_json::to_vec(&self.admit(&id, &addr).await).map_err(|e| e.to_string())
+            }
             ops::META_PROPOSE => {
                 let cmd: MetaCommand =
                     serde_json::from_slice(body).map_err(|e| format!("malformed proposal: {e}"))?;

@@ -101,7 +101,15 @@ fn view_with_schema(t: &TopicMeta) -> TopicView<'_> {
 /// Members marked dead are left out while another one is alive.
 fn placement(node: &Node, parent_owners: Vec<String>) -> Vec<String> {
     let meta = node.meta();
-    let all: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    // The members the metadata knows (peers and nodes that joined), else the peer list.
+    let mut all: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    all.extend(
+        meta.members
+            .keys()
+            .filter(|id| !all.contains(id))
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
     let alive: Vec<String> = all
         .iter()
         .filter(|id| !meta.members.get(*id).is_some_and(|m| m.dead))

@@ -20,6 +20,15 @@ use super::*;
 pub const HEARTBEAT_MS: u64 = 5_000;
 /// A member unheard this long is dead (CLUSTER.md §6).
 pub const DEAD_AFTER_MS: u64 = 30_000;
+/// Join attempts of a node outside the voters (CLUSTER.md §7: every 2 s).
+const JOIN_RETRY: Duration = Duration::from_secs(2);
+/// Leader addresses a joiner remembers from answers (CLUSTER.md §7).
+const JOIN_HINTS_MAX: usize = 8;
+/// How long a leader must have led before it promotes non-voters (CLUSTER.md §7: 12 s).
+pub const PROMOTE_AFTER_MS: u64 = 12_000;
+/// A non-voter this close to the leader's log counts as caught up.
+const PROMOTE_LAG_ENTRIES: u64 = 16;
+
 /// How often shard 0 publishes the Raft view and, leading, looks for dead members (more often
 /// than CLUSTER.md §14's 10 s reconcile: a verdict then lands within a second of being due).
 const LOOK_EVERY: Duration = Duration::from_secs(1);
@@ -110,6 +119,15 @@ impl Node {
             }
         })
         .detach();
+        if !self
+            .config
+            .peers
+            .iter()
+            .any(|p| p.id == self.config.node_id)
+        {
+            self.run_join_loop(mn.clone());
+        }
+        let promote_after = knob_ms("NARAD_TEST_PROMOTE_AFTER_MS", PROMOTE_AFTER_MS);
         let me = self.clone();
         rt::spawn(async move {
             let mut led_since: Option<Instant> = None;
@@ -126,6 +144,12 @@ impl Node {
                     (true, s) => s,
                     (false, _) => None,
                 };
+                if led_since.is_some_and(|t| t.elapsed().as_millis() as u64 >= promote_after) {
+                    // Promote non-voters whose member record is alive (and not draining).
+                    let meta = mn.state();
+                    let alive = |id: &str| meta.members.get(id).is_some_and(|m| !m.dead);
+                    mn.promote_caught_up(alive, PROMOTE_LAG_ENTRIES).await;
+                }
                 // Election grace: every member gets a full `dead_after` from this election.
                 let graced = led_since.is_some_and(|t| t.elapsed().as_millis() as u64 > dead_after);
                 if graced {
@@ -142,6 +166,52 @@ impl Node {
                     }
                 }
                 rt::sleep(LOOK_EVERY).await;
+            }
+        })
+        .detach();
+    }
+}
+
+impl Node {
+    /// A node outside the voters: every [`JOIN_RETRY`] until its Raft sees a leader, asks the
+    /// peers (and leaders named in earlier answers) to admit it.
+    fn run_join_loop(self: &Rc<Self>, mn: narad_raft::MetaNode) {
+        let me = self.clone();
+        rt::spawn(async move {
+            let my_addr = me.config.advertised_cluster_addr();
+            let mut hints: Vec<String> = Vec::new();
+            while !me.shutting_down() {
+                if mn.has_leader() {
+                    rt::sleep(JOIN_RETRY).await;
+                    continue;
+                }
+                let mut targets: Vec<String> = hints.iter().rev().take(4).cloned().collect();
+                targets.extend(me.config.peers.iter().map(|p| p.addr.clone()));
+                targets.dedup();
+                for addr in targets {
+                    match mn.ask_to_join(&addr, &my_addr).await {
+                        Ok(narad_raft::JoinAnswer::NotLeader {
+                            leader_addr: Some(a),
+                            ..
+                        }) => {
+                            hints.retain(|h| *h != a);
+                            hints.push(a);
+                            if hints.len() > JOIN_HINTS_MAX {
+                                hints.remove(0);
+                            }
+                        }
+                        Ok(narad_raft::JoinAnswer::Staged | narad_raft::JoinAnswer::Voter) => {
+                            tracing::info!(via = %addr, "admitted to the cluster");
+                            break;
+                        }
+                        Ok(narad_raft::JoinAnswer::Refused(why)) => {
+                            tracing::warn!(via = %addr, why, "join refused");
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::debug!(via = %addr, error = %e, "join attempt failed"),
+                    }
+                }
+                rt::sleep(JOIN_RETRY).await;
             }
         })
         .detach();

@@ -103,6 +103,8 @@ impl Admin {
 
 pub struct Cluster {
     pub nodes: Vec<Node>,
+    /// Nodes added with [`Cluster::add_joiner`] (the last ones; not in the peer list).
+    joiners: usize,
     _dir: TempDir,
 }
 
@@ -128,7 +130,11 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let mut c = Cluster { nodes, _dir: dir };
+        let mut c = Cluster {
+            nodes,
+            joiners: 0,
+            _dir: dir,
+        };
         for i in 0..n {
             c.start_node(i);
         }
@@ -136,11 +142,29 @@ impl Cluster {
     }
 
     pub fn peers(&self) -> String {
-        self.nodes
+        self.nodes[..self.nodes.len() - self.joiners]
             .iter()
             .map(|n| format!("{}@{}", n.id, n.cluster_addr()))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Adds a node outside the peer list (it joins: CLUSTER.md §7) with extra environment, and
+    /// starts it; does not wait. Its index is returned.
+    pub fn add_joiner(&mut self, env: Vec<(String, String)>) -> usize {
+        let i = self.nodes.len();
+        let dir = self._dir.0.clone();
+        self.nodes.push(Node {
+            id: format!("n{}", i + 1),
+            port: free_port_pair(),
+            data_dir: dir.join(format!("n{}", i + 1)),
+            log: dir.join(format!("n{}.log", i + 1)),
+            env,
+            child: None,
+        });
+        self.joiners += 1;
+        self.start_node(i);
+        i
     }
 
     /// Starts (or restarts) node `i` on its data directory; does not wait for readiness.
@@ -173,6 +197,9 @@ impl Cluster {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log));
+        if !peers.contains(&format!("{}@", n.id)) {
+            cmd.env("NARAD_CLUSTER_ADVERTISE_ADDR", n.cluster_addr());
+        }
         cmd.envs(n.env.iter().map(|(k, v)| (k, v)));
         n.child = Some(cmd.spawn().expect("start narad serve"));
     }

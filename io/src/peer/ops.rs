@@ -22,3 +22,6 @@ pub const COMMIT_BATCH: u8 = 8;
 /// Work on partitions the receiver owns (`PartitionOp`: take, release, settle, read, stats;
 /// rkyv), answered with the owner's reply (`narad_shard::wire`).
 pub const PARTITION_OP: u8 = 9;
+/// A node outside the voters asks to be admitted (JSON `{id, addr}`), answered by the leader
+/// with `narad_raft::JoinAnswer` (CLUSTER.md §7).
+pub const META_JOIN: u8 = 10;
