@@ -52,7 +52,8 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         | ops::RAFT_SNAPSHOT
         | ops::RAFT_TRANSFER_LEADER
         | ops::META_PROPOSE
-        | ops::META_JOIN => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
+        | ops::META_JOIN
+        | ops::META_READ_INDEX => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },

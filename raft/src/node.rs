@@ -587,6 +587,33 @@ impl MetaNode {
             .is_ok()
     }
 
+    /// Catches this replica up with every change the leader had applied (and so answered) when
+    /// asked: asks the leader for its applied index and waits up to `within` to apply as far.
+    /// Answers the index this replica then reached, or `None` when there is no leader in reach
+    /// or the wait ran out. A leader answers its own applied index at once.
+    pub async fn catch_up(&self, within: Duration) -> Option<u64> {
+        let applied = || {
+            self.metrics
+                .borrow_watched()
+                .last_applied
+                .as_ref()
+                .map_or(0, |l| l.index())
+        };
+        if self.is_leader() || self.links.is_none() {
+            return Some(applied());
+        }
+        let leader = self.metrics.borrow_watched().current_leader.clone()?;
+        let addr = self.member_addr(&leader)?;
+        let links = self.links.as_ref()?;
+        let reply = links
+            .to(&addr)
+            .call(ops::META_READ_INDEX, b"", within)
+            .await
+            .ok()?;
+        let index: u64 = serde_json::from_slice(&reply).ok()?;
+        self.wait_applied(index, within).await.then_some(index)
+    }
+
     /// Whether this node's Raft knows a leader.
     pub fn has_leader(&self) -> bool {
         self.metrics.borrow_watched().current_leader.is_some()
@@ -596,6 +623,14 @@ impl MetaNode {
     /// and proposals forwarded by followers (answered as JSON of the proposal's result).
     pub async fn serve_rpc(&self, from: &str, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
         match op {
+            ops::META_READ_INDEX => {
+                if !self.is_leader() {
+                    return Err("not the metadata leader".into());
+                }
+                let m = self.metrics.borrow_watched();
+                serde_json::to_vec(&m.last_applied.as_ref().map_or(0, |l| l.index()))
+                    .map_err(|e| e.to_string())
+            }
             ops::META_JOIN => {
                 let (id, addr): (String, String) = serde_json::from_slice(body)
                     .map_err(|e| format!("malformed join request: {e}"))?;

@@ -564,6 +564,14 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     };
     let topic = args.first().map(percent_decode_segment);
     let t = topic.as_deref().unwrap_or("");
+    // A name this node's replica does not know may have been created through another node a
+    // moment ago: catch up with the leader once before answering as if it did not exist.
+    if !t.is_empty() && !node.config.peers.is_empty() {
+        let meta = node.meta();
+        if meta.topic(t).is_none() && meta.user(t).is_none() {
+            node.catch_up_meta().await;
+        }
+    }
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).
     let _cap = tri!(identity_cap(node, &caller, r, &mut req));
     // Authorization (step 7, API.md §16); user routes check their own rules.

@@ -455,6 +455,9 @@ pub enum Pre {
 
 enum Fast {
     Open,
+    /// A username this replica does not know, in a cluster: it may have been created through
+    /// another node a moment ago ([`authenticate`] catches up once, then decides).
+    Unknown,
     Verified(String, Arc<MetaState>),
     Deny(AuthError),
     Slow {
@@ -482,8 +485,12 @@ fn fast(node: &Node, headers: &Headers, path: &str) -> Fast {
         return Fast::Deny(AuthError::Unauthorized);
     };
     let meta = node.meta();
-    // Unknown usernames: an instant 401, never throttled, indistinguishable from a wrong password.
+    // Unknown usernames: an instant 401, never throttled, indistinguishable from a wrong password
+    // (in a cluster, after one catch-up with the leader).
     let Some(user) = meta.user(&basic.user) else {
+        if !node.config.peers.is_empty() {
+            return Fast::Unknown;
+        }
         return Fast::Deny(AuthError::Unauthorized);
     };
     if basic.password.is_empty() || basic.password.len() > PASSWORD_BYTES_MAX {
@@ -522,7 +529,7 @@ pub fn precheck(headers: &Headers, path: &str) -> Pre {
         Fast::Open => Pre::Pass(HeadCaller(None)),
         Fast::Verified(u, meta) => Pre::Pass(HeadCaller(Some((u, meta)))),
         Fast::Deny(r) => Pre::Deny(r),
-        Fast::Slow { .. } => Pre::Pending,
+        Fast::Slow { .. } | Fast::Unknown => Pre::Pending,
     }
 }
 
@@ -534,7 +541,7 @@ pub fn head_identity(headers: &Headers, peer: std::net::SocketAddr, path: &str) 
     match fast(&node, headers, path) {
         Fast::Open => Some(peer.ip().to_string()),
         Fast::Verified(u, _) => Some(u),
-        Fast::Deny(_) | Fast::Slow { .. } => None,
+        Fast::Deny(_) | Fast::Slow { .. } | Fast::Unknown => None,
     }
 }
 
@@ -546,7 +553,15 @@ pub async fn authenticate(
     peer: std::net::SocketAddr,
     path: &str,
 ) -> Result<Caller, AuthError> {
-    match fast(node, headers, path) {
+    let mut fast_now = fast(node, headers, path);
+    if matches!(fast_now, Fast::Unknown) {
+        node.catch_up_meta().await;
+        fast_now = match fast(node, headers, path) {
+            Fast::Unknown => Fast::Deny(AuthError::Unauthorized),
+            other => other,
+        };
+    }
+    match fast_now {
         Fast::Open => Ok(Caller {
             identity: peer.ip().to_string(),
             username: None,
@@ -557,6 +572,7 @@ pub async fn authenticate(
             username: Some(u),
             meta,
         }),
+        Fast::Unknown => Err(AuthError::Unauthorized),
         Fast::Deny(r) => Err(r),
         Fast::Slow {
             basic,

@@ -55,6 +55,8 @@ pub enum ShardControl {
     /// A request of another node for the metadata group (to shard 0): Raft's messages and
     /// forwarded proposals.
     PeerRpc { from: String, op: u8, body: Vec<u8> },
+    /// Catch the metadata replica up with the leader (to shard 0); answers the index reached.
+    CatchUp,
 }
 
 pub enum ShardResp {
@@ -63,6 +65,7 @@ pub enum ShardResp {
     FanoutLag(Vec<ChildLag>),
     Metrics(Box<crate::metrics::ShardMetrics>),
     PeerRpc(Result<Vec<u8>, String>),
+    CaughtUp(Option<u64>),
     Done,
 }
 
@@ -101,7 +104,8 @@ impl ShardReq {
                 ShardControl::PurgeDeleted
                 | ShardControl::StartServing
                 | ShardControl::Propose(_)
-                | ShardControl::PeerRpc { .. },
+                | ShardControl::PeerRpc { .. }
+                | ShardControl::CatchUp,
             ) => MESH_CONTROL_CALL_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -164,6 +168,7 @@ impl Node {
             ShardControl::PeerRpc { from, op, body } => {
                 ShardResp::PeerRpc(self.serve_meta_rpc(&from, op, &body).await)
             }
+            ShardControl::CatchUp => ShardResp::CaughtUp(self.catch_up_here().await),
         }
     }
 }

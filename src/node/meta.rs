@@ -12,6 +12,9 @@ use narad_raft::{MetaCommand, MetaResponse, MetaState, ProposeError, TopicMeta};
 
 use super::*;
 
+/// Longest a read barrier waits (see [`Node::catch_up_meta`]).
+const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
+
 /// Longest start-up waits for the metastore log to be applied before purging deleted topics.
 const PURGE_APPLY_WAIT: Duration = Duration::from_secs(10);
 
@@ -120,6 +123,47 @@ impl Node {
             Ok(_) => wrong_reply("PeerRpc"),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    /// A cluster node's read barrier, for a name this shard's metadata does not know (a topic or
+    /// user created through another node a moment ago: reads are local, CLUSTER.md §3): catches
+    /// this node's replica up with the leader and waits until this shard installed that state.
+    /// At most one second; a node that is its whole cluster returns at once.
+    pub async fn catch_up_meta(self: &Rc<Self>) {
+        if self.config.peers.is_empty() {
+            return;
+        }
+        let index = if self.shard.0 == 0 {
+            self.catch_up_here().await
+        } else {
+            match call_shard(
+                &self.mesh,
+                ShardId(0),
+                ShardReq::Control(ShardControl::CatchUp),
+            )
+            .await
+            {
+                Ok(ShardResp::CaughtUp(i)) => i,
+                Ok(_) => wrong_reply("CatchUp"),
+                Err(_) => None,
+            }
+        };
+        let Some(index) = index else { return };
+        let t0 = std::time::Instant::now();
+        while self.meta().applied_index < index && t0.elapsed() < CATCH_UP_WAIT {
+            rt::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Shard 0: [`Node::catch_up_meta`]'s Raft part, then the push to every shard.
+    pub(super) async fn catch_up_here(self: &Rc<Self>) -> Option<u64> {
+        let mn = self.meta_node.clone()?;
+        let index = mn.catch_up(CATCH_UP_WAIT).await?;
+        let st = mn.state();
+        if st.applied_index > self.meta().applied_index {
+            self.broadcast_meta(st).await;
+        }
+        Some(index)
     }
 
     /// Shard 0 of a cluster: pushes every state the metadata group applies to every shard (the
