@@ -492,3 +492,43 @@ fn a_fourth_node_joins_as_a_non_voter_and_is_promoted() {
     });
     assert!(got.is_some(), "the joiner serves its partition");
 }
+
+#[test]
+fn a_gracefully_stopped_leader_hands_over_first() {
+    // Proves CLUSTER.md §6 "graceful shutdown transfers leadership first": SIGTERM to the
+    // metadata leader moves leadership to another voter at once, so a create through a
+    // survivor succeeds well within an election timeout, and the stopped node exits cleanly.
+    let mut c = Cluster::start("handover", 3);
+    let leader = within(Duration::from_secs(10), || c.leader().is_some())
+        .and_then(|_| c.leader())
+        .expect("a leader");
+    let other = (leader + 1) % 3;
+    let mut admin = c.nodes[other].admin();
+    assert_eq!(
+        admin
+            .post("/v1/topics", r#"{"name":"warm","partitions":3}"#)
+            .status,
+        201
+    );
+    c.nodes[leader].term();
+    let t0 = Instant::now();
+    let moved = within(Duration::from_secs(5), || {
+        c.leader().is_some_and(|l| l != leader)
+    });
+    println!("leadership moved {moved:?} after SIGTERM to the leader");
+    assert!(moved.is_some(), "another node leads");
+    let r = admin.post("/v1/topics", r#"{"name":"after-stop","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    println!(
+        "first create after SIGTERM answered after {:?}",
+        t0.elapsed()
+    );
+    let st = c.nodes[leader].wait_exit(Duration::from_secs(30));
+    assert!(st.is_some_and(|s| s.success()), "clean exit: {st:?}");
+    assert!(
+        c.nodes[leader]
+            .log_text()
+            .contains("leadership handed over"),
+        "the stopped leader says it handed over"
+    );
+}

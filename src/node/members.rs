@@ -49,6 +49,21 @@ fn knob_ms(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The API address other nodes and operators reach this node at: `http.addr`, with a wildcard
+/// or missing host replaced by the advertised cluster address's host.
+pub fn advertised_api_addr(config: &crate::config::Config) -> String {
+    let api = &config.http.addr;
+    let (host, port) = api.rsplit_once(':').unwrap_or(("", api.as_str()));
+    if !host.is_empty() && host != "0.0.0.0" && host != "[::]" {
+        return api.clone();
+    }
+    let cluster = config.advertised_cluster_addr();
+    let chost = cluster
+        .rsplit_once(':')
+        .map_or(cluster.as_str(), |(h, _)| h);
+    format!("{chost}:{port}")
+}
+
 /// Which members to mark dead now: alive, unheard for longer than `dead_after_ms` at `now_ms`,
 /// unless marking them leaves fewer alive voters than a quorum of `voters` (then none; the
 /// caller counts the refusal). Pure, for the leader's reconcile.
@@ -108,7 +123,7 @@ impl Node {
             while !me.shutting_down() {
                 let cmd = MetaCommand::Heartbeat {
                     id: me.config.node_id.clone(),
-                    addr: me.config.http.addr.clone(),
+                    addr: advertised_api_addr(&me.config),
                     cluster_addr: me.config.advertised_cluster_addr(),
                     at_ms: UnixMillis::now().0,
                 };
@@ -257,6 +272,26 @@ mod tests {
             );
         }
         s
+    }
+
+    #[test]
+    fn a_wildcard_api_address_is_advertised_with_the_cluster_host() {
+        // Proves the members route shows an address others can reach: a wildcard or missing
+        // host of `http.addr` takes the advertised cluster address's host; a real one stays.
+        let mut c = crate::config::Config::default();
+        c.advertise_addr = "narad-1.narad-headless.ns.svc:7943".into();
+        c.http.addr = ":7942".into();
+        assert_eq!(
+            advertised_api_addr(&c),
+            "narad-1.narad-headless.ns.svc:7942"
+        );
+        c.http.addr = "0.0.0.0:8000".into();
+        assert_eq!(
+            advertised_api_addr(&c),
+            "narad-1.narad-headless.ns.svc:8000"
+        );
+        c.http.addr = "10.1.2.3:7942".into();
+        assert_eq!(advertised_api_addr(&c), "10.1.2.3:7942");
     }
 
     #[test]

@@ -175,6 +175,16 @@ impl Node {
             return;
         };
         self.run_membership();
+        // A graceful stop hands metadata leadership over at once, so writes go on through the
+        // drain (the group itself stops last, in `shutdown_meta`).
+        let (mn2, stop) = (mn.clone(), self.shutdown.clone());
+        rt::spawn(async move {
+            stop.wait().await;
+            if mn2.is_leader() {
+                mn2.transfer_leadership(Duration::from_secs(2)).await;
+            }
+        })
+        .detach();
         let news = Rc::new(rt::Notify::new());
         let n2 = news.clone();
         mn.subscribe(Box::new(move |_| n2.notify_waiters()));

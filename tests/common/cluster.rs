@@ -41,6 +41,28 @@ impl Node {
         }
     }
 
+    /// Sends SIGTERM (a graceful stop) and returns at once.
+    pub fn term(&self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit; its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if let Some(st) = self.child.as_mut()?.try_wait().ok().flatten() {
+                self.child = None;
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
