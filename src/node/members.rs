@@ -278,8 +278,10 @@ mod tests {
     fn a_wildcard_api_address_is_advertised_with_the_cluster_host() {
         // Proves the members route shows an address others can reach: a wildcard or missing
         // host of `http.addr` takes the advertised cluster address's host; a real one stays.
-        let mut c = crate::config::Config::default();
-        c.advertise_addr = "narad-1.narad-headless.ns.svc:7943".into();
+        let mut c = crate::config::Config {
+            advertise_addr: "narad-1.narad-headless.ns.svc:7943".into(),
+            ..Default::default()
+        };
         c.http.addr = ":7942".into();
         assert_eq!(
             advertised_api_addr(&c),
