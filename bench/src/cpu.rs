@@ -1,5 +1,6 @@
 //! CPU time of this process (getrusage) and of another process (/proc/<pid>/stat), so a report
-//! can say how many cores the broker and the generator each burned during the measurement.
+//! can say how many cores the broker and the generator each burned during the measurement, and
+//! the bytes another process wrote to storage (/proc/<pid>/io).
 //!
 //! Owns reading counters only; never signals or otherwise touches the other process.
 
@@ -54,6 +55,19 @@ fn parse_stat_ppid(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Bytes process `pid` caused to be written to storage so far (`write_bytes` of
+/// /proc/<pid>/io: page-cache writes when dirtied, direct I/O when submitted; all threads,
+/// io_uring workers included); `None` if it cannot be read (another user's process).
+pub fn process_write_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    parse_io_write_bytes(&io)
+}
+
+fn parse_io_write_bytes(io: &str) -> Option<u64> {
+    let line = io.lines().find(|l| l.starts_with("write_bytes:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Resident set size of process `pid` in bytes (VmRSS of /proc/<pid>/status).
 pub fn process_rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -98,5 +112,9 @@ mod tests {
         assert!(process_cpu_s(std::process::id()).is_some());
         assert!(self_cpu_s() >= 0.0);
         assert!(process_rss_bytes(std::process::id()).is_some_and(|b| b > 0));
+        let io = "rchar: 10\nwchar: 20\nsyscr: 1\nsyscw: 2\nread_bytes: 4096\n\
+                  write_bytes: 8192\ncancelled_write_bytes: 0\n";
+        assert_eq!(parse_io_write_bytes(io), Some(8192));
+        assert_eq!(parse_io_write_bytes("rchar: 1\n"), None);
     }
 }

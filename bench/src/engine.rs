@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::hist::Histogram;
@@ -165,6 +166,8 @@ enum State {
 }
 
 struct Conn {
+    /// Where this connection goes (a run may spread its connections over several nodes).
+    target: Arc<Target>,
     sock: Option<TcpStream>,
     driver: Box<dyn Driver>,
     state: State,
@@ -272,11 +275,11 @@ impl Timer {
     }
 }
 
-/// Runs one engine thread over `drivers` until they are all done or the hard deadline passes.
-/// `ready` is called once every connection has been attempted, and must return the run's start.
+/// Runs one engine thread over `drivers`, each with the target its connection goes to, until
+/// they are all done or the hard deadline passes. `window_of` is called once every connection
+/// has been attempted, and must return the run's start.
 pub fn run_thread(
-    target: &Target,
-    drivers: Vec<Box<dyn Driver>>,
+    drivers: Vec<(Arc<Target>, Box<dyn Driver>)>,
     window_of: impl FnOnce() -> (Instant, Window),
 ) -> Result<(ThreadStats, Vec<Tracking>), String> {
     let ep = Epoll::new().map_err(|e| format!("epoll: {e}"))?;
@@ -291,7 +294,8 @@ pub fn run_thread(
     let now = Instant::now();
     let mut conns: Vec<Conn> = drivers
         .into_iter()
-        .map(|driver| Conn {
+        .map(|(target, driver)| Conn {
+            target,
             sock: None,
             driver,
             state: State::Idle,
@@ -308,14 +312,13 @@ pub fn run_thread(
         .collect();
     let mut stats = ThreadStats::default();
     for (i, c) in conns.iter_mut().enumerate() {
-        if let Err(e) = connect(&ep, target, c, i) {
-            return Err(format!("connect to {}: {e}", target.addr));
+        if let Err(e) = connect(&ep, c, i) {
+            return Err(format!("connect to {}: {e}", c.target.addr));
         }
     }
     let (start, win) = window_of();
     let mut eng = Engine {
         ep,
-        target,
         win,
         heap: BinaryHeap::new(),
         stats: &mut stats,
@@ -393,8 +396,8 @@ pub fn run_thread(
     Ok((stats, tracking))
 }
 
-fn connect(ep: &Epoll, target: &Target, c: &mut Conn, token: usize) -> std::io::Result<()> {
-    let s = TcpStream::connect_timeout(&target.addr, CONNECT_TIMEOUT)?;
+fn connect(ep: &Epoll, c: &mut Conn, token: usize) -> std::io::Result<()> {
+    let s = TcpStream::connect_timeout(&c.target.addr, CONNECT_TIMEOUT)?;
     s.set_nodelay(true)?;
     s.set_nonblocking(true)?;
     ep.ctl(
@@ -411,7 +414,6 @@ fn connect(ep: &Epoll, target: &Target, c: &mut Conn, token: usize) -> std::io::
 
 struct Engine<'a> {
     ep: Epoll,
-    target: &'a Target,
     win: Window,
     heap: BinaryHeap<Reverse<(Instant, usize)>>,
     stats: &'a mut ThreadStats,
@@ -463,7 +465,7 @@ impl Engine<'_> {
             Step::Sleep(t) => self.sleep(c, i, t),
             Step::Send { origin, kind } => {
                 if c.sock.is_none() {
-                    if let Err(e) = connect(&self.ep, self.target, c, i) {
+                    if let Err(e) = connect(&self.ep, c, i) {
                         // The request was not sent: tell the driver, retry later.
                         c.driver.on_lost_request();
                         self.count(&format!("connect: {}", e.kind()));

@@ -1,6 +1,7 @@
 //! narad-bench: the load generator behind `narad bench` and `bench/run.sh` (issue 4).
 //!
-//! It speaks HTTP/1.1 with keep-alive over many connections to one URL and runs the workloads
+//! It speaks HTTP/1.1 with keep-alive over many connections to one URL (or spread round-robin
+//! over several, the nodes of a cluster behind a load balancer) and runs the workloads
 //! W1 (single produces), W2 (batch produces), W3 (produce + batch consume + batch ack, then a
 //! drain and a check that every accepted message was acked), and W4 (open-loop single produces
 //! at a fixed offered load, latency from the scheduled send). It prints msg/s, MB/s, latency
@@ -29,7 +30,7 @@ pub mod workload;
 
 use engine::{Driver, Kind, ThreadStats, Tracking, Window, KINDS};
 use http::Target;
-pub use report::{Check, Latency, Report, RunReport};
+pub use report::{Check, Latency, Report, RunReport, ServerUsage};
 use workload::{
     Consumer, ConsumerConfig, PayloadEncoding, Producer, ProducerConfig, Schedule, Shared,
     BATCH_MESSAGES_MAX, CONSUME_MAX, PAYLOAD_BYTES_MIN, TRACKED_MESSAGES_MAX,
@@ -66,6 +67,9 @@ pub struct BenchArgs {
     #[arg(default_value = "bench")]
     pub topic: String,
     /// Broker URL, `http://host:port` (default: the CLI's server, else http://127.0.0.1:7942).
+    /// A comma list of URLs (the nodes of a cluster) spreads the connections over them
+    /// round-robin, as a load balancer would: producer connection i goes to URL i mod n, consumer
+    /// connection j to URL (producers + j) mod n. Topics are created through the first URL.
     #[arg(long)]
     pub url: Option<String>,
     #[arg(long, value_enum, default_value = "w1")]
@@ -133,9 +137,11 @@ pub struct BenchArgs {
     /// How batch produces carry payloads.
     #[arg(long, value_enum, default_value = "json")]
     pub payload_encoding: PayloadEncoding,
-    /// Process id of the server, to report its CPU seconds.
-    #[arg(long)]
-    pub server_pid: Option<u32>,
+    /// Process id of the server, to report its CPU seconds (and bytes written to storage). A
+    /// comma list (or the flag repeated) for the nodes of a cluster: figures per process and
+    /// their sum.
+    #[arg(long, value_delimiter = ',')]
+    pub server_pid: Vec<u32>,
     /// Measure W1 against this URL first (nginx answering 202) and report ratios to it.
     #[arg(long)]
     pub ceiling_url: Option<String>,
@@ -186,7 +192,7 @@ struct Plan {
     warmup: Duration,
     count: Option<u64>,
     create: bool,
-    server_pid: Option<u32>,
+    server_pid: Vec<u32>,
 }
 
 fn secs(v: f64, what: &str) -> Result<Duration, String> {
@@ -291,7 +297,7 @@ fn plan(a: &BenchArgs, w: Workload, rate: Option<f64>, suffix: bool) -> Plan {
         },
         count: a.count,
         create: !a.no_create,
-        server_pid: a.server_pid,
+        server_pid: a.server_pid.clone(),
     }
 }
 
@@ -301,10 +307,26 @@ fn target_of(a: &BenchArgs, url: &str) -> Result<Arc<Target>, String> {
     Ok(Arc::new(t))
 }
 
+/// Nodes a run spreads its connections over, at most.
+pub const URLS_MAX: usize = 64;
+
+/// The targets of a `--url` value: one URL, or a comma list of them.
+fn targets_of(a: &BenchArgs, urls: &str) -> Result<Vec<Arc<Target>>, String> {
+    let list: Vec<&str> = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    if list.is_empty() || list.len() > URLS_MAX {
+        return Err(format!("--url: 1..{URLS_MAX} URLs, comma separated"));
+    }
+    list.into_iter().map(|u| target_of(a, u)).collect()
+}
+
 /// Runs the workloads `args` selects and returns the figures without printing.
 pub fn run(args: &BenchArgs) -> Result<Report, String> {
     validate(args)?;
-    let target = target_of(args, args.url.as_deref().unwrap_or(DEFAULT_URL))?;
+    let targets = targets_of(args, args.url.as_deref().unwrap_or(DEFAULT_URL))?;
     let mut report = Report::default();
     let mut ceiling_rps = args.ceiling_rps;
     if let Some(url) = &args.ceiling_url {
@@ -314,8 +336,8 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         p.create = false;
         p.track = false;
         p.consumers = 0;
-        p.server_pid = args.ceiling_pid;
-        let r = run_plan(args, &ct, &p)?;
+        p.server_pid = args.ceiling_pid.into_iter().collect();
+        let r = run_plan(args, &[ct], &p)?;
         ceiling_rps = Some(r.produce_requests_per_s);
         report.ceiling = Some(r);
     }
@@ -347,7 +369,7 @@ pub fn run(args: &BenchArgs) -> Result<Report, String> {
         };
         for rate in rates {
             let p = plan(args, w, rate, all);
-            let mut r = run_plan(args, &target, &p)?;
+            let mut r = run_plan(args, &targets, &p)?;
             r.ratio_to_ceiling = ceiling_rps
                 .filter(|c| *c > 0.0)
                 .map(|c| r.headline_per_s() / c);
@@ -377,6 +399,36 @@ pub fn run_cli(args: BenchArgs) -> Result<Report, String> {
         ));
     }
     Ok(report)
+}
+
+/// How long a topic created through one node may take to be seen by the others.
+const TOPIC_VISIBLE_WAIT: Duration = Duration::from_secs(10);
+const TOPIC_VISIBLE_POLL: Duration = Duration::from_millis(20);
+
+/// Creates the topic through the first target and, when there are several, waits until every
+/// other one answers 200 for it (a node applies a metadata change shortly after the proposer
+/// answered), so that no produce meets a 404.
+fn create_topic_on(targets: &[Arc<Target>], topic: &str, partitions: u32) -> Result<(), String> {
+    create_topic(&targets[0], topic, partitions)?;
+    let path = format!("/v1/topics/{topic}");
+    for t in &targets[1..] {
+        let deadline = Instant::now() + TOPIC_VISIBLE_WAIT;
+        loop {
+            let last = match http::one_shot(t, "GET", &path, None, b"", Duration::from_secs(5)) {
+                Ok((200, _)) => break,
+                Ok((s, body)) => format!("{s} {}", String::from_utf8_lossy(&body).trim()),
+                Err(e) => e,
+            };
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "topic {topic} not seen by {} within {TOPIC_VISIBLE_WAIT:?}: {last}",
+                    t.host
+                ));
+            }
+            std::thread::sleep(TOPIC_VISIBLE_POLL);
+        }
+    }
+    Ok(())
 }
 
 fn create_topic(target: &Target, topic: &str, partitions: u32) -> Result<(), String> {
@@ -413,9 +465,16 @@ fn run_tag() -> u32 {
     (x ^ (x >> 31)) as u32
 }
 
-fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunReport, String> {
+/// CPU seconds and bytes written of each server process now.
+fn server_usage(pids: &[u32]) -> Vec<(Option<f64>, Option<u64>)> {
+    pids.iter()
+        .map(|&pid| (cpu::process_cpu_s(pid), cpu::process_write_bytes(pid)))
+        .collect()
+}
+
+fn run_plan(args: &BenchArgs, targets: &[Arc<Target>], p: &Plan) -> Result<RunReport, String> {
     if p.create {
-        create_topic(target, &p.topic, args.partitions)?;
+        create_topic_on(targets, &p.topic, args.partitions)?;
     }
     let run = run_tag();
     let budget = match (p.count, p.track) {
@@ -428,7 +487,8 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
     let threads = args.threads.clamp(1, THREADS_MAX);
     let drain = Duration::from_secs_f64(args.drain_timeout);
     let request_timeout = Duration::from_secs_f64(args.request_timeout);
-    let mut groups: Vec<Vec<Box<dyn Driver>>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut groups: Vec<Vec<(Arc<Target>, Box<dyn Driver>)>> =
+        (0..threads).map(|_| Vec::new()).collect();
     for i in 0..p.producers {
         let schedule = p.rate.map(|rate| {
             let req_per_s = rate / p.batch as f64;
@@ -443,46 +503,54 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
                 }
             }
         });
-        groups[i % threads].push(Box::new(Producer::new(ProducerConfig {
-            target: target.clone(),
-            shared: shared.clone(),
-            topic: p.topic.clone(),
-            batch: p.batch,
-            size: args.size,
-            encoding: args.payload_encoding,
-            run,
-            index: i as u32,
-            track: p.track,
-            schedule,
-            duration: p.duration,
-        })));
+        let target = targets[i % targets.len()].clone();
+        groups[i % threads].push((
+            target.clone(),
+            Box::new(Producer::new(ProducerConfig {
+                target,
+                shared: shared.clone(),
+                topic: p.topic.clone(),
+                batch: p.batch,
+                size: args.size,
+                encoding: args.payload_encoding,
+                run,
+                index: i as u32,
+                track: p.track,
+                schedule,
+                duration: p.duration,
+            })) as Box<dyn Driver>,
+        ));
     }
     for q in 0..p.consumers {
-        groups[(p.producers + q) % threads].push(Box::new(Consumer::new(ConsumerConfig {
-            target: target.clone(),
-            shared: shared.clone(),
-            topic: p.topic.clone(),
-            max: args.consume_max,
-            wait_ms: args.consume_wait_ms,
-            run,
-            after_producers: p.consumers_after_producers,
-            stop_after: p.duration + drain,
-            single: args.single_consume,
-        })));
+        let target = targets[(p.producers + q) % targets.len()].clone();
+        groups[(p.producers + q) % threads].push((
+            target.clone(),
+            Box::new(Consumer::new(ConsumerConfig {
+                target,
+                shared: shared.clone(),
+                topic: p.topic.clone(),
+                max: args.consume_max,
+                wait_ms: args.consume_wait_ms,
+                run,
+                after_producers: p.consumers_after_producers,
+                stop_after: p.duration + drain,
+                single: args.single_consume,
+            })),
+        ));
     }
     // Every thread connects, then all start at the same instant.
     let barrier = Arc::new(Barrier::new(threads + 1));
     let start_at: Arc<OnceLock<Instant>> = Arc::new(OnceLock::new());
     let mut handles = Vec::with_capacity(threads);
     for group in groups {
-        let (barrier, start_at, target) = (barrier.clone(), start_at.clone(), target.clone());
+        let (barrier, start_at) = (barrier.clone(), start_at.clone());
         let (duration, warmup) = (p.duration, p.warmup);
         handles.push(
             std::thread::Builder::new()
                 .name("bench".into())
                 .spawn(move || {
                     let mut synced = false;
-                    let r = engine::run_thread(&target, group, || {
+                    let r = engine::run_thread(group, || {
                         synced = true;
                         barrier.wait();
                         barrier.wait();
@@ -511,7 +579,7 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
     let measure_from = start + p.warmup;
     let measure_to = start + p.duration;
     std::thread::sleep(measure_from.saturating_duration_since(Instant::now()));
-    let (srv0, gen0) = (p.server_pid.and_then(cpu::process_cpu_s), cpu::self_cpu_s());
+    let (srv0, gen0) = (server_usage(&p.server_pid), cpu::self_cpu_s());
     let mut early = false;
     loop {
         let now = Instant::now();
@@ -524,7 +592,7 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
         }
         std::thread::sleep(Duration::from_millis(5).min(measure_to - now));
     }
-    let (srv1, gen1) = (p.server_pid.and_then(cpu::process_cpu_s), cpu::self_cpu_s());
+    let (srv1, gen1) = (server_usage(&p.server_pid), cpu::self_cpu_s());
     let produce_end = Instant::now();
     let mut stats = ThreadStats::default();
     let mut trackings: Vec<Tracking> = Vec::new();
@@ -565,7 +633,11 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
     let expected: [&[u16]; KINDS] = [&[202], &[200, 204], ack_ok];
     let mut r = RunReport {
         workload: p.name.clone(),
-        url: format!("http://{}", target.host),
+        url: targets
+            .iter()
+            .map(|t| format!("http://{}", t.host))
+            .collect::<Vec<_>>()
+            .join(","),
         topic: p.topic.clone(),
         producers: p.producers,
         consumers: p.consumers,
@@ -584,14 +656,21 @@ fn run_plan(args: &BenchArgs, target: &Arc<Target>, p: &Plan) -> Result<RunRepor
         consume_latency: (p.consumers > 0)
             .then(|| Latency::of(&stats.latency[Kind::Consume as usize])),
         ack_latency: (p.consumers > 0).then(|| Latency::of(&stats.latency[Kind::Ack as usize])),
-        server_cpu_s: srv0.zip(srv1).map(|(a, b)| b - a),
         generator_cpu_s: gen1 - gen0,
-        server_rss_mib: p
-            .server_pid
-            .and_then(cpu::process_rss_bytes)
-            .map(|b| b as f64 / f64::from(1 << 20)),
         ..RunReport::default()
     };
+    r.set_servers(
+        p.server_pid
+            .iter()
+            .zip(srv0.iter().zip(&srv1))
+            .map(|(&pid, ((c0, w0), (c1, w1)))| report::ServerUsage {
+                pid,
+                cpu_s: c0.zip(*c1).map(|(a, b)| b - a),
+                write_bytes: w0.zip(*w1).map(|(a, b)| b.saturating_sub(a)),
+                rss_mib: cpu::process_rss_bytes(pid).map(|b| b as f64 / f64::from(1 << 20)),
+            })
+            .collect(),
+    );
     for k in 0..KINDS {
         if stats.statuses[k].is_empty() {
             continue;
@@ -680,4 +759,56 @@ pub fn smoke(addr: SocketAddr) -> Result<SmokeReport, String> {
         out.runs.append(&mut r.runs);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_lists_become_targets_in_order() {
+        // Proves one URL gives one target as before, a comma list gives one per URL in order
+        // (spaces and a trailing comma tolerated), and an empty list is refused.
+        let a = BenchArgs::new("http://127.0.0.1:7942");
+        let one = targets_of(&a, "http://127.0.0.1:7942").unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].host, "127.0.0.1:7942");
+        let three = targets_of(
+            &a,
+            "http://127.0.0.1:1, http://127.0.0.1:2,http://127.0.0.1:3,",
+        )
+        .unwrap();
+        let hosts: Vec<&str> = three.iter().map(|t| t.host.as_str()).collect();
+        assert_eq!(hosts, ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        assert!(targets_of(&a, " , ").is_err());
+        assert!(targets_of(&a, "http://127.0.0.1:1,ftp://x").is_err());
+    }
+
+    #[test]
+    fn server_sums_need_every_process() {
+        // Proves the per-process figures sum over the processes given, bytes written are
+        // divided by the messages produced in the window, and an unreadable process makes the
+        // sum unknown rather than too small.
+        let mut r = RunReport {
+            produced: 1_000,
+            ..RunReport::default()
+        };
+        let u = |pid, cpu, write| ServerUsage {
+            pid,
+            cpu_s: cpu,
+            write_bytes: write,
+            rss_mib: Some(10.0),
+        };
+        r.set_servers(vec![
+            u(1, Some(1.0), Some(100_000)),
+            u(2, Some(2.5), Some(200_000)),
+        ]);
+        assert_eq!(r.server_cpu_s, Some(3.5));
+        assert_eq!(r.server_rss_mib, Some(20.0));
+        assert_eq!(r.server_write_bytes_per_msg, Some(300.0));
+        r.set_servers(vec![u(1, Some(1.0), None), u(2, None, Some(5))]);
+        assert_eq!(r.server_cpu_s, None);
+        assert_eq!(r.server_write_bytes_per_msg, None);
+        assert_eq!(r.servers.len(), 2);
+    }
 }

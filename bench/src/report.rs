@@ -191,17 +191,50 @@ pub struct RunReport {
     /// Failures: unexpected statuses as "<kind> <status>", and transport failures by cause.
     pub errors: BTreeMap<String, u64>,
     pub error_count: u64,
-    /// CPU seconds inside the window: the server's (with --server-pid) and the generator's.
+    /// CPU seconds inside the window: the server's (with --server-pid; the sum over the
+    /// processes given) and the generator's.
     pub server_cpu_s: Option<f64>,
     pub generator_cpu_s: f64,
-    /// Server resident memory at the end of the run, MiB (with --server-pid).
+    /// Server resident memory at the end of the run, MiB (with --server-pid; the sum).
     pub server_rss_mib: Option<f64>,
+    /// Each `--server-pid` process (one per node of a cluster), in the order given.
+    pub servers: Vec<ServerUsage>,
+    /// Bytes the server processes wrote to storage inside the window (summed), per message
+    /// produced inside it.
+    pub server_write_bytes_per_msg: Option<f64>,
     /// Headline rate divided by the ceiling's requests per second (same run).
     pub ratio_to_ceiling: Option<f64>,
     pub check: Option<Check>,
 }
 
+/// What one server process used inside the window.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ServerUsage {
+    pub pid: u32,
+    /// User + system CPU seconds.
+    pub cpu_s: Option<f64>,
+    /// Bytes written to storage (`write_bytes` of /proc/<pid>/io).
+    pub write_bytes: Option<u64>,
+    /// Resident memory at the end of the run, MiB.
+    pub rss_mib: Option<f64>,
+}
+
 impl RunReport {
+    /// Sets `servers` and the sums over them (`None` when a process could not be read).
+    pub fn set_servers(&mut self, servers: Vec<ServerUsage>) {
+        if !servers.is_empty() {
+            let cpu: Option<Vec<f64>> = servers.iter().map(|s| s.cpu_s).collect();
+            self.server_cpu_s = cpu.map(|v| v.iter().sum());
+            let rss: Option<Vec<f64>> = servers.iter().map(|s| s.rss_mib).collect();
+            self.server_rss_mib = rss.map(|v| v.iter().sum());
+            let written: Option<Vec<u64>> = servers.iter().map(|s| s.write_bytes).collect();
+            self.server_write_bytes_per_msg = written
+                .filter(|_| self.produced > 0)
+                .map(|v| v.iter().sum::<u64>() as f64 / self.produced as f64);
+        }
+        self.servers = servers;
+    }
+
     /// The figure a workload is judged by: acked/s for the full flow, produced/s otherwise.
     pub fn headline_per_s(&self) -> f64 {
         if self.consumers > 0 && self.workload.starts_with("W3") {
@@ -300,6 +333,28 @@ impl Report {
                     c.uncertain,
                     c.foreign,
                     c.drain_s
+                );
+            }
+            if let Some(b) = r.server_write_bytes_per_msg {
+                let each: Vec<String> = r
+                    .servers
+                    .iter()
+                    .map(|u| {
+                        format!(
+                            "pid {} cpu {} write {} rss {}",
+                            u.pid,
+                            u.cpu_s.map_or("-".into(), |c| format!("{c:.1}s")),
+                            u.write_bytes
+                                .map_or("-".into(), |w| format!("{:.1}MB", w as f64 / 1e6)),
+                            u.rss_mib.map_or("-".into(), |m| format!("{m:.0}MiB")),
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "{} servers: {}; written {b:.0} B/msg",
+                    r.workload,
+                    each.join("; ")
                 );
             }
             if !r.errors.is_empty() {

@@ -79,3 +79,28 @@ fn redeliveries_count_as_duplicates_not_loss() {
     assert!(c.duplicated >= 29, "duplicated {}", c.duplicated);
     assert_eq!(c.acked_unique, c.accepted);
 }
+
+#[test]
+fn connections_spread_round_robin_over_several_urls() {
+    // Proves a comma list of URLs spreads producer and consumer connections round-robin over
+    // the nodes (4 producers + 4 consumers over 3 nodes: 3, 3, 2), that the run waits until a
+    // topic created through the first node is seen by the others (which answer 404 for 300 ms
+    // here) instead of counting 404s, and that the check still finds every message acked.
+    let fake = Fake::start_nodes(
+        3,
+        Faults {
+            visible_after: Some(std::time::Duration::from_millis(300)),
+            ..Faults::default()
+        },
+    );
+    let mut a = w3_args(&fake, "spread");
+    a.url = Some(fake.urls());
+    a.drain_timeout = 10.0;
+    let rep = run(&a).expect("run");
+    let r = &rep.runs[0];
+    let c = r.check.clone().expect("check");
+    assert_eq!(r.error_count, 0, "{:?}", r.errors);
+    assert_eq!((c.accepted, c.lost, c.unexpected), (3_000, 0, 0));
+    assert_eq!(fake.accepted(), vec![3, 3, 2]);
+    assert_eq!(r.url, fake.urls());
+}

@@ -1,14 +1,16 @@
 //! An in-memory stand-in for the broker's message routes (API.md §10: topic create, produce,
 //! batch produce, single and batch consume, single and batch ack), with injectable faults, so
 //! the generator's bookkeeping can be tested without the real binary. Blocking, one thread per connection,
-//! loopback only; every connection thread ends when its client closes.
+//! loopback only; every connection thread ends when its client closes. `start_nodes` opens
+//! several listeners over one state, like the nodes of a cluster (any node serves any request),
+//! and counts the connections each one served messages on.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -24,10 +26,13 @@ pub struct Faults {
     pub drop_every: Option<u64>,
     /// Deliver every n-th delivered message a second time (a new lease, as after an expiry).
     pub redeliver_every: Option<u64>,
+    /// Nodes other than the first see a new topic only this long after it was created (404
+    /// until then), as a cluster node applies a metadata change after the proposer answered.
+    pub visible_after: Option<Duration>,
 }
 
-#[derive(Default)]
 struct Topic {
+    created: Instant,
     log: Vec<Vec<u8>>,
     next: usize,
     again: VecDeque<usize>,
@@ -44,52 +49,95 @@ struct State {
 }
 
 pub struct Fake {
+    /// The first node's address.
     pub addr: SocketAddr,
+    /// Every node's address.
+    pub addrs: Vec<SocketAddr>,
+    /// Connections each node served a produce, consume or ack on so far.
+    accepted: Vec<Arc<AtomicUsize>>,
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
 }
 
 impl Fake {
     pub fn start(faults: Faults) -> Fake {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-        let addr = l.local_addr().unwrap();
+        Fake::start_nodes(1, faults)
+    }
+
+    /// `nodes` listeners sharing one state.
+    pub fn start_nodes(nodes: usize, faults: Faults) -> Fake {
         let state = Arc::new(Mutex::new(State::default()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (st, sp) = (state.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            for s in l.incoming() {
-                if sp.load(Ordering::Relaxed) {
-                    break;
+        let mut addrs = Vec::new();
+        let mut accepted = Vec::new();
+        for node in 0..nodes {
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+            addrs.push(l.local_addr().unwrap());
+            let count = Arc::new(AtomicUsize::new(0));
+            accepted.push(count.clone());
+            let (st, sp) = (state.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let live = Arc::new(AtomicUsize::new(0));
+                for s in l.incoming() {
+                    if sp.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(s) = s else { continue };
+                    if live.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                        continue;
+                    }
+                    live.fetch_add(1, Ordering::Relaxed);
+                    let (st, live, count) = (st.clone(), live.clone(), count.clone());
+                    std::thread::spawn(move || {
+                        serve(s, &st, faults, node, &count);
+                        live.fetch_sub(1, Ordering::Relaxed);
+                    });
                 }
-                let Ok(s) = s else { continue };
-                if live.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
-                    continue;
-                }
-                live.fetch_add(1, Ordering::Relaxed);
-                let (st, live) = (st.clone(), live.clone());
-                std::thread::spawn(move || {
-                    serve(s, &st, faults);
-                    live.fetch_sub(1, Ordering::Relaxed);
-                });
-            }
-        });
-        Fake { addr, state, stop }
+            });
+        }
+        Fake {
+            addr: addrs[0],
+            addrs,
+            accepted,
+            state,
+            stop,
+        }
     }
 
     pub fn dropped(&self) -> u64 {
         self.state.lock().unwrap().dropped
+    }
+
+    /// Connections each node served a produce, consume or ack on so far (not the topic
+    /// creation and look-ups).
+    pub fn accepted(&self) -> Vec<usize> {
+        self.accepted
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// `http://a,http://b,...`: every node, for `--url`.
+    pub fn urls(&self) -> String {
+        self.addrs
+            .iter()
+            .map(|a| format!("http://{a}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 
 impl Drop for Fake {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        for a in &self.addrs {
+            let _ = TcpStream::connect_timeout(a, Duration::from_millis(200));
+        }
     }
 }
 
-fn serve(mut s: TcpStream, st: &Mutex<State>, faults: Faults) {
+fn serve(mut s: TcpStream, st: &Mutex<State>, faults: Faults, node: usize, count: &AtomicUsize) {
+    let mut counted = false;
     let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
     let _ = s.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::new();
@@ -129,7 +177,15 @@ fn serve(mut s: TcpStream, st: &Mutex<State>, faults: Faults) {
         };
         let body = buf[body_start..body_start + len].to_vec();
         buf.drain(..body_start + len);
-        let (status, resp) = handle(st, faults, &method, &path, &body);
+        if !counted
+            && ["/produce", "/consume", "/ack"]
+                .iter()
+                .any(|r| path.contains(r))
+        {
+            counted = true;
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        let (status, resp) = handle(st, faults, node, &method, &path, &body);
         let reason = match status {
             200 => "OK",
             201 => "Created",
@@ -176,6 +232,7 @@ struct Acks {
 fn handle(
     st: &Mutex<State>,
     faults: Faults,
+    node: usize,
     method: &str,
     path: &str,
     body: &[u8],
@@ -183,14 +240,40 @@ fn handle(
     let (route, query) = path.split_once('?').unwrap_or((path, ""));
     let parts: Vec<&str> = route.trim_matches('/').split('/').collect();
     let mut g = st.lock().unwrap();
+    if let (["v1", "topics", t, ..], Some(after)) = (parts.as_slice(), faults.visible_after) {
+        // Not yet applied on this node: as if the topic did not exist.
+        let unseen = g
+            .topics
+            .get(*t)
+            .is_some_and(|topic| node > 0 && topic.created.elapsed() < after);
+        if unseen {
+            return (404, "{\"error\":\"topic not found\"}".into());
+        }
+    }
     match (method, parts.as_slice()) {
+        ("GET", ["v1", "topics", t]) => match g.topics.get(*t) {
+            Some(topic) => (
+                200,
+                format!("{{\"name\":\"{t}\",\"messages\":{}}}", topic.log.len()),
+            ),
+            None => (404, "{\"error\":\"topic not found\"}".into()),
+        },
         ("POST", ["v1", "topics"]) => {
             let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
             let name = v["name"].as_str().unwrap_or("").to_string();
             if g.topics.contains_key(&name) {
                 return (409, "{\"error\":\"topic already exists\"}".into());
             }
-            g.topics.insert(name, Topic::default());
+            g.topics.insert(
+                name,
+                Topic {
+                    created: Instant::now(),
+                    log: Vec::new(),
+                    next: 0,
+                    again: VecDeque::new(),
+                    leases: HashSet::new(),
+                },
+            );
             (201, "{}".into())
         }
         ("POST", ["v1", "topics", t, "produce"]) => {
