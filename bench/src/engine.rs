@@ -107,6 +107,9 @@ pub trait Driver: Send {
     fn finish(self: Box<Self>) -> Tracking;
 }
 
+/// One connection of a run: the node it goes to and its workload logic.
+pub type Connection = (Arc<Target>, Box<dyn Driver>);
+
 /// Timing of one run, shared by every thread.
 #[derive(Clone, Copy, Debug)]
 pub struct Window {
@@ -279,7 +282,7 @@ impl Timer {
 /// they are all done or the hard deadline passes. `window_of` is called once every connection
 /// has been attempted, and must return the run's start.
 pub fn run_thread(
-    drivers: Vec<(Arc<Target>, Box<dyn Driver>)>,
+    drivers: Vec<Connection>,
     window_of: impl FnOnce() -> (Instant, Window),
 ) -> Result<(ThreadStats, Vec<Tracking>), String> {
     let ep = Epoll::new().map_err(|e| format!("epoll: {e}"))?;

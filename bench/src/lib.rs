@@ -28,7 +28,7 @@ pub mod http;
 pub mod report;
 pub mod workload;
 
-use engine::{Driver, Kind, ThreadStats, Tracking, Window, KINDS};
+use engine::{Connection, Driver, Kind, ThreadStats, Tracking, Window, KINDS};
 use http::Target;
 pub use report::{Check, Latency, Report, RunReport, ServerUsage};
 use workload::{
@@ -487,8 +487,7 @@ fn run_plan(args: &BenchArgs, targets: &[Arc<Target>], p: &Plan) -> Result<RunRe
     let threads = args.threads.clamp(1, THREADS_MAX);
     let drain = Duration::from_secs_f64(args.drain_timeout);
     let request_timeout = Duration::from_secs_f64(args.request_timeout);
-    let mut groups: Vec<Vec<(Arc<Target>, Box<dyn Driver>)>> =
-        (0..threads).map(|_| Vec::new()).collect();
+    let mut groups: Vec<Vec<Connection>> = (0..threads).map(|_| Vec::new()).collect();
     for i in 0..p.producers {
         let schedule = p.rate.map(|rate| {
             let req_per_s = rate / p.batch as f64;
