@@ -1,4 +1,4 @@
-# Helpers shared by bench/run.sh and bench/ab.sh (sourced, not run).
+# Helpers shared by bench/run.sh, bench/ab.sh and bench/cluster.sh (sourced, not run).
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -41,4 +41,26 @@ http {
   }
 }
 NGINX
+}
+
+wait_ready() { # port seconds: until GET /readyz answers 200
+  local i
+  for ((i = 0; i < $2 * 10; i++)); do
+    [ "$(curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:$1/readyz")" = 200 ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+stop_pids() { # pid...: SIGTERM, up to 10 s for them to exit, then SIGKILL
+  local p i
+  [ $# -gt 0 ] || return 0
+  kill "$@" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && break; p=""; done
+    [ -z "$p" ] && break
+    sleep 0.1
+  done
+  kill -9 "$@" 2>/dev/null || true
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
 }
