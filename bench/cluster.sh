@@ -16,7 +16,8 @@
 # Environment: DURATION (seconds per workload, default 5), RATE (W4 msg/s, default 5000),
 # PARTITIONS (per topic, default 12: a multiple of 3 nodes x 2 shards), NARAD_SHARDS (shards per
 # node, both setups; default one per CPU), OUT (directory for the per-run reports, default a new
-# temporary directory), BUILD=0 to use the binaries in target/release as they are.
+# temporary directory), BUILD=0 to use the binaries in target/release as they are, REPORT_ONLY=1
+# (with OUT and ROUNDS of an earlier run) to print that run's summary again.
 # Both setups run with security off (`server start --dev`); the cluster additionally with
 # NARAD_SECURITY_ALLOW_INSECURE_CLUSTER=true and no secret. Loopback only.
 set -euo pipefail
@@ -35,7 +36,8 @@ mkdir -p "$OUT"
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-if [ "${BUILD:-1}" != 0 ]; then
+REPORT_ONLY=${REPORT_ONLY:-0}
+if [ "$REPORT_ONLY" = 0 ] && [ "${BUILD:-1}" != 0 ]; then
   echo "== building release binaries"
   cargo build --release --bin narad
   cargo build --release -p narad-bench --bin loadgen
@@ -111,8 +113,9 @@ run_setup() { # label nodes round
   rm -rf "$WORK/$label$r"-n*
 }
 
-echo "== $ROUNDS rounds, $DURATION s per workload, W4 at $RATE msg/s, $PARTITIONS partitions; reports in $OUT"
-for ((r = 1; r <= ROUNDS; r++)); do
+[ "$REPORT_ONLY" = 0 ] &&
+  echo "== $ROUNDS rounds, $DURATION s per workload, W4 at $RATE msg/s, $PARTITIONS partitions; reports in $OUT"
+for ((r = 1; r <= ROUNDS && REPORT_ONLY == 0; r++)); do
   echo "== round $r of $ROUNDS"
   if ((r % 2)); then
     run_setup one 1 "$r"
@@ -165,6 +168,11 @@ for w in W:
         name = xs[0]['workload']
         print(f"{name:8} {s:6} {' '.join(k(v) for v in rates):>30} {k(m):>7} {ratio:>5} {p99:>6.2f}ms "
               f"{' '.join(f'{c:.2f}' for c in cores):>22} {us:>10.1f} {bpm:>6.0f} {lost:>5}{'?' if nochk else ''} {errs:>6}")
+for s in ('one', 'three'):
+    xs = res[(s, 'w4')]
+    if xs:
+        print(f"{xs[0]['workload']} {s:5} per round: p50 " + ' '.join(f"{x['latency']['p50_us'] / 1000:.2f}" for x in xs)
+              + ' ms, p99 ' + ' '.join(f"{x['latency']['p99_us'] / 1000:.2f}" for x in xs) + ' ms')
 print('msg/s: acked/s for W3, produced/s otherwise (window after warm-up); 3/1: median 3-node / median 1-node;')
 print('cores/node: CPU seconds / window per node; cpu us/msg: all nodes\' CPU per message produced; B/msg: bytes')
 print('written to storage by all nodes per message produced (window); lost: accepted never acked, all rounds')
