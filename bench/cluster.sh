@@ -15,7 +15,8 @@
 # Usage: bench/cluster.sh [ROUNDS]                  (default 3 rounds; ~3 min each at DURATION=5)
 # Environment: DURATION (seconds per workload, default 5), RATE (W4 msg/s, default 5000),
 # PARTITIONS (per topic, default 12: a multiple of 3 nodes x 2 shards), NARAD_SHARDS (shards per
-# node, both setups; default one per CPU), OUT (directory for the per-run reports, default a new
+# node, both setups; default one per CPU), CLUSTER_SHARDS (shards per node of the 3-node cluster
+# only, default NARAD_SHARDS), OUT (directory for the per-run reports, default a new
 # temporary directory), BUILD=0 to use the binaries in target/release as they are, REPORT_ONLY=1
 # (with OUT and ROUNDS of an earlier run) to print that run's summary again.
 # Both setups run with security off (`server start --dev`); the cluster additionally with
@@ -75,7 +76,8 @@ start_setup() { # name nodes: starts the nodes, fills PIDS and PORTS
         "$NARAD" server start --dev --port "$api" --data-dir "$WORK/$name-n$i" \
         >"$OUT/$name-n$i.log" 2>&1 &
     else
-      env -u NARAD_CLUSTER_SECRET NARAD_NODE_ID="n$i" NARAD_CLUSTER_PEERS="$peers" \
+      env -u NARAD_CLUSTER_SECRET ${CLUSTER_SHARDS:+NARAD_SHARDS=$CLUSTER_SHARDS} \
+        NARAD_NODE_ID="n$i" NARAD_CLUSTER_PEERS="$peers" \
         NARAD_CLUSTER_ADDR="127.0.0.1:${cports[$((i - 1))]}" \
         NARAD_SECURITY_ALLOW_INSECURE_CLUSTER=true \
         "$NARAD" server start --dev --port "$api" --data-dir "$WORK/$name-n$i" \
@@ -114,7 +116,7 @@ run_setup() { # label nodes round
 }
 
 [ "$REPORT_ONLY" = 0 ] &&
-  echo "== $ROUNDS rounds, $DURATION s per workload, W4 at $RATE msg/s, $PARTITIONS partitions; reports in $OUT"
+  echo "== $ROUNDS rounds, $DURATION s per workload, W4 at $RATE msg/s, $PARTITIONS partitions, shards per node: one ${NARAD_SHARDS:-default}, three ${CLUSTER_SHARDS:-${NARAD_SHARDS:-default}}; reports in $OUT"
 for ((r = 1; r <= ROUNDS && REPORT_ONLY == 0; r++)); do
   echo "== round $r of $ROUNDS"
   if ((r % 2)); then
