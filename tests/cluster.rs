@@ -396,6 +396,15 @@ fn members_are_listed_marked_dead_and_revived() {
     let r = a.get(&format!("/v1/topics/jobs/consume?partition={p3}"));
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(t.elapsed() < Duration::from_millis(500), "answered at once");
+    // Describe answers 200, partial, with a placeholder for the dead owner's partition.
+    let d = a.get("/v1/topics/jobs");
+    assert_eq!(d.status, 200, "{}", d.text());
+    let d = d.json();
+    assert_eq!(d["partial"], true, "{d}");
+    let ph = &d["partition_stats"][p3];
+    assert_eq!(ph["status"], "owner_unavailable", "{d}");
+    assert_eq!(ph["owner_liveness"], "dead", "{d}");
+    assert_eq!(ph["owner_node"], "n3", "{d}");
     // New topics are placed on the alive members only.
     let r = a.post("/v1/topics", r#"{"name":"later","partitions":4}"#);
     assert_eq!(r.status, 201, "{}", r.text());

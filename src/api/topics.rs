@@ -44,6 +44,9 @@ pub struct TopicView<'a> {
     schema: Option<&'a serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     partition_stats: Option<Vec<PartitionStatsView>>,
+    /// `true` when some partition entries are placeholders (API.md §6.3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partial: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -58,6 +61,9 @@ pub struct PartitionStatsView {
     oldest_segment_at: Option<u64>,
     owner_node: String,
     status: &'static str,
+    /// Only on a placeholder for an owner that could not report (`dead` or `unreachable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner_liveness: Option<&'static str>,
 }
 
 pub fn view(t: &TopicMeta) -> TopicView<'_> {
@@ -81,6 +87,7 @@ pub fn view(t: &TopicMeta) -> TopicView<'_> {
         schema_version: None,
         schema: None,
         partition_stats: None,
+        partial: None,
     }
 }
 
@@ -429,23 +436,47 @@ pub async fn describe(node: &Rc<Node>, req: &Request, name: &str) -> Response {
             partition: PartitionId(p),
         })
         .collect();
-    let stats = node.stats(&keys).await;
+    // Each owner asked once (2 s budget for another node's); an owner that could not report
+    // leaves a placeholder and marks the answer partial (API.md §6.3).
+    let stats = node.stats_by_owner(&keys).await;
     let node_id = node.config.node_id.clone();
     let mut v = view_with_schema(t);
+    if stats.iter().any(Option::is_none) {
+        v.partial = Some(true);
+    }
     v.partition_stats = Some(
         parts
             .iter()
             .zip(stats)
-            .map(|(&p, (s, _, _, _))| PartitionStatsView {
-                index: p,
-                segments: s.segments,
-                oldest_offset: s.oldest_offset.0,
-                next_offset: s.next_offset.0,
-                high_watermark: s.high_watermark.0,
-                size_bytes: s.size_bytes,
-                oldest_segment_at: s.oldest_segment_at.map(|m| m.0 / 1000),
-                owner_node: t.owner_of(p).unwrap_or(&node_id).to_string(),
-                status: "ok",
+            .map(|(&p, got)| {
+                let owner = t.owner_of(p).unwrap_or(&node_id).to_string();
+                let Some((s, _, _, _)) = got else {
+                    let dead = node.member_dead(narad_io::types::MemberId::of(&owner));
+                    return PartitionStatsView {
+                        index: p,
+                        segments: 0,
+                        oldest_offset: 0,
+                        next_offset: 0,
+                        high_watermark: 0,
+                        size_bytes: 0,
+                        oldest_segment_at: None,
+                        owner_node: owner,
+                        status: "owner_unavailable",
+                        owner_liveness: Some(if dead { "dead" } else { "unreachable" }),
+                    };
+                };
+                PartitionStatsView {
+                    index: p,
+                    segments: s.segments,
+                    oldest_offset: s.oldest_offset.0,
+                    next_offset: s.next_offset.0,
+                    high_watermark: s.high_watermark.0,
+                    size_bytes: s.size_bytes,
+                    oldest_segment_at: s.oldest_segment_at.map(|m| m.0 / 1000),
+                    owner_node: owner,
+                    status: "ok",
+                    owner_liveness: None,
+                }
             })
             .collect(),
     );

@@ -412,10 +412,7 @@ impl Node {
 
     /// [`Node::stats`] asked of each owner shard once, in input order; `None` for a partition
     /// whose owner did not answer.
-    pub(super) async fn stats_by_owner(
-        &self,
-        keys: &[PartitionKey],
-    ) -> Vec<Option<PartitionGauges>> {
+    pub async fn stats_by_owner(&self, keys: &[PartitionKey]) -> Vec<Option<PartitionGauges>> {
         let mut out: Vec<Option<PartitionGauges>> = vec![None; keys.len()];
         for g in group_by_owner(keys.iter().copied().enumerate(), |(_, k)| self.place(*k)) {
             let (positions, keys): (Vec<usize>, Vec<PartitionKey>) = g.items.into_iter().unzip();
