@@ -76,6 +76,23 @@ ACK_DURABLE_S = 1.5
 REPORT_LIST_MAX = 100
 PRINT_LIST_MAX = 5
 
+# Netns mode (N > 1, root): every node in its own network namespace, a veth pair per node to a
+# bridge in the root namespace, addresses from 10.77.X.0/24 (X picked free per run). Every name
+# the harness makes carries NETNS_PREFIX and its pid (`narh<pid>b` bridge, `narh<pid>v<k>` veth,
+# `narh-<pid>-n<k>` namespace), so leftovers of a killed run are found and removed at start.
+NETNS_PREFIX = "narh"
+NETNS_NET = "10.77"
+NFT_TABLE = "narad_harness"
+# Network commands (ip, nft) and installing nftables are bounded.
+NET_CMD_TIMEOUT_S = 20.0
+APT_TIMEOUT_S = 180.0
+# Default length of a one-node cut (--partition-s); splits and one-way drops hold half to three
+# quarters of it. The issue's long mode: 30 s.
+PARTITION_S_DEFAULT = 30.0
+PARTITION_SHAPES = ["isolate", "split", "oneway"]
+# During a cut, /readyz of every node is probed this often (the history shows who said ready).
+READYZ_PROBE_S = 1.0
+
 MAIN_TOPICS = ["h-orders", "h-events"]
 MAIN_PARTITIONS = 3
 FAULT_KINDS = ["kill", "pause", "startkill", "diskfull", "partition"]
@@ -125,6 +142,179 @@ def has_pdeathsig() -> bool:
     return "pdeathsig" in out.stdout + out.stderr
 
 
+def _run(argv: list[str], stdin: str | None = None, check: bool = True,
+         timeout: float = NET_CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip() or r.stdout.strip()}")
+    return r
+
+
+_NFT_TRIED: list[str | None] = []
+
+
+def ensure_nft() -> str | None:
+    """None when `nft` runs, else why not. Installs Debian's `nftables` (once, bounded) when the
+    command is missing."""
+    if shutil.which("nft"):
+        return None
+    if _NFT_TRIED:
+        return _NFT_TRIED[0]
+    why = None
+    if not shutil.which("apt-get"):
+        why = "nft (nftables) is not installed and there is no apt-get"
+    else:
+        print("harness: nft missing, installing nftables (apt-get, bounded)", flush=True)
+        try:
+            r = subprocess.run(["apt-get", "install", "-y", "nftables"], capture_output=True, text=True,
+                               timeout=APT_TIMEOUT_S, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            if r.returncode != 0 or not shutil.which("nft"):
+                why = f"apt-get install nftables failed: {(r.stderr or r.stdout).strip()[-200:]}"
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"apt-get install nftables failed: {e}"
+    _NFT_TRIED.append(why)
+    return why
+
+
+def netns_unavailable() -> str | None:
+    """Why nodes cannot run in network namespaces here, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces and nftables need root"
+    if not shutil.which("ip"):
+        return "ip (iproute2) is not installed"
+    why = ensure_nft()
+    if why:
+        return why
+    probe = f"{NETNS_PREFIX}-{os.getpid()}-probe"
+    try:
+        _run(["ip", "netns", "add", probe])
+        _run(["ip", "netns", "del", probe])
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return f"ip netns does not work here: {e}"
+    return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def clean_leftovers() -> list[str]:
+    """Deletes namespaces, veths and bridges a harness run left behind (its pid is gone).
+    Returns what it removed."""
+    import re
+    removed = []
+    me = os.getpid()
+    try:
+        out = _run(["ip", "netns", "list"], check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(rf"{NETNS_PREFIX}-(\d+)-\w+", name)
+        if m and int(m.group(1)) != me and not _pid_alive(int(m.group(1))):
+            _run(["ip", "netns", "del", name], check=False)
+            removed.append(name)
+    try:
+        out = _run(["ip", "-o", "link", "show"], check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for line in out.splitlines():
+        parts = line.split(":")
+        if len(parts) < 2:
+            continue
+        name = parts[1].strip().split("@")[0]
+        m = re.fullmatch(rf"{NETNS_PREFIX}(\d+)(b|v\d+)", name)
+        if m and int(m.group(1)) != me and not _pid_alive(int(m.group(1))):
+            _run(["ip", "link", "del", name], check=False)
+            removed.append(name)
+    return removed
+
+
+class Netns:
+    """One round's network: a bridge in the root namespace (the harness's side, address .254)
+    and, per node, a namespace with a veth pair to the bridge (node k at .k+1). Cuts are an
+    nftables table in the nodes' namespaces; `heal` deletes them, `teardown` deletes every
+    namespace, veth and the bridge."""
+
+    def __init__(self, n: int, tag: str):
+        self.pid = os.getpid()
+        self.bridge = f"{NETNS_PREFIX}{self.pid}b"
+        self.ns = [f"{NETNS_PREFIX}-{self.pid}-{tag}n{k + 1}" for k in range(n)]
+        self.veth = [f"{NETNS_PREFIX}{self.pid}v{k + 1}" for k in range(n)]
+        self.made_ns: list[str] = []
+        self.made_links: list[str] = []
+        self.net = self._free_net()
+        self.addrs = [f"{self.net}.{k + 1}" for k in range(n)]
+        self.host_addr = f"{self.net}.254"
+        # Namespaces that have a cut table now.
+        self.cut: set[int] = set()
+
+    @staticmethod
+    def _free_net() -> str:
+        used = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
+        start = os.getpid() % 250
+        for i in range(250):
+            x = (start + i) % 250
+            if f" {NETNS_NET}.{x}." not in used:
+                return f"{NETNS_NET}.{x}"
+        raise RuntimeError(f"no free {NETNS_NET}.X.0/24")
+
+    def build(self) -> None:
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        self.made_links.append(self.bridge)
+        _run(["ip", "addr", "add", f"{self.host_addr}/24", "dev", self.bridge])
+        _run(["ip", "link", "set", self.bridge, "up"])
+        for k, ns in enumerate(self.ns):
+            _run(["ip", "netns", "add", ns])
+            self.made_ns.append(ns)
+            _run(["ip", "link", "add", self.veth[k], "type", "veth", "peer", "name", "eth0", "netns", ns])
+            self.made_links.append(self.veth[k])
+            _run(["ip", "link", "set", self.veth[k], "master", self.bridge])
+            _run(["ip", "link", "set", self.veth[k], "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.addrs[k]}/24", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+
+    def drop(self, k: int, saddrs: list[str], daddrs: list[str]) -> None:
+        """In node k's namespace: drop packets arriving from `saddrs` and leaving to `daddrs`."""
+        rules = [f"table inet {NFT_TABLE} {{"]
+        rules.append("  chain input { type filter hook input priority -10; policy accept;")
+        if saddrs:
+            rules.append(f"    ip saddr {{ {', '.join(saddrs)} }} drop")
+        rules.append("  }")
+        rules.append("  chain output { type filter hook output priority -10; policy accept;")
+        if daddrs:
+            rules.append(f"    ip daddr {{ {', '.join(daddrs)} }} drop")
+        rules.append("  }")
+        rules.append("}")
+        _run(["ip", "netns", "exec", self.ns[k], "nft", "-f", "-"], stdin="\n".join(rules) + "\n")
+        self.cut.add(k)
+
+    def heal(self) -> None:
+        """Deletes every cut table (each namespace, not only the ones it knows: a failure halfway
+        through a cut must not leave a rule behind)."""
+        for k, ns in enumerate(self.ns):
+            if ns in self.made_ns:
+                _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", NFT_TABLE], check=False)
+        self.cut.clear()
+
+    def teardown(self) -> None:
+        for ns in list(self.made_ns):
+            _run(["ip", "netns", "del", ns], check=False)
+            self.made_ns.remove(ns)
+        for link in list(self.made_links):
+            # A veth goes with its namespace; the bridge (and any veth still here) goes now.
+            if os.path.exists(f"/sys/class/net/{link}"):
+                _run(["ip", "link", "del", link], check=False)
+            self.made_links.remove(link)
+
+
 class Node:
     def __init__(self, index: int, root: str, port: int):
         self.index = index
@@ -134,6 +324,9 @@ class Node:
         self.log_path = os.path.join(root, f"node-{index + 1}.log")
         self.port = port
         self.cluster_port = port + 1
+        # The address it listens on: loopback, or its namespace's address in netns mode.
+        self.host = "127.0.0.1"
+        self.netns: str | None = None
         self.proc: subprocess.Popen | None = None
         self.paused = False
         # Bumped on every spawn: clients reconnect when it changed.
@@ -163,15 +356,22 @@ class Cluster:
     """The N nodes of one round. Only the main thread spawns (the parent-death signal is tied to
     the thread that forked)."""
 
-    def __init__(self, binary: str, root: str, n: int, port_rng: random.Random, use_tmpfs: bool):
+    def __init__(self, binary: str, root: str, n: int, port_rng: random.Random, use_tmpfs: bool,
+                 netns: Netns | None = None):
         self.binary = binary
+        self.net = netns
         self.root = root
         self.secret = "harness-cluster-secret-" + str(port_rng.randrange(1 << 30))
         self.pdeathsig = has_pdeathsig()
         self.nodes: list[Node] = []
         for i in range(n):
             self.nodes.append(Node(i, root, free_port_pair(port_rng)))
+            if netns is not None:
+                self.nodes[i].host = netns.addrs[i]
+                self.nodes[i].netns = netns.ns[i]
         self.tmpfs_reason = None
+        # Why nodes share loopback when they could be cut off (None in netns mode).
+        self.netns_reason: str | None = None
         for node in self.nodes:
             os.makedirs(node.dir, exist_ok=True)
         if use_tmpfs:
@@ -207,12 +407,15 @@ class Cluster:
             self.binary,
             "serve",
             "--addr",
-            f"127.0.0.1:{node.port}",
+            f"{node.host}:{node.port}",
             "--data-dir",
             node.data_dir,
         ]
         if self.pdeathsig:
             argv = ["setpriv", "--pdeathsig", "KILL", "--"] + argv
+        if node.netns:
+            # `ip netns exec` and setpriv exec in place: the pid stays the broker's.
+            argv = ["ip", "netns", "exec", node.netns] + argv
         env = dict(os.environ)
         env.update(
             {
@@ -220,14 +423,19 @@ class Cluster:
                 "NARAD_SHARDS": env.get("NARAD_SHARDS", "2"),
                 "NARAD_LOG_LEVEL": env.get("NARAD_LOG_LEVEL", "warn"),
                 "NARAD_NODE_ID": node.id,
-                "NARAD_CLUSTER_ADDR": f"127.0.0.1:{node.cluster_port}",
+                "NARAD_CLUSTER_ADDR": f"{node.host}:{node.cluster_port}",
             }
         )
         if len(self.nodes) > 1:
             env["NARAD_CLUSTER_PEERS"] = ",".join(
-                f"{m.id}@127.0.0.1:{m.cluster_port}" for m in self.nodes
+                f"{m.id}@{m.host}:{m.cluster_port}" for m in self.nodes
             )
             env["NARAD_CLUSTER_SECRET"] = self.secret
+            if self.net is not None:
+                # A plaintext cluster port off loopback: refused with security on
+                # (config.rs validate_cluster); said explicitly so it stays allowed if the
+                # harness ever turns security on.
+                env["NARAD_SECURITY_ALLOW_PLAINTEXT_RAFT"] = "true"
         return argv, env
 
     def spawn(self, node: Node) -> None:
@@ -258,7 +466,7 @@ class Cluster:
                 code = node.proc.returncode if node.proc else None
                 return f"{node.id} exited during start-up (status {code}): {last_line(node.log_path)}"
             try:
-                c = http.client.HTTPConnection("127.0.0.1", node.port, timeout=2)
+                c = http.client.HTTPConnection(node.host, node.port, timeout=2)
                 c.request("GET", "/readyz")
                 r = c.getresponse()
                 r.read()
@@ -300,6 +508,9 @@ class Cluster:
             if node.tmpfs:
                 subprocess.run(["umount", "--lazy", node.dir], capture_output=True, timeout=30)
                 node.tmpfs = False
+        if self.net is not None:
+            self.net.heal()
+            self.net.teardown()
 
     def remove_ballast(self, node: Node) -> None:
         if node.ballast:
@@ -379,7 +590,7 @@ class Client:
         cur = self.conns.get(i)
         if cur is None or cur[0] != node.generation:
             self.drop(i)
-            cur = (node.generation, http.client.HTTPConnection("127.0.0.1", node.port, timeout=timeout))
+            cur = (node.generation, http.client.HTTPConnection(node.host, node.port, timeout=timeout))
             self.conns[i] = cur
         conn = cur[1]
         conn.timeout = timeout
@@ -591,8 +802,12 @@ def worker_topics(ctx: Ctx) -> None:
 # --- Faults ----------------------------------------------------------------------------------
 
 
-def make_schedule(rng: random.Random, duration: float, n: int, kinds: list[str]) -> list[dict]:
-    """The round's faults, decided entirely by `rng`: planned start, kind, node, parameters."""
+def make_schedule(rng: random.Random, duration: float, n: int, kinds: list[str],
+                  partition_s: float = PARTITION_S_DEFAULT,
+                  shapes: list[str] | None = None) -> list[dict]:
+    """The round's faults, decided entirely by `rng`: planned start, kind, node, parameters.
+    A partition draws as many numbers from `rng` as it always did (a shape, one float that
+    seeds its own generator), so adding its parameters left the other faults of a seed alone."""
     out: list[dict] = []
     if not kinds:
         return out
@@ -611,8 +826,21 @@ def make_schedule(rng: random.Random, duration: float, n: int, kinds: list[str])
         elif kind == "diskfull":
             f["hold_s"] = round(rng.uniform(1.0, 4.0), 3)
         elif kind == "partition":
-            f["shape"] = rng.choice(["isolate", "split", "oneway"])
-            f["hold_s"] = round(rng.uniform(1.0, 5.0), 3)
+            f["shape"] = rng.choice(shapes or PARTITION_SHAPES)
+            sub = random.Random(rng.random())
+            if f["shape"] == "isolate":
+                # f["node"] is cut off from every other node, both directions.
+                f["hold_s"] = round(partition_s * sub.uniform(1.0, 1.25), 3)
+            elif f["shape"] == "split":
+                # A minority (f["node"] and up to (n-1)//2 - 1 more) against the majority.
+                others = [i for i in range(n) if i != f["node"]]
+                f["minority"] = sorted([f["node"]] + sub.sample(others, max(0, (n - 1) // 2 - 1)))
+                f["hold_s"] = round(partition_s * sub.uniform(0.5, 0.75), 3)
+            else:
+                # One direction only: packets from f["node"] to the others ("out"), or from the
+                # others to it ("in"), are dropped.
+                f["direction"] = sub.choice(["out", "in"])
+                f["hold_s"] = round(partition_s * sub.uniform(0.5, 0.75), 3)
         out.append(f)
         t += rng.uniform(2.0, 5.0)
     return out
@@ -622,27 +850,75 @@ def partition_unavailable(cluster: Cluster) -> str | None:
     """Why network partitions cannot run here, or None when they can."""
     if len(cluster.nodes) < 2:
         return "one node has no peer to be cut off from"
-    if os.geteuid() != 0:
-        return "nftables and network namespaces need root"
-    if not shutil.which("nft"):
-        return "nft (nftables) is not installed"
-    if not shutil.which("ip"):
-        return "ip (iproute2) is not installed"
-    return "nodes run on shared loopback; the per-node network namespaces are not built yet"
+    if cluster.net is None:
+        return cluster.netns_reason or "nodes run on shared loopback (--netns off)"
+    return None
+
+
+def partition_sides(f: dict, n: int) -> dict[int, str]:
+    """Each node's side of a partition: "cut" (the isolated or one-way node, or the minority)
+    or "rest"."""
+    if f["shape"] == "split":
+        cut = set(f.get("minority", [f["node"]]))
+    else:
+        cut = {f["node"]}
+    return {i: ("cut" if i in cut else "rest") for i in range(n)}
+
+
+def cut_network(net: Netns, f: dict, n: int) -> None:
+    """Installs the nftables drops of partition `f`. Two-way cuts drop on both sides; a
+    one-way drop only on the sending side."""
+    sides = partition_sides(f, n)
+    cut = [i for i in range(n) if sides[i] == "cut"]
+    rest = [i for i in range(n) if sides[i] == "rest"]
+    a = net.addrs
+    if f["shape"] in ("isolate", "split"):
+        for i in cut:
+            net.drop(i, [a[j] for j in rest], [a[j] for j in rest])
+        for j in rest:
+            net.drop(j, [a[i] for i in cut], [a[i] for i in cut])
+    elif f.get("direction", "out") == "out":
+        for i in cut:
+            net.drop(i, [], [a[j] for j in rest])
+    else:
+        for j in rest:
+            net.drop(j, [], [a[i] for i in cut])
+
+
+def probe_readyz(ctx: Ctx, cl: Client, until: float) -> None:
+    """Until `until` (monotonic), asks every node's /readyz every READYZ_PROBE_S and records it
+    (op "readyz"): the history shows which side of a cut called itself ready."""
+    while now_mono() < until and not ctx.stop.is_set():
+        nxt = now_mono() + READYZ_PROBE_S
+        for i in range(ctx.n()):
+            t0 = ctx.hist.t()
+            st, data, err = cl.call(i, "GET", "/readyz", timeout=2.0)
+            _record(ctx, t0, i, "readyz", "", st, err, data)
+        time.sleep(max(0.0, min(nxt, until) - now_mono()))
 
 
 def fault_partition(ctx: Ctx, f: dict) -> str | None:
-    """Hook for network partitions (issue 32): one node cut off, majority/minority split,
-    one-way drops. The plan once nodes run in their own namespaces: `ip netns add narad-hN`,
-    a veth pair per node to a bridge in the harness's namespace, each node on its namespace's
-    address; a cut is an nftables table in the cut node's namespace (`nft add rule inet
-    harness input ip saddr <peer> drop`, and output for two-way), healed by deleting the
-    table. Returns why it was skipped; raises NotImplementedError once everything it needs is
-    there, so the missing code cannot pass silently."""
+    """A network partition (issue 32) between the nodes' namespaces, for f["hold_s"]: one node
+    cut off both ways ("isolate"), a minority/majority split, or a one-way drop. The harness
+    (the workload's side, on the bridge) keeps reaching every node, so the history shows what
+    each side answered. Healed (the tables deleted) before it returns, also on an error.
+    Returns why it was skipped, or None."""
     why = partition_unavailable(ctx.cluster)
     if why:
         return why
-    raise NotImplementedError("network partitions: per-node network namespaces not built yet")
+    net = ctx.cluster.net
+    h = ctx.hist
+    sides = partition_sides(f, ctx.n())
+    base = {"type": "fault", "kind": "partition", "node": f["node"], "shape": f["shape"]}
+    try:
+        cut_network(net, f, ctx.n())
+        h.add({**base, "t": h.t(), "what": "cut", "direction": f.get("direction"),
+               "sides": {f"n{i + 1}": s for i, s in sides.items()}})
+        probe_readyz(ctx, Client(ctx.cluster), now_mono() + f["hold_s"])
+    finally:
+        net.heal()
+        h.add({**base, "t": h.t(), "what": "healed"})
+    return None
 
 
 def diskfull_unavailable(cluster: Cluster) -> str | None:
@@ -869,6 +1145,48 @@ def check(events: list[dict], n_nodes: int) -> dict:
                             "to_next_202_s": None if any_ is None else round(any_, 3),
                             "to_next_202_same_node_s": None if same is None else round(same, 3)})
 
+    # Availability per side of each partition: produces 202 / consumes 200 or 204 / readyz 200
+    # among the requests that began while the cut was in place.
+    cuts = []
+    open_cut = None
+    for f in faults:
+        if f.get("kind") != "partition":
+            continue
+        if f.get("what") == "cut":
+            open_cut = f
+        elif f.get("what") == "healed" and open_cut is not None:
+            cuts.append((open_cut, f["t"]))
+            open_cut = None
+    part_avail = []
+    side_tot: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for c, t_end in cuts:
+        sides = c.get("sides", {})
+        per_node = {}
+        for e in ops:
+            if not c["t"] <= e["t0"] < t_end:
+                continue
+            name = f"n{e['node'] + 1}"
+            if e["op"] in ("produce", "produce_batch"):
+                kind, ok = "produce", e["status"] == 202
+            elif e["op"] == "consume":
+                kind, ok = "consume", e["status"] in (200, 204)
+            elif e["op"] == "readyz":
+                kind, ok = "ready", e["status"] == 200
+            else:
+                continue
+            cnt = per_node.setdefault(name, collections.Counter())
+            cnt[f"{kind}_total"] += 1
+            cnt[f"{kind}_ok"] += int(ok)
+        nodes_out = []
+        for name in sorted(per_node, key=lambda x: int(x[1:])):
+            side = sides.get(name, "?")
+            nodes_out.append({"node": name, "side": side, **dict(per_node[name])})
+            side_tot[side].update(per_node[name])
+        part_avail.append({"shape": c.get("shape"), "node": f"n{c['node'] + 1}",
+                           "direction": c.get("direction"), "from": c["t"], "to": t_end,
+                           "held_s": round(t_end - c["t"], 2), "nodes": nodes_out})
+    side_avail = {side: dict(cnt) for side, cnt in sorted(side_tot.items())}
+
     # Metadata: the last definite answer per scratch topic against what every node shows.
     expect: dict[str, str | None] = {}
     for e in ops:
@@ -899,7 +1217,9 @@ def check(events: list[dict], n_nodes: int) -> dict:
         if seen != want:
             meta_bad.append({"node": f"n{e['node'] + 1}", "topic": e["topic"], "want": want, "seen": seen})
 
-    by_kind = collections.Counter(f["kind"] for f in faults if f.get("what") in ("kill", "stop", "fill") and not f.get("during_startup"))
+    by_kind = collections.Counter(
+        (f"partition-{f.get('shape')}" if f["kind"] == "partition" else f["kind"])
+        for f in faults if f.get("what") in ("kill", "stop", "fill", "cut") and not f.get("during_startup"))
     skipped = sorted({f"{f['kind']}: {f['reason']}" for f in faults if f.get("what") == "skipped"})
     exits = [{"node": f"n{f['node'] + 1}", "t": f["t"], "returncode": f["returncode"]}
              for f in faults if f.get("what") == "exited"]
@@ -925,6 +1245,8 @@ def check(events: list[dict], n_nodes: int) -> dict:
         "metadata_bad_list": meta_bad[:REPORT_LIST_MAX],
         "availability": avail,
         "kill_to_202": kill_to_202,
+        "partition_availability": part_avail[:REPORT_LIST_MAX],
+        "partition_side_availability": side_avail,
         "faults_run": dict(sorted(by_kind.items())),
         "node_exits": len(exits),
         "node_exit_list": exits[:REPORT_LIST_MAX],
@@ -971,6 +1293,8 @@ def heal(ctx: Ctx) -> str | None:
     cl = ctx.cluster
     h = ctx.hist
     note_exits(ctx)
+    if cl.net is not None:
+        cl.net.heal()
     for node in cl.nodes:
         base = {"type": "fault", "kind": "heal", "node": node.index}
         if node.paused and node.alive():
@@ -1037,8 +1361,19 @@ def run_round(args, r: int) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     kinds = [k for k in args.faults if k]
-    schedule = make_schedule(rng, args.duration, args.nodes, kinds)
-    cluster = Cluster(args.binary, root, args.nodes, random.Random(), "diskfull" in kinds)
+    schedule = make_schedule(rng, args.duration, args.nodes, kinds, args.partition_s,
+                             args.partition_shapes)
+    net = None
+    if args.netns_use:
+        net = Netns(args.nodes, f"r{r}")
+        try:
+            net.build()
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            net.teardown()
+            return {"round": r, "seed": seed, "dir": root, "schedule": schedule,
+                    "error": f"could not build the network namespaces: {e}", "run_s": 0.0}
+    cluster = Cluster(args.binary, root, args.nodes, random.Random(), "diskfull" in kinds, net)
+    cluster.netns_reason = args.netns_reason
     _LIVE.append(cluster)
     hist = History(os.path.join(root, "history.jsonl"))
     ctx = Ctx(cluster, hist, r, seed)
@@ -1048,7 +1383,9 @@ def run_round(args, r: int) -> dict:
     try:
         hist.phase = "setup"
         hist.add({"type": "phase", "t": hist.t(), "name": "setup", "seed": seed, "nodes": args.nodes,
-                  "schedule": schedule})
+                  "schedule": schedule,
+                  "netns": None if net is None else {"namespaces": net.ns, "addrs": net.addrs,
+                                                     "bridge": net.bridge, "host": net.host_addr}})
         for node in cluster.nodes:
             cluster.spawn(node)
         for node in cluster.nodes:
@@ -1141,6 +1478,8 @@ COLUMNS = [
     ("cons%", lambda r: _pct(sum(a["consume_ok"] for a in r.get("availability", [])),
                              sum(a["consume_total"] for a in r.get("availability", [])))),
     ("kill->202", lambda r: _max_s([k["to_next_202_s"] for k in r.get("kill_to_202", [])])),
+    ("cut p/c/r%", lambda r: _side(r, "cut")),
+    ("rest p/c/r%", lambda r: _side(r, "rest")),
     ("secs", lambda r: str(r.get("run_s", "-"))),
     ("result", lambda r: r["result"]),
 ]
@@ -1148,6 +1487,15 @@ COLUMNS = [
 
 def _pct(a, b):
     return f"{100.0 * a / b:.1f}" if b else "-"
+
+
+def _side(r, side):
+    """Produce / consume / readyz success shares of one side of the round's partitions."""
+    a = r.get("partition_side_availability", {}).get(side)
+    if not a:
+        return "-"
+    return "/".join(_pct(a.get(f"{k}_ok", 0), a.get(f"{k}_total", 0)).split(".")[0]
+                    for k in ("produce", "consume", "ready"))
 
 
 def _max_s(xs):
@@ -1178,6 +1526,13 @@ def main(argv=None) -> int:
     ap.add_argument("--report", default=None, help="write the JSON report here")
     ap.add_argument("--faults", default="kill,pause,startkill,diskfull,partition",
                     help=f"comma-separated subset of {','.join(FAULT_KINDS)}, or 'none'")
+    ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto",
+                    help="nodes in their own network namespaces: auto = with more than one node, "
+                         "partition among the faults, and root (else loopback, the reason printed)")
+    ap.add_argument("--partition-s", type=float, default=PARTITION_S_DEFAULT,
+                    help="length of a one-node cut (splits and one-way drops: half to 3/4 of it)")
+    ap.add_argument("--partition-shapes", default=",".join(PARTITION_SHAPES),
+                    help=f"the partition shapes drawn from: subset of {','.join(PARTITION_SHAPES)}")
     ap.add_argument("--keep", action="store_true", help="keep data directories of passing rounds")
     ap.add_argument("--strict", action="store_true",
                     help="also fail on acks redelivered outside the crash seam and on nodes that exited")
@@ -1194,7 +1549,11 @@ def main(argv=None) -> int:
         return 1 if verdict(res, args.strict) else 0
 
     args.faults = [] if args.faults in ("", "none") else args.faults.split(",")
+    args.partition_shapes = [x for x in args.partition_shapes.split(",") if x]
     bad_kind = [k for k in args.faults if k not in FAULT_KINDS]
+    bad_kind += [x for x in args.partition_shapes if x not in PARTITION_SHAPES]
+    if not args.partition_shapes or not 0.5 <= args.partition_s <= DURATION_S_MAX:
+        bad_kind.append("partition-shapes/partition-s")
     if bad_kind or not 1 <= args.rounds <= ROUNDS_MAX or not 1 <= args.nodes <= NODES_MAX \
             or not 1.0 <= args.duration <= DURATION_S_MAX:
         print(f"harness: bad arguments (faults {bad_kind}, rounds 1..{ROUNDS_MAX}, "
@@ -1215,8 +1574,26 @@ def main(argv=None) -> int:
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _on_signal)
 
+    args.netns_use = False
+    args.netns_reason = None
+    if args.nodes > 1 and args.netns != "off" and (args.netns == "on" or "partition" in args.faults):
+        args.netns_reason = netns_unavailable()
+        if args.netns_reason is None:
+            args.netns_use = True
+            gone = clean_leftovers()
+            if gone:
+                print(f"harness: removed leftovers of an earlier run: {', '.join(gone)}")
+        elif args.netns == "on":
+            print(f"harness: --netns on, but {args.netns_reason}", file=sys.stderr)
+            return 2
+        else:
+            print(f"harness: nodes on loopback, partitions skipped: {args.netns_reason}")
+    elif args.nodes > 1 and args.netns == "off":
+        args.netns_reason = "nodes run on shared loopback (--netns off)"
+
     print(f"narad fault harness: rounds={args.rounds} seed={args.seed} duration={args.duration}s "
-          f"nodes={args.nodes} faults={','.join(args.faults) or 'none'} workdir={args.workdir}")
+          f"nodes={args.nodes} faults={','.join(args.faults) or 'none'} "
+          f"netns={'on' if args.netns_use else 'off'} partition_s={args.partition_s} workdir={args.workdir}")
     print(f"binary {args.binary}")
     rows = []
     code = 0
@@ -1285,6 +1662,8 @@ def main(argv=None) -> int:
         report = {
             "config": {"rounds": args.rounds, "seed": args.seed, "duration_s": args.duration,
                        "nodes": args.nodes, "faults": args.faults, "strict": args.strict,
+                       "netns": args.netns_use, "partition_s": args.partition_s,
+                       "partition_shapes": args.partition_shapes,
                        "binary": args.binary,
                        "workdir": args.workdir},
             "rounds": rows,
