@@ -1189,17 +1189,20 @@ def check(events: list[dict], n_nodes: int) -> dict:
 
     # Metadata: the last definite answer per scratch topic against what every node shows.
     expect: dict[str, str | None] = {}
+    decided_by: dict[str, dict] = {}
     for e in ops:
         if e["error"] == "refused":
             continue  # never reached the node: changes nothing
         if e["op"] == "topic_create":
             if e["status"] == 201 or (e["status"] == 409 and "already exists" in (e.get("body") or "")):
                 expect[e["topic"]] = "present"
+                decided_by[e["topic"]] = e
             elif e["status"] in (None, 500, 502, 503):
                 expect[e["topic"]] = None  # ambiguous: either outcome is correct
         elif e["op"] == "topic_delete":
             if e["status"] in (204, 404):
                 expect[e["topic"]] = "absent"
+                decided_by[e["topic"]] = e
             elif e["status"] in (None, 500, 502, 503):
                 expect[e["topic"]] = None
     for t in MAIN_TOPICS:
@@ -1215,7 +1218,16 @@ def check(events: list[dict], n_nodes: int) -> dict:
         meta_checked += 1
         seen = {200: "present", 404: "absent"}.get(e["status"], f"status {e['status']}")
         if seen != want:
-            meta_bad.append({"node": f"n{e['node'] + 1}", "topic": e["topic"], "want": want, "seen": seen})
+            bad = {"node": f"n{e['node'] + 1}", "topic": e["topic"], "want": want, "seen": seen}
+            d = decided_by.get(e["topic"])
+            if d is not None:
+                # The answer the expectation rests on, and whether its node was on the cut side
+                # of a partition then (a stale answer from a node that cannot reach the leader).
+                side = next((c.get("sides", {}).get(f"n{d['node'] + 1}") for c, t_end in cuts
+                             if c["t"] <= d["t0"] < t_end), None)
+                bad["decided_by"] = {"op": d["op"], "node": f"n{d['node'] + 1}", "t0": d["t0"],
+                                     "status": d["status"], "partition_side": side}
+            meta_bad.append(bad)
 
     by_kind = collections.Counter(
         (f"partition-{f.get('shape')}" if f["kind"] == "partition" else f["kind"])
