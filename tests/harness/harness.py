@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Narad fault harness: seeded faults, a history, and a checker that can fail (issue 32).
 
-Each round starts N fresh `narad serve` processes on loopback, runs a workload (producers,
-consumers that ack, nack or let leases lapse, pinned consumers, topic churn) while one seeded
-schedule injects faults (kill -9 and restart, SIGSTOP/SIGCONT, a kill during start-up, a full
-data disk; network partitions are a hook until the cluster exists), then heals every node,
-drains every topic and checks the recorded history: nothing answered 202 may be missing,
-nothing may be delivered that was never produced, no two messages may share an offset, and
-every acknowledged topic change must be visible on every node.
+Each round starts N fresh `narad serve` processes (on loopback, or each in its own network
+namespace), runs a workload (producers, consumers that ack, nack or let leases lapse, pinned
+consumers, topic churn) while one seeded schedule injects faults (kill -9 and restart,
+SIGSTOP/SIGCONT, a kill during start-up, a full data disk, and with N > 1 as root network
+partitions: each node in its own network namespace, nftables cuts between them), then heals
+every node, drains every topic and checks the recorded history: nothing answered 202 may be
+missing, nothing may be delivered that was never produced, no two messages may share an offset,
+and every acknowledged topic change must be visible on every node.
 
 `random.Random(seed)` decides the whole fault schedule of a round (kinds, nodes, order, planned
 times, durations) and the workload's choices, so the same seed replays the same schedule;
@@ -397,7 +398,8 @@ class Cluster:
         return None
 
     def node_command(self, node: Node) -> tuple[list[str], dict[str, str]]:
-        """How a node starts: the one place to change when cluster mode (issue 31) lands.
+        """How a node starts: the one place that builds a node's command (in netns mode wrapped in
+        `ip netns exec <its namespace>`, listening on the namespace's address).
 
         Security is off (no credentials in the harness), 2 shards so single produces cross
         shards through transit. With N > 1 the cluster variables are set as README.md's 3-node
@@ -502,15 +504,19 @@ class Cluster:
         self.kill9(node)
 
     def stop_all(self) -> None:
-        for node in self.nodes:
-            self.stop(node)
-            self.remove_ballast(node)
-            if node.tmpfs:
-                subprocess.run(["umount", "--lazy", node.dir], capture_output=True, timeout=30)
-                node.tmpfs = False
-        if self.net is not None:
-            self.net.heal()
-            self.net.teardown()
+        try:
+            for node in self.nodes:
+                self.stop(node)
+                self.remove_ballast(node)
+                if node.tmpfs:
+                    subprocess.run(["umount", "--lazy", node.dir], capture_output=True, timeout=30)
+                    node.tmpfs = False
+        finally:
+            # The namespaces go even when stopping a node failed (their processes die with the
+            # harness by the parent-death signal; a namespace outlives only a bind mount).
+            if self.net is not None:
+                self.net.heal()
+                self.net.teardown()
 
     def remove_ballast(self, node: Node) -> None:
         if node.ballast:
