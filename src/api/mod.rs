@@ -568,8 +568,17 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
     // moment ago: catch up with the leader once before answering as if it did not exist.
     if !t.is_empty() && !node.config.peers.is_empty() {
         let meta = node.meta();
-        if meta.topic(t).is_none() && meta.user(t).is_none() {
-            node.catch_up_meta().await;
+        if meta.topic(t).is_none()
+            && meta.user(t).is_none()
+            && !node.catch_up_meta().await
+            && is_state_changing(req.method.as_str())
+            && r != Route::Produce
+            && r != Route::ProduceBatch
+        {
+            // A change naming something this replica does not know, with no leader in reach to
+            // say whether it exists: the change could not be made anyway (CLUSTER.md §3).
+            return error(503, "control plane temporarily unavailable")
+                .with_header("Retry-After", "1");
         }
     }
     // Per-identity caps (step 6), held until the answer is ready (a long-poll's whole wait).

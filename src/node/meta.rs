@@ -128,10 +128,11 @@ impl Node {
     /// A cluster node's read barrier, for a name this shard's metadata does not know (a topic or
     /// user created through another node a moment ago: reads are local, CLUSTER.md §3): catches
     /// this node's replica up with the leader and waits until this shard installed that state.
-    /// At most one second; a node that is its whole cluster returns at once.
-    pub async fn catch_up_meta(self: &Rc<Self>) {
+    /// At most one second; a node that is its whole cluster returns at once. False when the
+    /// leader could not be reached (this replica may be stale: a cut-off node).
+    pub async fn catch_up_meta(self: &Rc<Self>) -> bool {
         if self.config.peers.is_empty() {
-            return;
+            return true;
         }
         let index = if self.shard.0 == 0 {
             self.catch_up_here().await
@@ -148,11 +149,12 @@ impl Node {
                 Err(_) => None,
             }
         };
-        let Some(index) = index else { return };
+        let Some(index) = index else { return false };
         let t0 = std::time::Instant::now();
         while self.meta().applied_index < index && t0.elapsed() < CATCH_UP_WAIT {
             rt::sleep(Duration::from_millis(2)).await;
         }
+        self.meta().applied_index >= index
     }
 
     /// Shard 0: [`Node::catch_up_meta`]'s Raft part, then the push to every shard.

@@ -72,6 +72,8 @@ struct Conn {
     pending: RefCell<HashMap<u64, Waiter>>,
     /// The peer's node id, from the handshake.
     peer_id: String,
+    /// When a frame last arrived on this connection.
+    last_heard: Cell<Instant>,
 }
 
 impl Conn {
@@ -172,9 +174,17 @@ impl PeerLink {
             conn.pending.borrow_mut().remove(&id);
             return Err(PeerError::Unreachable("connection closed".into()));
         }
+        let sent = Instant::now();
         match rt::timeout_at(deadline, rx).await {
             Err(_) => {
                 conn.pending.borrow_mut().remove(&id);
+                // Nothing at all came back on this connection since the request left: the
+                // path may be dead (a cut network drops packets without a reset, and TCP keeps
+                // retrying for minutes). Drop it so that the next call dials afresh.
+                if conn.last_heard.get() < sent {
+                    tracing::warn!(peer = %self.0.addr, "cluster connection silent past a deadline; closing it");
+                    conn.fail("no answer within the deadline");
+                }
                 Err(PeerError::Timeout)
             }
             Ok(Err(_)) => Err(PeerError::Lost("connection dropped".into())),
@@ -267,6 +277,7 @@ impl PeerLink {
             outbox: Rc::new(Outbox::default()),
             pending: RefCell::new(HashMap::new()),
             peer_id,
+            last_heard: Cell::new(Instant::now()),
         });
         let outbox = conn.outbox.clone();
         rt::spawn(async move {
@@ -311,6 +322,7 @@ async fn read_replies(conn: Rc<Conn>, mut reader: FrameReader, addr: String) {
             conn.fail("protocol error");
             return;
         }
+        conn.last_heard.set(Instant::now());
         let w = conn.pending.borrow_mut().remove(&f.request_id);
         if let Some(w) = w {
             let _ = w.send(Ok(f.body));
