@@ -599,8 +599,19 @@ impl MetaNode {
                 .as_ref()
                 .map_or(0, |l| l.index())
         };
-        if self.is_leader() || self.links.is_none() {
+        if self.links.is_none() {
             return Some(applied());
+        }
+        if self.is_leader() {
+            // A leader cut off from its quorum still believes it leads: confirm with a quorum
+            // (read index) before vouching for its state.
+            let read = self
+                .raft
+                .ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex);
+            return match crate::rt::timeout(within, read).await {
+                Ok(Ok(_)) => Some(applied()),
+                _ => None,
+            };
         }
         let leader = self.metrics.borrow_watched().current_leader.clone()?;
         let addr = self.member_addr(&leader)?;

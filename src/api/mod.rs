@@ -571,7 +571,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         if meta.topic(t).is_none()
             && meta.user(t).is_none()
             && !node.catch_up_meta().await
-            && is_state_changing(req.method.as_str())
+            && !matches!(req.method.as_str(), "GET" | "HEAD")
             && r != Route::Produce
             && r != Route::ProduceBatch
         {
