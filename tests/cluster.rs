@@ -164,6 +164,16 @@ fn a_node_with_the_wrong_secret_is_refused_and_says_why() {
     c.nodes[2].kill9();
 }
 
+/// The owner node of each partition of `topic`, from a describe.
+fn owners(admin: &mut common::cluster::Admin, topic: &str) -> Vec<String> {
+    admin.get(&format!("/v1/topics/{topic}")).json()["partition_stats"]
+        .as_array()
+        .expect("stats")
+        .iter()
+        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
 /// Consumes and acks (on node `i`'s API) until a 204; the payloads taken.
 fn drain(c: &Cluster, i: usize, topic: &str) -> Vec<String> {
     let mut admin = c.nodes[i].admin();
@@ -198,12 +208,7 @@ fn produce_on_one_node_consume_and_ack_on_the_others() {
     let mut a = c.nodes[0].admin();
     let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
-    let owners: Vec<String> = a.get("/v1/topics/jobs").json()["partition_stats"]
-        .as_array()
-        .expect("stats")
-        .iter()
-        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
-        .collect();
+    let owners = owners(&mut a, "jobs");
     let mut sorted = owners.clone();
     sorted.sort();
     assert_eq!(
@@ -288,12 +293,7 @@ fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     let mut a = c.nodes[0].admin();
     let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
-    let owners: Vec<String> = a.get("/v1/topics/jobs").json()["partition_stats"]
-        .as_array()
-        .expect("stats")
-        .iter()
-        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
-        .collect();
+    let owners = owners(&mut a, "jobs");
     let p3 = owners.iter().position(|o| o == "n3").expect("n3 owns one");
     c.nodes[2].kill9();
     let killed = Instant::now();
@@ -371,12 +371,7 @@ fn members_are_listed_marked_dead_and_revived() {
     );
     let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
-    let owners: Vec<String> = a.get("/v1/topics/jobs").json()["partition_stats"]
-        .as_array()
-        .expect("stats")
-        .iter()
-        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
-        .collect();
+    let owners = owners(&mut a, "jobs");
     let p3 = owners.iter().position(|o| o == "n3").expect("n3 owns one");
 
     c.nodes[2].kill9();
@@ -475,12 +470,7 @@ fn a_fourth_node_joins_as_a_non_voter_and_is_promoted() {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = a.post("/v1/topics", r#"{"name":"after","partitions":4}"#);
     assert_eq!(r.status, 201, "{}", r.text());
-    let owners: Vec<String> = a.get("/v1/topics/after").json()["partition_stats"]
-        .as_array()
-        .expect("stats")
-        .iter()
-        .map(|p| p["owner_node"].as_str().unwrap_or("").to_string())
-        .collect();
+    let owners = owners(&mut a, "after");
     let p4 = owners
         .iter()
         .position(|o| o == "n4")

@@ -463,25 +463,6 @@ fn acks_answered_on_a_full_disk_stay_acked_after_space_frees_and_a_kill() {
     );
 }
 
-/// Fills the file system of `dir` to the last byte with a file there, `fill-all`.
-fn fill_to_the_last_byte(dir: &std::path::Path) -> std::path::PathBuf {
-    use std::io::Write;
-    let path = dir.join("fill-all");
-    let mut f = std::fs::File::create(&path).unwrap();
-    for chunk in [1 << 20, 4096, 512, 1] {
-        let buf = vec![0x33u8; chunk];
-        loop {
-            match f.write_all(&buf) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
-                Err(e) => panic!("filling {}: {e}", path.display()),
-            }
-        }
-    }
-    f.sync_all().unwrap();
-    path
-}
-
 #[test]
 fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() {
     // Proves that a metadata write (topics, users, grants: one Raft entry each) on a full disk
@@ -503,7 +484,7 @@ fn a_full_disk_refuses_metadata_changes_and_takes_them_again_once_space_frees() 
     let mut c = s.client();
     c.create_topic("t", 3);
     settle(&mount.0);
-    let filler = fill_to_the_last_byte(&mount.0);
+    let filler = tmpfs::fill_to_the_last_byte(&mount.0);
 
     // Retention changes until one is refused (the log keeps some room reserved ahead, so the
     // first ones still fit).

@@ -8,8 +8,6 @@
 #[path = "../../io/tests/tmpfs/mod.rs"]
 mod tmpfs;
 
-use std::path::{Path, PathBuf};
-
 use narad_raft::network::reserve_for_append;
 use narad_raft::store::{LogStore, VOTE_SLOT_BYTES};
 use narad_raft::types::{Entry, LogId, Vote};
@@ -30,25 +28,6 @@ fn entry(term: u64, index: u64) -> Entry {
     }
 }
 
-/// Fills the file system of `dir` to the last byte with a file there; returns its path.
-fn fill_to_the_last_byte(dir: &Path) -> PathBuf {
-    use std::io::Write;
-    let path = dir.join("fill-all");
-    let mut f = std::fs::File::create(&path).unwrap();
-    for chunk in [1 << 20, 4096, 512, 1] {
-        let buf = vec![0x33u8; chunk];
-        loop {
-            match f.write_all(&buf) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
-                Err(e) => panic!("filling {}: {e}", path.display()),
-            }
-        }
-    }
-    f.sync_all().unwrap();
-    path
-}
-
 #[test]
 fn votes_are_saved_and_appends_refused_without_stopping_on_a_full_disk() {
     // Before, the vote was a new file replaced atomically: on the full disk `save_vote` failed
@@ -67,7 +46,7 @@ fn votes_are_saved_and_appends_refused_without_stopping_on_a_full_disk() {
         log.append(vec![entry(1, 1), entry(1, 2)], IOFlushed::noop())
             .await
             .expect("append");
-        let filler = fill_to_the_last_byte(&mount.0);
+        let filler = tmpfs::fill_to_the_last_byte(&mount.0);
 
         // Votes on the full disk: both slots, twice over.
         for term in 2..=5 {

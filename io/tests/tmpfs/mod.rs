@@ -1,5 +1,5 @@
 //! A small tmpfs mounted for a disk-full test, unmounted on drop. Shared by the WAL and the
-//! ShardLog disk-full tests.
+//! ShardLog disk-full tests, the broker's (`tests/disk_full.rs`) and the Raft store's.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,4 +41,25 @@ impl Drop for Mount {
         let _ = Command::new("umount").arg("--lazy").arg(&self.0).status();
         let _ = std::fs::remove_dir(&self.0);
     }
+}
+
+/// Fills the file system of `dir` to the last byte with a file there, `fill-all`; returns its
+/// path (delete it to free the space).
+#[allow(dead_code)] // each test crate that includes this module uses part of it
+pub fn fill_to_the_last_byte(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("fill-all");
+    let mut f = std::fs::File::create(&path).unwrap();
+    for chunk in [1 << 20, 4096, 512, 1] {
+        let buf = vec![0x33u8; chunk];
+        loop {
+            match f.write_all(&buf) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => panic!("filling {}: {e}", path.display()),
+            }
+        }
+    }
+    f.sync_all().unwrap();
+    path
 }
