@@ -710,6 +710,12 @@ impl fmt::Debug for SecretText {
     }
 }
 
+/// A test setting (`NARAD_TEST_*`, environment only) as a number; `None` when unset or not a
+/// number. The one reader of those knobs.
+pub fn test_knob(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
 /// The cluster secret's environment variable (never a file key, never logged).
 pub const CLUSTER_SECRET_ENV: &str = "NARAD_CLUSTER_SECRET";
 /// The fewest voters `cluster.peers` may list (CLUSTER.md §7).

@@ -280,47 +280,44 @@ fn stop_on_shard_panic(
     })
 }
 
-/// Test-only knobs, read from the environment at start and documented here only: they exist so
-/// black-box tests can watch retention delete files without waiting an hour.
-/// `NARAD_TEST_PARTITION_SEGMENT_BYTES`: partition segment size (default 64 MiB, at least 4096);
-/// `NARAD_TEST_RETENTION_INTERVAL_MS`: how often retention runs (default 60 s);
-/// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
-/// much later (default 0); `NARAD_TEST_WAL_BATCHES_IN_FLIGHT`: WAL batches in flight per shard
-/// (pipelined group commit depth, 1..7, default 2; for benchmarks);
-/// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
-/// flight (default 4096; 0 pipelines at once; for benchmarks);
-/// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
-/// after this much WAL or this long (defaults 64 MiB and 5 s; for benchmarks);
-/// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor;
-/// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
-/// its log, so tests can watch a node that is still starting (the boot probe);
-/// `NARAD_TEST_RAFT_LOG_FAIL_AFTER`: the metadata Raft log's writes fail with EIO after this many
-/// (a failing disk under the metadata group); `NARAD_TEST_WAL_FAIL_AFTER_BATCHES`: shard 0's
-/// WAL write fails after this many batches (a failing disk under the ingress WAL; the other
-/// shards' stay healthy, so tests see the node-wide refusal).
-fn test_knob(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
-}
+// Test-only knobs (read with `crate::config::test_knob`), documented here only: they exist so
+// black-box tests can watch retention delete files without waiting an hour.
+// `NARAD_TEST_PARTITION_SEGMENT_BYTES`: partition segment size (default 64 MiB, at least 4096);
+// `NARAD_TEST_RETENTION_INTERVAL_MS`: how often retention runs (default 60 s);
+// `NARAD_TEST_RETENTION_CLOCK_SKEW_MS`: retention judges record ages as if the clock read this
+// much later (default 0); `NARAD_TEST_WAL_BATCHES_IN_FLIGHT`: WAL batches in flight per shard
+// (pipelined group commit depth, 1..7, default 2; for benchmarks);
+// `NARAD_TEST_WAL_PIPELINE_MIN_BYTES`: queued WAL bytes before a batch is pipelined behind one in
+// flight (default 4096; 0 pipelines at once; for benchmarks);
+// `NARAD_TEST_CHECKPOINT_WAL_BYTES` / `NARAD_TEST_CHECKPOINT_INTERVAL_MS`: a checkpoint starts
+// after this much WAL or this long (defaults 64 MiB and 5 s; for benchmarks);
+// `NARAD_TEST_IDLE_EVICTION_MS`: storage.idle_log_eviction_ms below its one-minute floor;
+// `NARAD_TEST_START_DELAY_MS`: every shard waits this long (or until SIGTERM) before recovering
+// its log, so tests can watch a node that is still starting (the boot probe);
+// `NARAD_TEST_RAFT_LOG_FAIL_AFTER`: the metadata Raft log's writes fail with EIO after this many
+// (a failing disk under the metadata group); `NARAD_TEST_WAL_FAIL_AFTER_BATCHES`: shard 0's
+// WAL write fails after this many batches (a failing disk under the ingress WAL; the other
+// shards' stay healthy, so tests see the node-wide refusal).
 
 fn log_config(data_dir: &Path, shard: ShardId, shards: u32) -> LogConfig {
     let mut c = LogConfig::new(PathBuf::from(data_dir), shard, shards);
-    if let Some(b) = test_knob("NARAD_TEST_PARTITION_SEGMENT_BYTES") {
+    if let Some(b) = crate::config::test_knob("NARAD_TEST_PARTITION_SEGMENT_BYTES") {
         c.partition_segment_bytes_max = b.max(4096);
     }
-    if let Some(b) = test_knob("NARAD_TEST_CHECKPOINT_WAL_BYTES") {
+    if let Some(b) = crate::config::test_knob("NARAD_TEST_CHECKPOINT_WAL_BYTES") {
         c.checkpoint_wal_bytes = b.max(1 << 20);
     }
-    if let Some(ms) = test_knob("NARAD_TEST_CHECKPOINT_INTERVAL_MS") {
+    if let Some(ms) = crate::config::test_knob("NARAD_TEST_CHECKPOINT_INTERVAL_MS") {
         c.checkpoint_interval_ms = ms.max(10);
     }
-    if let Some(n) = test_knob("NARAD_TEST_WAL_BATCHES_IN_FLIGHT") {
+    if let Some(n) = crate::config::test_knob("NARAD_TEST_WAL_BATCHES_IN_FLIGHT") {
         c.wal_batches_in_flight_max = n.clamp(1, 7) as usize;
     }
-    if let Some(b) = test_knob("NARAD_TEST_WAL_PIPELINE_MIN_BYTES") {
+    if let Some(b) = crate::config::test_knob("NARAD_TEST_WAL_PIPELINE_MIN_BYTES") {
         c.wal_pipeline_min_bytes = b as usize;
     }
     if shard.0 == 0 {
-        c.wal_fail_after_batches = test_knob("NARAD_TEST_WAL_FAIL_AFTER_BATCHES");
+        c.wal_fail_after_batches = crate::config::test_knob("NARAD_TEST_WAL_FAIL_AFTER_BATCHES");
     }
     c
 }
@@ -406,7 +403,7 @@ async fn shard_main(
     // However this shard ends (a start-up error included), its peers' calls to it then fail at
     // once instead of waiting for an answer that cannot come.
     let _leave_mesh = LeaveMesh(mesh.clone());
-    if let Some(ms) = test_knob("NARAD_TEST_START_DELAY_MS") {
+    if let Some(ms) = crate::config::test_knob("NARAD_TEST_START_DELAY_MS") {
         futures_lite::future::or(
             async {
                 rt::sleep(Duration::from_millis(ms)).await;
@@ -425,7 +422,7 @@ async fn shard_main(
         let mut mc = MetaConfig::new(config.data_dir.clone(), config.node_id.clone());
         mc.snapshot_logs_since_last = config.raft_snapshot_threshold;
         mc.logs_kept_after_snapshot = config.raft_trailing_logs;
-        mc.fail_log_writes_after = test_knob("NARAD_TEST_RAFT_LOG_FAIL_AFTER");
+        mc.fail_log_writes_after = crate::config::test_knob("NARAD_TEST_RAFT_LOG_FAIL_AFTER");
         if config.peers.is_empty() {
             Some(MetaNode::start(mc).await.map_err(|e| e.to_string())?)
         } else {
@@ -627,8 +624,8 @@ impl Drop for ServingGuard {
 }
 
 fn spawn_housekeeping(node: &Rc<Node>, config: &Config) {
-    let idle_ms =
-        test_knob("NARAD_TEST_IDLE_EVICTION_MS").unwrap_or(config.storage.idle_log_eviction_ms);
+    let idle_ms = crate::config::test_knob("NARAD_TEST_IDLE_EVICTION_MS")
+        .unwrap_or(config.storage.idle_log_eviction_ms);
     if idle_ms > 0 {
         let idle = Duration::from_millis(idle_ms);
         // Looked at a few times per idle period: a log closes between idle and idle + 1/4.
@@ -676,9 +673,9 @@ fn spawn_housekeeping(node: &Rc<Node>, config: &Config) {
     })
     .detach();
     let n = node.clone();
-    let retention_every = test_knob("NARAD_TEST_RETENTION_INTERVAL_MS")
+    let retention_every = crate::config::test_knob("NARAD_TEST_RETENTION_INTERVAL_MS")
         .map_or(RETENTION_INTERVAL, Duration::from_millis);
-    let skew_ms = test_knob("NARAD_TEST_RETENTION_CLOCK_SKEW_MS").unwrap_or(0);
+    let skew_ms = crate::config::test_knob("NARAD_TEST_RETENTION_CLOCK_SKEW_MS").unwrap_or(0);
     let mut inject = injected_panic("retention");
     rt::spawn(async move {
         while !n.shutting_down() {

@@ -37,10 +37,7 @@ struct Knobs {
 pub fn start(node: &Rc<Node>) {
     let knobs = Knobs {
         paused: std::env::var("NARAD_TEST_TRANSIT_PAUSED").is_ok_and(|v| v == "1"),
-        delay: std::env::var("NARAD_TEST_TRANSIT_DELAY_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_millis),
+        delay: crate::config::test_knob("NARAD_TEST_TRANSIT_DELAY_MS").map(Duration::from_millis),
         drop_one: std::env::var("NARAD_TEST_DROP_HANDOFF").is_ok_and(|v| v == "1"),
     };
     for d in 0..node.shards {

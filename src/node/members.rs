@@ -41,14 +41,6 @@ pub struct RaftView {
     pub learners: Vec<String>,
 }
 
-/// A test setting in milliseconds (`NARAD_TEST_*`), else `default`.
-fn knob_ms(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The API address other nodes and operators reach this node at: `http.addr`, with a wildcard
 /// or missing host replaced by the advertised cluster address's host.
 pub fn advertised_api_addr(config: &crate::config::Config) -> String {
@@ -116,8 +108,11 @@ impl Node {
         let Some(mn) = self.meta_node.clone() else {
             return;
         };
-        let heartbeat = Duration::from_millis(knob_ms("NARAD_TEST_HEARTBEAT_MS", HEARTBEAT_MS));
-        let dead_after = knob_ms("NARAD_TEST_DEAD_AFTER_MS", DEAD_AFTER_MS);
+        let heartbeat = Duration::from_millis(
+            crate::config::test_knob("NARAD_TEST_HEARTBEAT_MS").unwrap_or(HEARTBEAT_MS),
+        );
+        let dead_after =
+            crate::config::test_knob("NARAD_TEST_DEAD_AFTER_MS").unwrap_or(DEAD_AFTER_MS);
         let me = self.clone();
         rt::spawn(async move {
             while !me.shutting_down() {
@@ -142,7 +137,8 @@ impl Node {
         {
             self.run_join_loop(mn.clone());
         }
-        let promote_after = knob_ms("NARAD_TEST_PROMOTE_AFTER_MS", PROMOTE_AFTER_MS);
+        let promote_after =
+            crate::config::test_knob("NARAD_TEST_PROMOTE_AFTER_MS").unwrap_or(PROMOTE_AFTER_MS);
         let me = self.clone();
         rt::spawn(async move {
             let mut led_since: Option<Instant> = None;
