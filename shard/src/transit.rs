@@ -385,7 +385,6 @@ impl Transit {
             if let Some(d) = delay {
                 rt::sleep(d).await;
             }
-            let kept = matches!(dest, Destination::Node(_)).then(|| batch.clone());
             match node.hand_over(dest, batch).await {
                 Ok(()) => {
                     backoff = RETRY_FIRST;
@@ -397,13 +396,18 @@ impl Transit {
                 }
                 Err(e) => {
                     failed_passes += 1;
-                    if let Some(batch) = kept {
+                    if matches!(dest, Destination::Node(_)) {
                         node.note_stuck(dest, true);
                         if failed_passes >= REROUTE_AFTER_PASSES || node.dead(dest) {
+                            // The records stay queued until `finish`: take the head again
+                            // (only this loop removes from it) rather than keeping a copy of
+                            // every hand-off in case it fails.
+                            let batch = self.next_batch(dest);
+                            let moved = batch.len();
                             match node.reroute(dest, batch).await {
                                 Ok(true) => {
-                                    tracing::info!(shard = self.me.0, to = ?dest, records = n, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
-                                    self.finish(log, dest, n).await;
+                                    tracing::info!(shard = self.me.0, to = ?dest, records = moved, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
+                                    self.finish(log, dest, moved).await;
                                     continue;
                                 }
                                 Ok(false) => {}
