@@ -53,15 +53,15 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         | ops::RAFT_TRANSFER_LEADER
         | ops::META_PROPOSE
         | ops::META_JOIN
-        | ops::META_READ_INDEX => match node.serve_meta_rpc(&req.from, req.op, &req.body).await {
+        | ops::META_READ_INDEX => match node.serve_meta_rpc(&req.from, req.op, req.body()).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },
-        ops::PARTITION_OP => match node.serve_op(&req.body).await {
+        ops::PARTITION_OP => match node.serve_op(req.body()).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },
-        ops::COMMIT_BATCH => match node.serve_commit(&req.body).await {
+        ops::COMMIT_BATCH => match node.serve_commit(req.body()).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },

@@ -43,10 +43,10 @@ mod tests {
         Rc::new(|req: Inbound| {
             Box::pin(async move {
                 match req.op {
-                    1 => Outcome::Ok(req.body),
+                    1 => Outcome::Ok(req.body().to_vec()),
                     2 => {
                         rt::sleep(Duration::from_millis(300)).await;
-                        Outcome::Ok(req.body)
+                        Outcome::Ok(req.body().to_vec())
                     }
                     3 => Outcome::Error(format!("no from {}", req.from)),
                     _ => Outcome::Unsupported,

@@ -28,11 +28,19 @@ pub struct Inbound {
     /// The calling node's id (proved in the handshake).
     pub from: Rc<str>,
     pub op: u8,
-    pub body: Vec<u8>,
+    /// The frame's body as received: the operation byte, then the operation's bytes.
+    frame: Vec<u8>,
     /// When the caller stops waiting.
     pub deadline: Instant,
     /// False for a one-way message (its answer is dropped).
     pub wants_reply: bool,
+}
+
+impl Inbound {
+    /// The operation's bytes (after the operation byte).
+    pub fn body(&self) -> &[u8] {
+        &self.frame[1..]
+    }
 }
 
 /// A handler's answer.
@@ -142,14 +150,14 @@ async fn serve_conn(
             FrameKind::OneWay => false,
             FrameKind::Reply => break Some("a reply frame on a served connection".into()),
         };
-        let Some((&op, body)) = f.body.split_first() else {
+        let Some(&op) = f.body.first() else {
             break Some("an empty request".into());
         };
         let permit = running.acquire().await;
         let inbound = Inbound {
             from: from.clone(),
             op,
-            body: body.to_vec(),
+            frame: f.body,
             deadline: Instant::now() + Duration::from_millis(u64::from(f.deadline_ms.max(1))),
             wants_reply,
         };
