@@ -16,7 +16,8 @@
 # Environment: DURATION (seconds per workload, default 5), RATE (W4 msg/s, default 5000),
 # PARTITIONS (per topic, default 12: a multiple of 3 nodes x 2 shards), NARAD_SHARDS (shards per
 # node, both setups; default one per CPU), CLUSTER_SHARDS (shards per node of the 3-node cluster
-# only, default NARAD_SHARDS), OUT (directory for the per-run reports, default a new
+# only, default NARAD_SHARDS), NARAD (the broker binary, default target/release/narad; an A/B
+# runs this script once per build with BUILD=0), OUT (directory for the per-run reports, default a new
 # temporary directory), BUILD=0 to use the binaries in target/release as they are, REPORT_ONLY=1
 # (with OUT and ROUNDS of an earlier run) to print that run's summary again.
 # Both setups run with security off (`server start --dev`); the cluster additionally with
@@ -43,7 +44,7 @@ if [ "$REPORT_ONLY" = 0 ] && [ "${BUILD:-1}" != 0 ]; then
   cargo build --release --bin narad
   cargo build --release -p narad-bench --bin loadgen
 fi
-NARAD="$ROOT/target/release/narad"
+NARAD=${NARAD:-"$ROOT/target/release/narad"}
 LOADGEN="$ROOT/target/release/loadgen"
 
 WORK=$(mktemp -d -t narad-cluster-work.XXXXXX)

@@ -512,3 +512,66 @@ fn a_durable_transit_record_reaches_the_sink_even_when_its_caller_left() {
     });
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn transit_records_of_one_request_get_their_own_destination_and_sequence() {
+    // Proves `append_transit_many` (a batch produce's records for other nodes): one request
+    // answers a hold per record in the order given, each numbered in its own destination's
+    // sequence, continuing after the single appends before it; the sink gets every record with
+    // its hold, and a crash before any is handed brings all back with their destinations.
+    let dir = temp_dir("transit-many");
+    let cfg = small_cfg(dir.clone());
+    let (a, b) = (
+        Destination::Node(MemberId(2)),
+        Destination::Node(MemberId(3)),
+    );
+    let (ka, kb) = (key(8, 0), key(8, 1));
+    let c = cfg.clone();
+    rt::block_on(async move {
+        let (log, _, _) = ShardLog::open(c).await.unwrap();
+        let got = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+        let g = got.clone();
+        log.on_transit(Box::new(move |hold, rec| g.borrow_mut().push((hold, rec))));
+        let first = log.append_transit(a, rec(ka, 0)).await.unwrap();
+        assert_eq!(first.seq, 0);
+        let holds = log
+            .append_transit_many(vec![(b, rec(kb, 1)), (a, rec(ka, 2)), (b, rec(kb, 3))])
+            .await
+            .unwrap();
+        let seqs: Vec<_> = holds.iter().map(|h| (h.dest, h.seq)).collect();
+        assert_eq!(seqs, vec![(b, 0), (a, 1), (b, 1)]);
+        assert!(log
+            .append_transit_many(Vec::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(log.transit_held(), 4);
+        let sunk: Vec<_> = got.borrow().iter().map(|(h, r)| (*h, r.clone())).collect();
+        assert_eq!(sunk.len(), 4);
+        assert_eq!(
+            &sunk[1..].iter().map(|(h, _)| *h).collect::<Vec<_>>(),
+            &holds
+        );
+        assert_eq!(sunk[2].1, rec(ka, 2));
+        drop(log); // crash
+    });
+    rt::block_on(async move {
+        let (log, _, report) = ShardLog::open(cfg).await.unwrap();
+        assert_eq!(report.transit_records, 4);
+        let got: Vec<_> = log
+            .take_recovered_transit()
+            .into_iter()
+            .map(|(h, r)| (h.dest, h.seq, r))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (a, 0, rec(ka, 0)),
+                (b, 0, rec(kb, 1)),
+                (a, 1, rec(ka, 2)),
+                (b, 1, rec(kb, 3)),
+            ]
+        );
+    });
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -63,11 +63,22 @@ impl Node {
             .into_iter()
             .map(|r| (self.remote_owner(r.key), r))
             .partition(|(m, _)| m.is_some());
-        let mut first_err = None;
-        let accepted: Vec<_> = remote
+        let remote: Vec<_> = remote
             .into_iter()
-            .map(|(m, r)| self.accept_for(m.expect("remote"), r))
+            .filter_map(|(m, r)| Some((narad_io::types::Destination::Node(m?), r)))
             .collect();
+        let there = async {
+            if remote.is_empty() {
+                return Ok(());
+            }
+            // One request for them all, whatever their owners: one entry in the group commit.
+            self.host
+                .log()
+                .append_transit_many(remote)
+                .await
+                .map(|_| ())
+                .map_err(route::store_error)
+        };
         let here = async {
             if local.is_empty() {
                 Ok(())
@@ -76,15 +87,10 @@ impl Node {
                     .await
             }
         };
-        // All in flight at once: they share the shard's next group commit.
-        let (here, there) =
-            futures_lite::future::zip(here, futures_util::future::join_all(accepted)).await;
-        for r in std::iter::once(here).chain(there) {
-            if let Err(e) = r {
-                first_err.get_or_insert(e);
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        // Both in flight at once: they share the shard's next group commit when this shard
+        // owns the local part.
+        let (here, there) = futures_lite::future::zip(here, there).await;
+        here.and(there)
     }
 
     /// Appends records of partitions this node owns.

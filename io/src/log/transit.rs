@@ -44,8 +44,7 @@ pub(super) fn legacy_destination(key: PartitionKey, shard_count: u32) -> Destina
 
 impl ShardLog {
     /// Writes a record for `dest` (a partition owned by another shard or node) as a transit
-    /// record, in the next
-    /// group commit, and resolves once that batch is durable and verified: the accept of
+    /// record, in the next group commit, and resolves once that batch is durable and verified: the accept of
     /// DESIGN.md §2.3, one local fsync. The record is not readable here. Once durable it goes
     /// to the [`ShardLog::on_transit`] sink, which hands it to its owner and then calls
     /// [`ShardLog::transit_handed`]; until then checkpoints keep it in the WAL, so a restart
@@ -55,26 +54,50 @@ impl ShardLog {
         dest: Destination,
         r: AppendRecord,
     ) -> Result<TransitHold, LogError> {
+        let holds = self.append_transit_many(vec![(dest, r)]).await?;
+        holds.into_iter().next().ok_or(LogError::Closed)
+    }
+
+    /// [`ShardLog::append_transit`] for several records at once, each with its destination:
+    /// one request in the next group commit, answered once it is durable, with the records'
+    /// holds in the order given. A batch produce takes this path for every record it accepts
+    /// for other nodes, so that their bookkeeping costs one queued request, not one per record.
+    pub async fn append_transit_many(
+        &self,
+        recs: Vec<(Destination, AppendRecord)>,
+    ) -> Result<Vec<TransitHold>, LogError> {
         if let Some(e) = self.refuse() {
             return Err(e);
         }
-        if frame::message_frame_len(r.msg_key.as_deref(), &r.payload) > frame::FRAME_BYTES_MAX {
-            return Err(LogError::TooLarge);
+        let mut dests = Vec::with_capacity(recs.len());
+        let mut wal = Vec::with_capacity(recs.len());
+        let now = UnixMillis::now();
+        for (dest, r) in recs {
+            if frame::message_frame_len(r.msg_key.as_deref(), &r.payload) > frame::FRAME_BYTES_MAX {
+                return Err(LogError::TooLarge);
+            }
+            dests.push(dest);
+            wal.push(WalRecord::Transit {
+                dest: Some(dest),
+                key: r.key,
+                seq: 0, // assigned at planning, in WAL order
+                commit_ms: now,
+                msg_key: r.msg_key,
+                payload: r.payload,
+            });
         }
-        let rec = WalRecord::Transit {
-            dest: Some(dest),
-            key: r.key,
-            seq: 0, // assigned at planning, in WAL order
-            commit_ms: UnixMillis::now(),
-            msg_key: r.msg_key,
-            payload: r.payload,
-        };
-        let offs = self.submit(Kind::Transit, vec![rec]).await?;
-        // `plan_batch` answers a transit request with its seq as its one "offset".
-        match offs.as_slice() {
-            [s] => Ok(TransitHold { dest, seq: s.0 }),
-            _ => Err(LogError::Closed),
+        if wal.is_empty() {
+            return Ok(Vec::new());
         }
+        let offs = self.submit(Kind::Transit, wal).await?;
+        if offs.len() != dests.len() {
+            return Err(LogError::Closed);
+        }
+        Ok(dests
+            .into_iter()
+            .zip(offs)
+            .map(|(dest, s)| TransitHold { dest, seq: s.0 })
+            .collect())
     }
 
     /// These transit records reached their owner: checkpoints may pass them, and a `Handed`
