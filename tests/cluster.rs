@@ -282,6 +282,46 @@ fn produce_on_one_node_consume_and_ack_on_the_others() {
 }
 
 #[test]
+fn a_long_poll_on_one_node_wakes_for_a_commit_on_another() {
+    // Proves CLUSTER.md §5.1's long-poll across owners: a queue consume parked on node 1 with a
+    // 10 s wait (the default ceiling) on an empty topic is answered with a message that only node 3 committed (a
+    // produce through node 3 pinned to the partition node 3 owns: nothing of it passes node 1)
+    // long before its wait ends, instead of only when the wait is over.
+    let c = Cluster::start("wake", 3);
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"wake","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let owners = owners(&mut a, "wake");
+    let p3 = owners.iter().position(|o| o == "n3").expect("n3 owns one");
+    // Every node knows the topic before the consumer parks (metadata reaches followers async).
+    for n in &c.nodes {
+        let seen = within(Duration::from_secs(5), || {
+            n.admin().get("/v1/topics/wake").status == 200
+        });
+        assert!(seen.is_some(), "{} knows the topic", n.id);
+    }
+    let mut consumer = c.nodes[0].admin();
+    let parked = std::thread::spawn(move || {
+        let t = Instant::now();
+        let r = consumer.get("/v1/topics/wake/consume?wait=10s");
+        (r.status, r.text(), t.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let r = c.nodes[2].admin().post(
+        &format!("/v1/topics/wake/produce?partition={p3}"),
+        r#"{"woke":1}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (status, body, took) = parked.join().expect("consumer thread");
+    assert_eq!(status, 200, "the parked consume got the message: {body}");
+    assert!(body.contains(r#""woke":1"#), "{body}");
+    assert!(
+        took < Duration::from_secs(6),
+        "answered {took:?} after parking (1.5 s before the produce), long before its 10 s wait"
+    );
+}
+
+#[test]
 fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
     // through node 1 are still answered 202; the records of node 3's partition are rerouted to

@@ -97,6 +97,8 @@ pub struct Node {
     /// Members this shard's dispatchers cannot hand records to right now (CLUSTER.md §4.3's
     /// stuck destinations): reroutes avoid their partitions, probes of them get a short budget.
     stuck: RefCell<std::collections::HashSet<narad_io::types::MemberId>>,
+    /// Topics this shard's long-polls watch on other nodes right now ([`Node::wait_for_work`]).
+    remote_watches: RefCell<std::collections::HashSet<(TopicId, narad_io::types::MemberId)>>,
 }
 
 /// A cluster node is ready only if it heard from a metadata leader this recently (CLUSTER.md §6).
@@ -182,6 +184,7 @@ impl Node {
             links,
             remote_owners: RefCell::new(HashMap::new()),
             stuck: RefCell::new(Default::default()),
+            remote_watches: RefCell::new(Default::default()),
             wide,
         });
         node.index_owners(&node.meta());

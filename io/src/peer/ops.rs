@@ -25,3 +25,7 @@ pub const PARTITION_OP: u8 = 9;
 /// A node outside the voters asks to be admitted (JSON `{id, addr}`), answered by the leader
 /// with `narad_raft::JoinAnswer` (CLUSTER.md §7).
 pub const META_JOIN: u8 = 10;
+/// A node with long-polls parked on a topic asks an owner of some of its partitions to answer
+/// once something may be there to consume (a commit, nack or expiry on the topic), or when the
+/// wait ends: body `topic id (u64 LE) | wait ms (u32 LE)`, answer one byte, 1 when woken.
+pub const TOPIC_WAIT: u8 = 11;
