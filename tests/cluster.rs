@@ -279,6 +279,58 @@ fn produce_on_one_node_consume_and_ack_on_the_others() {
         .admin()
         .post(&format!("/v1/topics/jobs/ack?receipt_handle={handle}"), "");
     assert_eq!(r.status, 410, "acked once: {}", r.text());
+
+    // The cluster series of OPERATIONS.md §9.6 count what happened: node 1 handed records to
+    // the other owners (commit_batch) and forwarded the pinned consume (partition_op), every
+    // one answered; its heartbeats reach the leader.
+    let doc = a.get("/metrics").text();
+    let sample = |name: &str, labels: &str| -> f64 {
+        let head = if labels.is_empty() {
+            format!("{name} ")
+        } else {
+            format!("{name}{{{labels}}} ")
+        };
+        doc.lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {head} in /metrics"))
+    };
+    assert!(
+        sample(
+            "narad_cluster_rpc_requests_total",
+            r#"op="commit_batch",outcome="ok""#
+        ) >= 1.0
+    );
+    assert!(
+        sample(
+            "narad_cluster_rpc_requests_total",
+            r#"op="partition_op",outcome="ok""#
+        ) >= 1.0
+    );
+    assert_eq!(
+        sample(
+            "narad_cluster_rpc_requests_total",
+            r#"op="commit_batch",outcome="failed""#
+        ),
+        0.0
+    );
+    assert!(
+        sample(
+            "narad_cluster_rpc_request_seconds_count",
+            r#"op="commit_batch""#
+        ) >= 1.0,
+        "durations recorded"
+    );
+    assert_eq!(sample("narad_member_heartbeat_failures", ""), 0.0);
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let last = sample("narad_member_heartbeat_last_success_timestamp_seconds", "");
+    assert!(
+        (now_s - last).abs() < 30.0,
+        "a recent heartbeat: {last} vs now {now_s}"
+    );
 }
 
 #[test]

@@ -535,4 +535,6 @@ pub struct ShardMetrics {
     pub budget_rejections: u64,
     /// The Raft gauges, from the shard that hosts the metadata group.
     pub raft: Option<narad_raft::RaftGauges>,
+    /// Node-to-node requests this shard sent, per operation code.
+    pub rpc: Vec<(u8, narad_io::peer::stats::OpStats)>,
 }

@@ -103,6 +103,16 @@ impl Node {
         self.wide.raft_view()
     }
 
+    /// Heartbeats failed in a row and the Unix milliseconds of the last one recorded.
+    pub fn heartbeats(&self) -> (u64, Option<u64>) {
+        self.wide.heartbeats()
+    }
+
+    /// Members the breaker refused to mark dead at the leader's last look.
+    pub fn dead_marking_refused(&self) -> u64 {
+        self.wide.dead_marking_refused()
+    }
+
     /// Shard 0 of a cluster: heartbeats, the leader's verdicts, the published Raft view.
     pub(super) fn run_membership(self: &Rc<Self>) {
         let Some(mn) = self.meta_node.clone() else {
@@ -122,7 +132,9 @@ impl Node {
                     cluster_addr: me.config.advertised_cluster_addr(),
                     at_ms: UnixMillis::now().0,
                 };
-                if let Err(e) = me.propose(cmd).await {
+                let r = me.propose(cmd).await;
+                me.wide.note_heartbeat(r.is_ok());
+                if let Err(e) = r {
                     tracing::debug!(error = %e, "heartbeat not recorded");
                 }
                 rt::sleep(heartbeat).await;
@@ -163,15 +175,18 @@ impl Node {
                 }
                 // Election grace: every member gets a full `dead_after` from this election.
                 let graced = led_since.is_some_and(|t| t.elapsed().as_millis() as u64 > dead_after);
-                if graced {
+                if !graced {
+                    me.wide.set_dead_marking_refused(0);
+                } else {
                     match dead_verdict(&mn.state(), &voters, UnixMillis::now().0, dead_after) {
-                        Ok(ids) if ids.is_empty() => {}
+                        Ok(ids) if ids.is_empty() => me.wide.set_dead_marking_refused(0),
                         Ok(ids) => {
+                            me.wide.set_dead_marking_refused(0);
                             tracing::warn!(members = ?ids, "marking members dead: no heartbeat");
                             let _ = me.propose(MetaCommand::MarkDead { ids }).await;
                         }
                         Err(ids) => {
-                            me.wide.note_dead_marking_refused();
+                            me.wide.set_dead_marking_refused(ids.len() as u64);
                             tracing::warn!(members = ?ids, "dead verdict refused: it would leave fewer alive voters than a quorum");
                         }
                     }
@@ -238,13 +253,35 @@ impl NodeWide {
         (**self.raft_view.lock().unwrap_or_else(|e| e.into_inner())).clone()
     }
 
-    pub fn note_dead_marking_refused(&self) {
-        self.dead_marking_refused.fetch_add(1, Ordering::Relaxed);
+    /// The leader's last look: `n` members it would mark dead but the breaker refused.
+    pub fn set_dead_marking_refused(&self, n: u64) {
+        self.dead_marking_refused.store(n, Ordering::Relaxed);
     }
 
-    /// Dead verdicts the breaker refused (`narad_dead_marking_refused`).
+    /// Members the breaker refused to mark dead at the leader's last look
+    /// (`narad_dead_marking_refused`).
     pub fn dead_marking_refused(&self) -> u64 {
         self.dead_marking_refused.load(Ordering::Relaxed)
+    }
+
+    /// A heartbeat was recorded by the leader (`ok`) or failed.
+    pub fn note_heartbeat(&self, ok: bool) {
+        if ok {
+            self.heartbeat_failures.store(0, Ordering::Relaxed);
+            self.heartbeat_ok_ms
+                .store(UnixMillis::now().0, Ordering::Relaxed);
+        } else {
+            self.heartbeat_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Heartbeats failed in a row, and the Unix milliseconds of the last one recorded (if any).
+    pub fn heartbeats(&self) -> (u64, Option<u64>) {
+        let ok = self.heartbeat_ok_ms.load(Ordering::Relaxed);
+        (
+            self.heartbeat_failures.load(Ordering::Relaxed),
+            (ok > 0).then_some(ok),
+        )
     }
 }
 

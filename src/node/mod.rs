@@ -326,8 +326,13 @@ pub struct NodeWide {
     leader_contact_ms: AtomicU64,
     /// Shard 0's last published Raft view (a cluster's members route reads it).
     raft_view: Mutex<Arc<members::RaftView>>,
-    /// Dead verdicts the breaker refused (`narad_dead_marking_refused`).
+    /// Members the leader's last look would have marked dead but the breaker refused
+    /// (`narad_dead_marking_refused`; 0 when not leading).
     dead_marking_refused: AtomicU64,
+    /// Heartbeats to the metadata leader that failed in a row (`narad_member_heartbeat_failures`).
+    heartbeat_failures: AtomicU64,
+    /// Unix milliseconds of the last heartbeat the leader recorded (0: none yet).
+    heartbeat_ok_ms: AtomicU64,
 }
 
 impl NodeWide {

@@ -108,6 +108,7 @@ impl Node {
             leases_expired: self.host.leases_expired(),
             budget_rejections: m.budget_rejections.get(),
             raft: self.raft_gauges(),
+            rpc: narad_io::peer::stats::snapshot(),
         }
     }
 }

@@ -6,29 +6,34 @@
 //! Owns the rendering of those families; never reads the node. The cluster's own series
 //! (OPERATIONS.md §9.6) belong here.
 
+use std::collections::BTreeMap;
+
+use narad_io::peer::{ops, stats::OpStats, stats::Outcome};
 use narad_raft::{MetaState, RaftGauges};
 
-use super::MetastoreFacts;
+use super::{durations, MetastoreFacts};
 use crate::metrics::expo::{Expo, Histogram, Kind};
+use crate::metrics::ShardMetrics;
 
 /// Upper bounds (seconds) of `narad_moves_duration_seconds`.
 static MOVE_DURATION_BOUNDS_S: [u64; 10] = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600];
 
-/// The member-heartbeat and dead-marking gauges, next to the Raft gauges: a node that is its
-/// whole cluster is its own leader (no heartbeat travels, no other member can be marked dead).
+/// The member-heartbeat and dead-marking gauges, next to the Raft gauges. A node that is its
+/// whole cluster is its own leader: no heartbeat travels, no other member can be marked dead.
 pub(super) fn render_membership(e: &mut Expo, r: &RaftGauges, h: &MetastoreFacts) {
     e.family(
         "narad_member_heartbeat_failures",
         Kind::Gauge,
-        "Heartbeats to the leader that failed in a row: 0, a node that is its whole cluster \
-         is its own leader and sends none.",
+        "Heartbeats to the metadata leader that failed in a row (0 on a node that is its \
+         whole cluster: it sends none).",
     );
-    e.int("narad_member_heartbeat_failures", &[], 0);
+    e.int("narad_member_heartbeat_failures", &[], h.heartbeat_failures);
     if let Some(at) = h.heartbeat_last_success_s {
         e.family(
             "narad_member_heartbeat_last_success_timestamp_seconds",
             Kind::Gauge,
-            "Unix time this node last knew its leader alive (now while it leads).",
+            "Unix time of this node's last heartbeat the leader recorded (on a node that is its \
+             whole cluster: it last knew its leader alive, now while it leads).",
         );
         e.float(
             "narad_member_heartbeat_last_success_timestamp_seconds",
@@ -40,10 +45,10 @@ pub(super) fn render_membership(e: &mut Expo, r: &RaftGauges, h: &MetastoreFacts
         e.family(
             "narad_dead_marking_refused",
             Kind::Gauge,
-            "Members the leader would mark dead but may not (no healthy majority): 0, there is \
-             no other member.",
+            "Members the leader would mark dead but may not (it would leave fewer alive voters \
+             than a quorum).",
         );
-        e.int("narad_dead_marking_refused", &[], 0);
+        e.int("narad_dead_marking_refused", &[], h.dead_marking_refused);
     }
 }
 
@@ -118,4 +123,47 @@ pub(super) fn render_placement(e: &mut Expo, meta: &MetaState) {
         })
         .sum();
     e.int("narad_colocated_child_partitions", &[], colocated);
+}
+
+/// Node-to-node requests this node sent, every shard's merged: counts by operation and outcome,
+/// durations by operation. A node that is its whole cluster sends none (no series).
+pub(super) fn render_rpc(e: &mut Expo, shards: &[ShardMetrics]) {
+    let mut by_op: BTreeMap<u8, OpStats> = BTreeMap::new();
+    for (op, st) in shards.iter().flat_map(|s| &s.rpc) {
+        let m = by_op.entry(*op).or_default();
+        for (a, b) in m.outcomes.iter_mut().zip(st.outcomes) {
+            *a += b;
+        }
+        for (a, b) in m.seconds.buckets.iter_mut().zip(st.seconds.buckets) {
+            *a += b;
+        }
+        m.seconds.sum_us = m.seconds.sum_us.saturating_add(st.seconds.sum_us);
+    }
+    e.family(
+        "narad_cluster_rpc_requests_total",
+        Kind::Counter,
+        "Node-to-node RPCs this node sent, by op and outcome.",
+    );
+    for (op, st) in &by_op {
+        for (i, outcome) in Outcome::LABELS.iter().enumerate() {
+            e.int(
+                "narad_cluster_rpc_requests_total",
+                &[("op", ops::name(*op)), ("outcome", outcome)],
+                st.outcomes[i],
+            );
+        }
+    }
+    e.family(
+        "narad_cluster_rpc_request_seconds",
+        Kind::Histogram,
+        "Duration of node-to-node RPCs this node sent, by op.",
+    );
+    for (op, st) in &by_op {
+        e.histogram(
+            "narad_cluster_rpc_request_seconds",
+            &[("op", ops::name(*op))],
+            &durations(&st.seconds),
+            1e6,
+        );
+    }
 }

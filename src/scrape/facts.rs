@@ -47,8 +47,13 @@ pub(crate) struct MetastoreFacts {
     /// Bytes of the metastore directory (log, vote, snapshot).
     pub fsm_bytes: u64,
     pub apply_stalled: bool,
-    /// Unix time (seconds) this node last knew its leader alive, when it knows one.
+    /// Unix time (seconds) this node last knew its leader alive, when it knows one: in a
+    /// cluster, the last heartbeat the leader recorded.
     pub heartbeat_last_success_s: Option<f64>,
+    /// Heartbeats to the leader that failed in a row (0 on a node that is its whole cluster).
+    pub heartbeat_failures: u64,
+    /// Members the leader would mark dead but the breaker refuses (0 unless leading).
+    pub dead_marking_refused: u64,
 }
 
 impl NodeFacts {
@@ -116,10 +121,22 @@ impl MetastoreFacts {
             .set(Some((r.applied_index, since)));
         let apply_stalled =
             r.commit_index > r.applied_index && now.duration_since(since) >= APPLY_STALL_AFTER;
+        let (heartbeat_failures, heartbeat_last_success_s) = if node.config.peers.is_empty() {
+            // Its own leader: it knows the leader alive as long as Raft does.
+            (
+                0,
+                r.last_contact_seconds.map(|ago| unix_seconds_now() - ago),
+            )
+        } else {
+            let (failures, ok_ms) = node.heartbeats();
+            (failures, ok_ms.map(|ms| ms as f64 / 1e3))
+        };
         MetastoreFacts {
             fsm_bytes,
             apply_stalled,
-            heartbeat_last_success_s: r.last_contact_seconds.map(|ago| unix_seconds_now() - ago),
+            heartbeat_last_success_s,
+            heartbeat_failures,
+            dead_marking_refused: node.dead_marking_refused(),
         }
     }
 }

@@ -29,7 +29,7 @@ const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
 
 /// OPERATIONS.md §9.4 and §9.6 families with labels whose series only a remote plane, node RPC
 /// or Raft TLS would produce; this build runs none of them, so they carry no series.
-const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 26] = [
+const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 24] = [
     (
         "narad_fanout_remote_state",
         Kind::Gauge,
@@ -149,16 +149,6 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 26] = [
         "narad_raft_tls_cert_not_after_seconds",
         Kind::Gauge,
         "Expiry of the Raft TLS certificates.",
-    ),
-    (
-        "narad_cluster_rpc_requests_total",
-        Kind::Counter,
-        "Node-to-node RPCs, by op and outcome.",
-    ),
-    (
-        "narad_cluster_rpc_request_seconds",
-        Kind::Histogram,
-        "Duration of node-to-node RPCs, by op.",
     ),
 ];
 

@@ -163,6 +163,7 @@ fn quiet_shard(shard: u32) -> ShardMetrics {
         leases_expired: Vec::new(),
         budget_rejections: 0,
         raft: None,
+        rpc: Vec::new(),
     }
 }
 
@@ -231,6 +232,24 @@ fn busy_shards() -> Vec<ShardMetrics> {
         );
         s.wal_batch_records = histogram(&WAL_BATCH_RECORDS_BOUNDS, &[1, 3 * n, 64]);
         s.wal_bytes_written = 65_536 * n;
+        // Both shards sent hand-offs (merged per operation); shard 0 also a forwarded take
+        // that timed out.
+        s.rpc = vec![(
+            narad_io::peer::ops::COMMIT_BATCH,
+            narad_io::peer::stats::OpStats {
+                outcomes: [10 * n, 1, 0, 0, n - 1],
+                seconds: durations(&[900 * n, 2_000]),
+            },
+        )];
+        if n == 1 {
+            s.rpc.push((
+                narad_io::peer::ops::PARTITION_OP,
+                narad_io::peer::stats::OpStats {
+                    outcomes: [3, 0, 0, 1, 0],
+                    seconds: durations(&[300, 500_000]),
+                },
+            ));
+        }
         s.open_partition_logs = 3 + n;
         s.idle_logs_evicted = n;
         s.cold_retention_swept = 2 * n;
@@ -342,6 +361,8 @@ fn busy_facts() -> NodeFacts {
             fsm_bytes: 123_456,
             apply_stalled: true,
             heartbeat_last_success_s: Some(1_700_000_100.75),
+            heartbeat_failures: 0,
+            dead_marking_refused: 0,
         }),
         remotes_allowlist_configured: true,
         boot_duration_us: 1_234_567,
@@ -431,6 +452,8 @@ fn follower_document_is_unchanged() {
             fsm_bytes: 4_096,
             apply_stalled: false,
             heartbeat_last_success_s: None,
+            heartbeat_failures: 0,
+            dead_marking_refused: 0,
         }),
         ..busy_facts()
     };

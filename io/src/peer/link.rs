@@ -144,8 +144,16 @@ impl PeerLink {
             .map(|b| b.last_error.clone())
     }
 
-    /// Sends operation `op` with `body` and waits up to `within` for the reply's body.
+    /// Sends operation `op` with `body` and waits up to `within` for the reply's body. Counted
+    /// in this thread's [`super::stats`] by operation and outcome.
     pub async fn call(&self, op: u8, body: &[u8], within: Duration) -> Result<Vec<u8>, PeerError> {
+        let started = Instant::now();
+        let r = self.exchange(op, body, within).await;
+        super::stats::record(op, super::stats::Outcome::of(&r), started.elapsed());
+        r
+    }
+
+    async fn exchange(&self, op: u8, body: &[u8], within: Duration) -> Result<Vec<u8>, PeerError> {
         let deadline = Instant::now() + within;
         if body.len() + 1 > FRAME_BODY_BYTES_MAX {
             return Err(PeerError::Unreachable(format!(

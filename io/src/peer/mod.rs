@@ -4,6 +4,7 @@
 //! - [`wire`]: frame reading with a bound, the coalescing outbox, the handshake drivers.
 //! - [`link`]: [`PeerLink`], a shard's connection to one peer (dial, calls, backoff).
 //! - [`serve`]: the cluster port's accept loop and request dispatch to a handler.
+//! - [`stats`]: the per-thread tally of requests sent, by operation and outcome.
 //!
 //! A request's body is one operation byte and the operation's bytes, opaque here; a reply's is
 //! one status byte and the answer. What the operations are is the node's business (`src/`).
@@ -14,6 +15,7 @@ pub mod link;
 pub mod ops;
 pub mod proof;
 pub mod serve;
+pub mod stats;
 pub mod wire;
 
 pub use link::{PeerError, PeerLink};

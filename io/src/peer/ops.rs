@@ -29,3 +29,21 @@ pub const META_JOIN: u8 = 10;
 /// once something may be there to consume (a commit, nack or expiry on the topic), or when the
 /// wait ends: body `topic id (u64 LE) | wait ms (u32 LE)`, answer one byte, 1 when woken.
 pub const TOPIC_WAIT: u8 = 11;
+
+/// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
+pub fn name(op: u8) -> &'static str {
+    match op {
+        RAFT_APPEND => "raft_append",
+        RAFT_VOTE => "raft_vote",
+        RAFT_PRE_VOTE => "raft_pre_vote",
+        RAFT_SNAPSHOT => "raft_snapshot",
+        RAFT_TRANSFER_LEADER => "raft_transfer_leader",
+        META_PROPOSE => "meta_propose",
+        META_READ_INDEX => "meta_read_index",
+        COMMIT_BATCH => "commit_batch",
+        PARTITION_OP => "partition_op",
+        META_JOIN => "meta_join",
+        TOPIC_WAIT => "topic_wait",
+        _ => "unknown",
+    }
+}
