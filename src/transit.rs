@@ -126,6 +126,10 @@ impl HandOff for NodeHandOff {
         }
     }
 
+    async fn confirm_metadata(&self) -> bool {
+        self.0.catch_up_meta().await
+    }
+
     fn owner_stopped(&self) {
         self.0.note_ingress_failure();
     }

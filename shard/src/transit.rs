@@ -82,6 +82,12 @@ pub trait HandOff {
     ) -> impl Future<Output = Result<(), StoreError>>;
     /// Whether a record's topic or partition no longer exists, as the metadata says now.
     fn vanished(&self) -> impl Fn(&AppendRecord) -> bool + '_;
+    /// Whether this node's metadata is confirmed current (a cluster's read barrier through the
+    /// leader, CLUSTER.md §4.3): records whose topic vanished are discarded only then, never on
+    /// the word of a replica that may be stale (a node cut off from the leader).
+    fn confirm_metadata(&self) -> impl Future<Output = bool> {
+        async { true }
+    }
     /// The owner's log stopped for good: the node must take no more produces.
     fn owner_stopped(&self);
     fn stopping(&self) -> bool;
@@ -334,6 +340,11 @@ impl Transit {
         self.forget(log, done).await;
     }
 
+    /// Whether some record queued for `dest` is `gone`.
+    fn holds_where(&self, dest: Destination, gone: impl Fn(&AppendRecord) -> bool) -> bool {
+        self.slot(dest).queue.borrow().iter().any(|e| gone(&e.rec))
+    }
+
     /// Drops (and releases) the records queued for `dest` that are `gone` (their topic or
     /// partition no longer exists); returns how many.
     pub async fn drop_where(
@@ -422,7 +433,13 @@ impl Transit {
                         // the node takes no more produces (SEMANTICS.md §3.4).
                         node.owner_stopped();
                     }
-                    let dropped = self.drop_where(log, dest, node.vanished()).await;
+                    let dropped = if self.holds_where(dest, node.vanished())
+                        && node.confirm_metadata().await
+                    {
+                        self.drop_where(log, dest, node.vanished()).await
+                    } else {
+                        0
+                    };
                     if dropped > 0 {
                         tracing::info!(
                             shard = self.me.0,
@@ -472,9 +489,17 @@ mod tests {
         handed: RefCell<Vec<Vec<AppendRecord>>>,
         stopped_log: Cell<bool>,
         stopping: Cell<bool>,
+        /// What the leader says of the metadata: the read barriers asked, and how many
+        /// confirm (the rest fail, as on a node cut off from the leader).
+        barriers: Cell<u32>,
+        confirmed_after: u32,
     }
 
     impl HandOff for Scripted {
+        async fn confirm_metadata(&self) -> bool {
+            self.barriers.set(self.barriers.get() + 1);
+            self.barriers.get() > self.confirmed_after
+        }
         async fn hand_over(
             &self,
             _: Destination,
@@ -532,6 +557,8 @@ mod tests {
                 handed: RefCell::new(Vec::new()),
                 stopped_log: Cell::new(false),
                 stopping: Cell::new(false),
+                barriers: Cell::new(0),
+                confirmed_after: 0,
             };
             let run = t.dispatch(&node, &log, to, None);
             let watch = async {
@@ -562,6 +589,60 @@ mod tests {
                 0,
                 "handed and dropped records are released"
             );
+        });
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn vanished_records_are_kept_until_the_leader_confirms_the_metadata() {
+        // Proves CLUSTER.md §4.3's discard rule: while the read barrier fails (a node that may
+        // be cut off from the leader, its replica stale), a record whose topic looks deleted
+        // is kept and offered again with the rest; once the barrier confirms, it is dropped
+        // and released, and the others are handed over.
+        let dir = std::env::temp_dir().join(format!(
+            "narad-transit-confirm-{}-{}",
+            std::process::id(),
+            UnixMillis::now().0
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 2);
+        rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let t = Transit::new(ShardId(0), 2, Arc::new(TransitProgress::default()));
+            let to = Destination::Shard(ShardId(1));
+            for r in [rec(1, 0), rec(99, 1)] {
+                let hold = log.append_transit(to, r.clone()).await.unwrap();
+                t.push(to, hold, r);
+            }
+            let failed = || Err(StoreError::Failed("topic deleted".into()));
+            let node = Scripted {
+                answers: RefCell::new(VecDeque::from([failed(), failed(), failed()])),
+                handed: RefCell::new(Vec::new()),
+                stopped_log: Cell::new(false),
+                stopping: Cell::new(false),
+                barriers: Cell::new(0),
+                confirmed_after: 2,
+            };
+            let run = t.dispatch(&node, &log, to, None);
+            let watch = async {
+                for _ in 0..300 {
+                    if t.pending() == 0 {
+                        break;
+                    }
+                    rt::sleep(Duration::from_millis(10)).await;
+                }
+                node.stopping.set(true);
+                assert_eq!(t.drain(Instant::now() + Duration::from_secs(1)).await, 0);
+            };
+            let ((), ()) = futures_lite::future::zip(run, watch).await;
+            let both = vec![rec(1, 0), rec(99, 1)];
+            assert_eq!(
+                *node.handed.borrow(),
+                vec![both.clone(), both.clone(), both, vec![rec(1, 0)]],
+                "kept through two unconfirmed passes, dropped after the third"
+            );
+            assert_eq!(node.barriers.get(), 3);
+            assert_eq!(log.transit_held(), 0);
         });
         let _ = std::fs::remove_dir_all(dir);
     }
