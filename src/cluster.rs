@@ -65,6 +65,10 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },
+        ops::FANOUT_LAG => match node.serve_fanout_lag(req.body()).await {
+            Ok(b) => Outcome::Ok(b),
+            Err(e) => Outcome::Error(e),
+        },
         ops::TOPIC_WAIT => match node.serve_topic_wait(req.body()).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),

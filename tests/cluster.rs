@@ -374,6 +374,71 @@ fn a_long_poll_on_one_node_wakes_for_a_commit_on_another() {
 }
 
 #[test]
+fn a_child_is_placed_away_from_its_parent_and_fed_from_every_owner() {
+    // Proves CLUSTER.md §8 and §5.4 for a replica child: created with `parent`, each child
+    // partition is owned by another node than the parent partition of the same index; every
+    // parent message produced through any node reaches the child (copied by the cursor on the
+    // parent partition's owner, handed to the child partition's owner) and is consumed once
+    // from the child through a third node; the children listing on one node sums the cursors
+    // of all three owners: lag 0 and complete once copied (one node's cursors alone cover a
+    // third of the parent's partitions).
+    let c = Cluster::start("child", 3);
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"orders","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = c.nodes[1].admin().post(
+        "/v1/topics",
+        r#"{"name":"audit","partitions":3,"parent":"orders"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let parent = owners(&mut a, "orders");
+    let child = owners(&mut a, "audit");
+    for p in 0..3 {
+        assert!(!parent[p].is_empty() && !child[p].is_empty());
+        assert_ne!(
+            parent[p], child[p],
+            "child partition {p} away from its parent's"
+        );
+    }
+    for n in &c.nodes {
+        let seen = within(Duration::from_secs(5), || {
+            n.admin().get("/v1/topics/audit").status == 200
+        });
+        assert!(seen.is_some(), "{} knows the child", n.id);
+    }
+    let mut want = std::collections::BTreeSet::new();
+    for i in 0..30 {
+        let r = c.nodes[i % 3]
+            .admin()
+            .post("/v1/topics/orders/produce", &format!(r#"{{"o":{i}}}"#));
+        assert_eq!(r.status, 202, "{}", r.text());
+        want.insert(format!(r#"{{"o":{i}}}"#));
+    }
+    let listing = || c.nodes[0].admin().get("/v1/topics/orders/children").json();
+    let caught_up = within(Duration::from_secs(15), || {
+        let l = listing();
+        l["children"][0]["lag_messages"] == 0
+            && l["children"][0]["lag_complete"] == true
+            && c.nodes[2].admin().get("/v1/topics/audit").json()["partition_stats"]
+                .as_array()
+                .expect("stats")
+                .iter()
+                .map(|p| p["high_watermark"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+                == 30
+    });
+    assert!(
+        caught_up.is_some(),
+        "child fed, listing complete: {}",
+        listing()
+    );
+    let got = drain(&c, 2, "audit");
+    let got_set: std::collections::BTreeSet<String> = got.iter().cloned().collect();
+    assert_eq!(got.len(), 30, "each parent message once in the child");
+    assert_eq!(got_set, want);
+}
+
+#[test]
 fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
     // through node 1 are still answered 202; the records of node 3's partition are rerouted to

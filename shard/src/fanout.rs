@@ -119,6 +119,9 @@ pub type KeyRoute = fn(&[u8], u32) -> u32;
 pub struct Link {
     pub parent: TopicId,
     pub parent_partitions: u32,
+    /// Per parent partition, whether this node owns it (a cluster): cursors run only on the
+    /// owner's. Empty: this node owns every partition (a node that is its whole cluster).
+    pub parent_owned: Vec<bool>,
     pub child: TopicId,
     pub child_partitions: u32,
     /// The attach epoch (16 hex chars in the metadata) as a number.
@@ -370,7 +373,9 @@ impl Fanout {
                     topic: l.parent,
                     partition: PartitionId(p),
                 };
-                if owner_shard(key, self.shards) != self.shard {
+                if owner_shard(key, self.shards) != self.shard
+                    || l.parent_owned.get(p as usize) == Some(&false)
+                {
                     continue;
                 }
                 let id = CursorId {
@@ -825,6 +830,7 @@ mod tests {
         Link {
             parent: TopicId(1),
             parent_partitions: 2,
+            parent_owned: Vec::new(),
             child: TopicId(2),
             child_partitions: 2,
             epoch,

@@ -1,12 +1,14 @@
 //! The fan-out cursors of this shard's parent partitions, kept in step with the metadata, and
-//! their lag across shards.
+//! their lag across shards and, in a cluster, across the nodes owning the parent's partitions.
 
 use std::rc::Rc;
 
-use narad_io::types::{ShardId, TopicId};
+use narad_io::peer::ops;
+use narad_io::types::{MemberId, ShardId, TopicId};
 use narad_raft::MetaState;
 use narad_shard::fanout::{ChildLag, Fanout, Link};
 
+use super::remote::FORWARD_BUDGET;
 use super::*;
 
 impl Node {
@@ -41,7 +43,8 @@ impl Node {
     pub(super) fn reconcile_fanout(&self, meta: &MetaState) {
         let f = self.fanout.borrow().clone();
         if let Some(f) = f {
-            f.reconcile(&fanout_links(meta));
+            let me = (!self.config.peers.is_empty()).then_some(self.config.node_id.as_str());
+            f.reconcile(&fanout_links(meta, me));
         }
     }
 
@@ -78,9 +81,36 @@ impl Node {
             .unwrap_or_default()
     }
 
-    /// Lag per child of `parent`, summed over every shard's cursors; `false` when some shard did
-    /// not answer (the sums are then lower bounds).
+    /// Lag per child of `parent`, summed over every shard's cursors and, in a cluster, over the
+    /// cursors of every other node owning partitions of the parent (CLUSTER.md §5.4: children
+    /// listing asks every parent-partition owner); `false` when some shard or owner did not
+    /// answer (the sums are then lower bounds).
     pub async fn fanout_lag(&self, parent: TopicId) -> (Vec<ChildLag>, bool) {
+        let (mut all, mut complete) = self.node_fanout_lag(parent).await;
+        let owners: Vec<MemberId> = {
+            let idx = self.remote_owners.borrow();
+            let mut v: Vec<MemberId> = Vec::new();
+            for m in idx.get(&parent).iter().flat_map(|o| o.iter()).flatten() {
+                if !v.contains(m) {
+                    v.push(*m);
+                }
+            }
+            v
+        };
+        let asks = owners
+            .into_iter()
+            .map(|m| self.remote_fanout_lag(m, parent));
+        for answer in futures_util::future::join_all(asks).await {
+            match answer {
+                Some(v) => merge_lags(&mut all, v),
+                None => complete = false,
+            }
+        }
+        (all, complete)
+    }
+
+    /// [`Node::fanout_lag`] over this node's shards only.
+    async fn node_fanout_lag(&self, parent: TopicId) -> (Vec<ChildLag>, bool) {
         let mut all = self.local_fanout_lag(parent);
         let mut complete = true;
         for s in 0..self.shards {
@@ -94,34 +124,109 @@ impl Node {
             )
             .await
             {
-                Ok(ShardResp::FanoutLag(v)) => {
-                    for l in v {
-                        match all.iter_mut().find(|a| a.child == l.child) {
-                            Some(a) => {
-                                a.lag_messages += l.lag_messages;
-                                a.cursors += l.cursors;
-                                a.due_lag_ms = a.due_lag_ms.max(l.due_lag_ms);
-                            }
-                            None => all.push(l),
-                        }
-                    }
-                }
+                Ok(ShardResp::FanoutLag(v)) => merge_lags(&mut all, v),
                 _ => complete = false,
             }
         }
         (all, complete)
     }
+
+    /// Member `m`'s lags of `parent`'s children ([`ops::FANOUT_LAG`]); `None` when it did not
+    /// answer (or is dead) within [`FORWARD_BUDGET`].
+    async fn remote_fanout_lag(&self, m: MemberId, parent: TopicId) -> Option<Vec<ChildLag>> {
+        let (Some(links), Some((_, addr))) = (&self.links, self.member_addr(m)) else {
+            return None;
+        };
+        if self.member_dead(m) {
+            return None;
+        }
+        let body = parent.0.to_le_bytes();
+        let reply = links
+            .to(&addr)
+            .call(ops::FANOUT_LAG, &body, FORWARD_BUDGET)
+            .await
+            .ok()?;
+        decode_lags(&reply)
+    }
+
+    /// Another node lists the children of a parent of which this node owns partitions: the
+    /// lags of this node's cursors (body: the parent's topic id, u64 LE).
+    pub async fn serve_fanout_lag(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        let id: [u8; 8] = body
+            .try_into()
+            .map_err(|_| "fan-out lag: body of 8 bytes expected".to_string())?;
+        let (lags, complete) = self.node_fanout_lag(TopicId(u64::from_le_bytes(id))).await;
+        if !complete {
+            return Err("fan-out lag: a shard of this node did not answer".into());
+        }
+        Ok(encode_lags(&lags))
+    }
 }
 
-/// The fan-out links of the metadata, as the cursors need them.
-fn fanout_links(meta: &MetaState) -> Vec<Link> {
+/// Adds `more` (another shard's or node's cursors) into `all`, per child.
+fn merge_lags(all: &mut Vec<ChildLag>, more: Vec<ChildLag>) {
+    for l in more {
+        match all.iter_mut().find(|a| a.child == l.child) {
+            Some(a) => {
+                a.lag_messages += l.lag_messages;
+                a.cursors += l.cursors;
+                a.due_lag_ms = a.due_lag_ms.max(l.due_lag_ms);
+            }
+            None => all.push(l),
+        }
+    }
+}
+
+/// Bytes of one lag on the wire: child id, lag, cursors, due lag (little endian).
+const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8;
+
+fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(lags.len() * LAG_WIRE_BYTES);
+    for l in lags {
+        out.extend_from_slice(&l.child.0.to_le_bytes());
+        out.extend_from_slice(&l.lag_messages.to_le_bytes());
+        out.extend_from_slice(&l.cursors.to_le_bytes());
+        out.extend_from_slice(&l.due_lag_ms.to_le_bytes());
+    }
+    out
+}
+
+/// The lags [`encode_lags`] wrote; `None` for bytes of another length.
+fn decode_lags(b: &[u8]) -> Option<Vec<ChildLag>> {
+    if !b.len().is_multiple_of(LAG_WIRE_BYTES) {
+        return None;
+    }
+    let u64_at = |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8"));
+    Some(
+        b.chunks_exact(LAG_WIRE_BYTES)
+            .map(|c| ChildLag {
+                child: TopicId(u64_at(c, 0)),
+                lag_messages: u64_at(c, 8),
+                cursors: u32::from_le_bytes(c[16..20].try_into().expect("4")),
+                due_lag_ms: u64_at(c, 20),
+            })
+            .collect(),
+    )
+}
+
+/// The fan-out links of the metadata, as the cursors need them. In a cluster (`me` is this
+/// node's id) only the parent partitions this node owns get cursors here: the others are
+/// copied by their owners.
+fn fanout_links(meta: &MetaState, me: Option<&str>) -> Vec<Link> {
     meta.topics
         .values()
         .filter_map(|c| {
             let p = meta.topic(c.parent.as_deref()?)?;
+            let parent_owned = match me {
+                Some(me) if !p.owners.is_empty() => (0..p.partitions)
+                    .map(|i| p.owner_of(i) == Some(me))
+                    .collect(),
+                _ => Vec::new(),
+            };
             Some(Link {
                 parent: p.id,
                 parent_partitions: p.partitions,
+                parent_owned,
                 child: c.id,
                 child_partitions: c.partitions,
                 epoch: narad_shard::fanout::epoch_from_hex(c.attach_epoch.as_deref()?),

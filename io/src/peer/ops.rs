@@ -30,6 +30,10 @@ pub const META_JOIN: u8 = 10;
 /// wait ends: body `topic id (u64 LE) | wait ms (u32 LE)`, answer one byte, 1 when woken.
 pub const TOPIC_WAIT: u8 = 11;
 
+/// The lags of a parent topic's children over the receiver's fan-out cursors (body: the
+/// parent's topic id, u64 LE; answer: per child, its id, lag, cursors and due lag).
+pub const FANOUT_LAG: u8 = 12;
+
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
     match op {
@@ -44,6 +48,7 @@ pub fn name(op: u8) -> &'static str {
         PARTITION_OP => "partition_op",
         META_JOIN => "meta_join",
         TOPIC_WAIT => "topic_wait",
+        FANOUT_LAG => "fanout_lag",
         _ => "unknown",
     }
 }
