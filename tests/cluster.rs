@@ -439,6 +439,64 @@ fn a_child_is_placed_away_from_its_parent_and_fed_from_every_owner() {
 }
 
 #[test]
+fn a_node_that_missed_compacted_entries_catches_up_from_a_snapshot() {
+    // Proves snapshot shipping across processes (CLUSTER.md §3): with snapshots every 20
+    // entries and 5 kept behind, node 3 is killed, 30 topics are created (and heartbeats go
+    // on) so the leader's log no longer holds what node 3 missed; restarted, node 3 installs
+    // the leader's snapshot (its log says so) and serves every topic: a produce through it to
+    // the last one is consumed through node 1.
+    let c = Cluster::spawn("snap", 3, |_| {
+        vec![
+            ("NARAD_CLUSTER_RAFT_SNAPSHOT_THRESHOLD".into(), "20".into()),
+            ("NARAD_CLUSTER_RAFT_TRAILING_LOGS".into(), "5".into()),
+        ]
+    });
+    let mut c = c;
+    c.wait_ready(Duration::from_secs(30));
+    let leader = c.leader().expect("a leader");
+    let out = (0..3).find(|&i| i != leader).expect("a follower");
+    let keep = (0..3).find(|&i| i != leader && i != out).expect("another");
+    c.nodes[out].kill9();
+    let mut a = c.nodes[leader].admin();
+    for i in 0..30 {
+        let r = a.post(
+            "/v1/topics",
+            &format!(r#"{{"name":"snap-{i}","partitions":3}}"#),
+        );
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    c.start_node(out);
+    c.wait_ready(Duration::from_secs(30));
+    let installed = within(Duration::from_secs(20), || {
+        c.nodes[out]
+            .log_text()
+            .contains("metadata snapshot installed from the leader")
+    });
+    assert!(installed.is_some(), "node {out} caught up from a snapshot");
+    let mut o = c.nodes[out].admin();
+    let known = within(Duration::from_secs(10), || {
+        (0..30).all(|i| o.get(&format!("/v1/topics/snap-{i}")).status == 200)
+    });
+    assert!(
+        known.is_some(),
+        "every topic is known on the restarted node"
+    );
+    let r = o.post("/v1/topics/snap-29/produce", r#"{"after":"snapshot"}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let mut got = None;
+    within(Duration::from_secs(10), || {
+        let r = c.nodes[keep]
+            .admin()
+            .get("/v1/topics/snap-29/consume?wait=500ms");
+        if r.status == 200 {
+            got = Some(r.json());
+        }
+        got.is_some()
+    });
+    assert_eq!(got.expect("consumed")["payload"]["after"], "snapshot");
+}
+
+#[test]
 fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
     // through node 1 are still answered 202; the records of node 3's partition are rerouted to

@@ -1050,6 +1050,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.last_applied = meta.last_log_id.clone();
         self.last_membership = meta.last_membership.clone();
         self.published.publish(Arc::new(self.state.clone()));
+        tracing::info!(
+            last_index = meta.last_log_id.as_ref().map_or(0, |l| l.index),
+            bytes = snapshot.len(),
+            "metadata snapshot installed from the leader"
+        );
         Ok(())
     }
 
