@@ -94,6 +94,29 @@ pub fn thread_cpu_time_ns() -> Option<u64> {
     )
 }
 
+/// Makes closing socket `fd` abortive (`SO_LINGER` on with a zero timeout): `close` sends a
+/// reset and discards whatever the kernel still holds unsent, instead of delivering it later.
+pub fn set_linger_abort(fd: std::os::fd::RawFd) -> io::Result<()> {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is a valid linger struct and its size is passed; a bad `fd` is an error return.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +172,58 @@ mod tests {
         }
         let worked = thread_cpu_time_ns().unwrap() - t1;
         assert!(worked >= 20_000_000, "5 s of computing counted {worked} ns");
+    }
+
+    /// Writes into a connection whose peer does not read until the kernel takes no more,
+    /// closes it (abortively or not), then reads everything the peer side gets: bytes written,
+    /// bytes read, and whether the read ended in an error rather than an end of stream.
+    fn close_with_unsent_bytes(abortive: bool) -> (usize, usize, bool) {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut c = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (mut s, _) = l.accept().expect("accept");
+        c.set_nonblocking(true).expect("nonblocking");
+        let chunk = vec![7u8; 64 << 10];
+        let mut written = 0usize;
+        while written < (256 << 20) {
+            match c.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        if abortive {
+            set_linger_abort(c.as_raw_fd()).expect("linger");
+        }
+        drop(c);
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .expect("timeout");
+        let mut read = 0usize;
+        let mut buf = vec![0u8; 1 << 20];
+        let failed = loop {
+            match s.read(&mut buf) {
+                Ok(0) => break false,
+                Ok(n) => read += n,
+                Err(_) => break true,
+            }
+        };
+        (written, read, failed)
+    }
+
+    #[test]
+    fn an_abortive_close_discards_what_the_peer_has_not_received() {
+        // Proves `set_linger_abort` (used by cluster links): bytes still queued in the kernel
+        // when the socket closes never reach the peer, which sees a reset; without it, the
+        // same close delivers every byte and then an end of stream.
+        let (written, read, failed) = close_with_unsent_bytes(false);
+        assert_eq!(
+            (read, failed),
+            (written, false),
+            "a plain close delivers all"
+        );
+        let (written, read, failed) = close_with_unsent_bytes(true);
+        assert!(read < written, "{read} of {written} bytes arrived");
+        assert!(failed, "the peer sees a reset, not an end of stream");
     }
 }

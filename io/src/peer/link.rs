@@ -272,6 +272,11 @@ impl PeerLink {
             .await
             .map_err(|e| format!("connect {}: {e}", self.0.addr))?;
         let _ = stream.set_nodelay(true);
+        // A request this node gave up on (a call that timed out closes a silent connection, and
+        // the caller hears "may have been applied") must not reach the peer later: without
+        // this, a cut network that heals delivers the kernel's buffered bytes and the peer runs
+        // a metadata proposal the client was answered 503 for seconds before.
+        let _ = stream.set_abortive_close();
         let (r, mut w) = futures_lite::io::split(stream);
         let mut reader = FrameReader::new(r);
         let peer_id = dial_handshake(&self.0.me, &mut reader, &mut w)

@@ -283,6 +283,13 @@ impl TcpStream {
         self.0.set_nodelay(on).map_err(gerr)
     }
 
+    /// Makes closing this stream abortive: bytes not yet delivered are discarded with a reset,
+    /// never delivered once a cut network heals (see [`crate::sys::set_linger_abort`]).
+    pub fn set_abortive_close(&self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        crate::sys::set_linger_abort(self.0.as_raw_fd())
+    }
+
     /// Bounds every single read that has to wait: it fails with `ErrorKind::TimedOut` after
     /// `dur`. `None` waits forever. A zero duration is raised to one microsecond.
     /// glommio arms the timer when a read first waits and disarms it when a read completes: a
