@@ -497,6 +497,39 @@ fn a_node_that_missed_compacted_entries_catches_up_from_a_snapshot() {
 }
 
 #[test]
+fn forget_goes_through_the_leader_and_refuses_what_it_must() {
+    // Proves API.md §12.6 on a cluster, asked through a follower (forwarded to the leader):
+    // the leader cannot be forgotten (400), an id that is no Raft server is 404, a voter that
+    // still has a member record is 409 and stays a voter.
+    let c = Cluster::start("forget", 3);
+    let leader = c.leader().expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).expect("a follower");
+    let other = (0..3)
+        .find(|&i| i != leader && i != follower)
+        .expect("another");
+    let mut f = c.nodes[follower].admin();
+    let lid = c.nodes[leader].id.clone();
+    let r = f.post(&format!("/v1/cluster/members/{lid}/forget"), "");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("is the Raft leader"), "{}", r.text());
+    let r = f.post("/v1/cluster/members/nobody/forget", "");
+    assert_eq!(r.status, 404, "{}", r.text());
+    let oid = c.nodes[other].id.clone();
+    let r = f.post(&format!("/v1/cluster/members/{oid}/forget"), "");
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("member record"), "{}", r.text());
+    let members = f.get("/v1/cluster/members").json();
+    let row = members["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .find(|m| m["id"] == oid.as_str())
+        .cloned()
+        .expect("still listed");
+    assert_eq!(row["voter"], true, "still a voter: {row}");
+}
+
+#[test]
 fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
     // through node 1 are still answered 202; the records of node 3's partition are rerouted to

@@ -46,6 +46,7 @@ pub fn apply(
             | MetaCommand::DetachChild { .. }
             | MetaCommand::Heartbeat { .. }
             | MetaCommand::MarkDead { .. }
+            | MetaCommand::ForgetServer { .. }
     );
     let out = match cmd {
         MetaCommand::CreateTopic(t) => create_topic(state, t),
@@ -137,6 +138,10 @@ pub fn apply(
             }
             Ok(MetaResponse::Done)
         }
+        // A membership change, run by the leader outside the log (`MetaNode::propose_here`).
+        MetaCommand::ForgetServer { .. } => Err(MetaError::invalid(
+            "forgetting a server is a membership change, not a log entry",
+        )),
     };
     if out.is_ok() {
         if touches_topics {

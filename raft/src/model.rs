@@ -310,6 +310,12 @@ pub enum MetaCommand {
     MarkDead {
         ids: Vec<String>,
     },
+    /// Remove Raft server `id` (voter or non-voter) that has no member record (API.md §12.6).
+    /// Never a log entry: the leader runs it as a membership change where it would propose
+    /// ([`crate::MetaNode::propose`]); one that reaches the log anyway changes nothing.
+    ForgetServer {
+        id: String,
+    },
 }
 
 impl std::fmt::Display for MetaCommand {
@@ -332,6 +338,7 @@ impl std::fmt::Display for MetaCommand {
             MetaCommand::SeedRoot { .. } => write!(f, "SeedRoot"),
             MetaCommand::Heartbeat { id, .. } => write!(f, "Heartbeat({id})"),
             MetaCommand::MarkDead { ids } => write!(f, "MarkDead({})", ids.join(",")),
+            MetaCommand::ForgetServer { id } => write!(f, "ForgetServer({id})"),
         }
     }
 }
@@ -347,6 +354,8 @@ pub enum MetaResponse {
     Done,
     /// The command changed nothing (re-sent identical schema).
     Unchanged(TopicMeta),
+    /// A Raft server was removed from the configuration; `voter`: it was a voter.
+    Forgot { id: String, voter: bool },
 }
 
 /// The class of an expected apply error: what went wrong, for the caller to answer (the API

@@ -232,6 +232,8 @@ const LEADER_WAIT_ON_PROPOSE: Duration = Duration::from_secs(3);
 
 /// Longest a membership change may take before the leader gives up on it (it retries later).
 const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Fewest voters a forget may leave (CLUSTER.md §10: never below 3).
+const VOTERS_MIN: usize = 3;
 
 /// Hops a proposal follows to find the leader before giving up (leader hints can be stale
 /// during an election).
@@ -715,8 +717,85 @@ impl MetaNode {
         }
     }
 
+    /// Leader: removes Raft server `id`, which must have no member record, be named by no
+    /// assignment, not be this leader, and (a voter) leave at least [`VOTERS_MIN`] voters
+    /// (API.md §12.6). The answer's index is the membership change's log index.
+    async fn forget_here(&self, id: &str) -> Result<(u64, MetaResponse), ProposeError> {
+        let refuse = |e: MetaError| Err(ProposeError::Apply(e));
+        if !self.is_leader() {
+            let leader = self.metrics.borrow_watched().current_leader.clone();
+            return Err(ProposeError::NoLeader { leader });
+        }
+        if id == self.id {
+            return refuse(MetaError::invalid(format!(
+                "{id} is the Raft leader: it cannot be forgotten"
+            )));
+        }
+        let (_, voters, learners) = self.raft_view();
+        let voter = voters.iter().any(|v| v == id);
+        if !voter && !learners.iter().any(|l| l == id) {
+            return refuse(MetaError::not_found(format!("no Raft server {id:?}")));
+        }
+        let st = self.state();
+        if st.members.contains_key(id) {
+            return refuse(MetaError::conflict(format!(
+                "{id} has a member record: decommission it instead"
+            )));
+        }
+        if let Some(t) = st
+            .topics
+            .values()
+            .find(|t| t.owners.iter().any(|o| o == id))
+        {
+            return refuse(MetaError::conflict(format!(
+                "{id} is named by an assignment of topic {:?}",
+                t.name
+            )));
+        }
+        if voter && voters.len() <= VOTERS_MIN {
+            return refuse(MetaError::conflict(format!(
+                "forgetting {id} would leave fewer than {VOTERS_MIN} voters"
+            )));
+        }
+        let gone: std::collections::BTreeSet<String> = [id.to_string()].into();
+        let change = if voter {
+            openraft::ChangeMembers::RemoveVoters(gone)
+        } else {
+            openraft::ChangeMembers::RemoveNodes(gone)
+        };
+        match crate::rt::timeout(
+            MEMBERSHIP_CHANGE_TIMEOUT,
+            self.raft.change_membership(change, false),
+        )
+        .await
+        {
+            Ok(Ok(r)) => {
+                tracing::info!(node = id, voter, "Raft server forgotten");
+                Ok((
+                    r.log_id.index,
+                    MetaResponse::Forgot {
+                        id: id.to_string(),
+                        voter,
+                    },
+                ))
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NoLeader {
+                    leader: f.leader_id,
+                })
+            }
+            Ok(Err(e)) => Err(ProposeError::Indeterminate(e.to_string())),
+            Err(_) => Err(ProposeError::Indeterminate(
+                "membership change did not finish in time".into(),
+            )),
+        }
+    }
+
     /// Proposes on this node's own Raft: [`ProposeError::NoLeader`] when it does not lead.
     async fn propose_here(&self, cmd: MetaCommand) -> Result<(u64, MetaResponse), ProposeError> {
+        if let MetaCommand::ForgetServer { id } = &cmd {
+            return self.forget_here(id).await;
+        }
         // A heartbeat is judged on the leader's clock (CLUSTER.md §6): the leader stamps it.
         let cmd = match cmd {
             MetaCommand::Heartbeat {

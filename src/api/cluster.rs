@@ -268,25 +268,37 @@ fn abort_check(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
     }
 }
 
-/// `POST /v1/cluster/members/{id}/forget` (§12.6): the only Raft server is this node, the
-/// leader, which cannot be forgotten.
-pub fn forget(node: &Rc<Node>, c: &Caller, id: &str) -> Response {
+/// `POST /v1/cluster/members/{id}/forget` (§12.6): removes a Raft voter or non-voter that has
+/// no member record, through the leader (a membership change). On a node that is its whole
+/// cluster the only Raft server is this node, the leader, which cannot be forgotten.
+pub async fn forget(node: &Rc<Node>, c: &Caller, id: &str) -> Response {
     const EVENT: &str = "cluster.forget";
     if let Some(r) = denied(c, EVENT, id) {
         return r;
     }
-    audited(EVENT, c, id, forget_check(node, id))
+    let answer = forget_check(node, id).await;
+    audited(EVENT, c, id, answer)
 }
 
-fn forget_check(node: &Rc<Node>, id: &str) -> Response {
+async fn forget_check(node: &Rc<Node>, id: &str) -> Response {
     if let Some(r) = unavailable(node) {
         return r;
     }
-    if id == node.config.node_id {
-        return error(
-            400,
-            &format!("{id} is the Raft leader: it cannot be forgotten"),
-        );
+    if node.config.peers.is_empty() {
+        if id == node.config.node_id {
+            return error(
+                400,
+                &format!("{id} is the Raft leader: it cannot be forgotten"),
+            );
+        }
+        return error(404, &format!("no Raft server {id:?}"));
     }
-    error(404, &format!("no Raft server {id:?}"))
+    let cmd = narad_raft::MetaCommand::ForgetServer { id: id.to_string() };
+    match node.propose(cmd).await {
+        Ok(narad_raft::MetaResponse::Forgot { id, voter }) => {
+            json_response(200, &json!({"id": id, "voter": voter}))
+        }
+        Ok(other) => error(500, &format!("unexpected answer to forget: {other:?}")),
+        Err(e) => super::propose_error(e),
+    }
 }

@@ -649,7 +649,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ClusterMoves => cluster::moves(node, &req),
         Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t),
         Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, &caller, t),
-        Route::ClusterForget => cluster::forget(node, &caller, t),
+        Route::ClusterForget => cluster::forget(node, &caller, t).await,
         Route::RemotesCreate
         | Route::RemotesList
         | Route::RemoteGet
