@@ -530,8 +530,6 @@ def validation_refuses_with_the_spec_messages():
         (["replicaCount=4"], "replicaCount (4) is above the peer list's size (3, clusterPeerCount or else initialClusterSize): this build cannot join a node outside NARAD_CLUSTER_PEERS yet."),
         (["initialClusterSize=1"], "replicaCount (3) is above the peer list's size (1, clusterPeerCount or else initialClusterSize)"),
         (["replicaCount=4", "clusterPeerCount=3"], "replicaCount (4) is above the peer list's size (3"),
-        # ... and refuses the Raft TLS files in a cluster.
-        (["security.clusterTLS.enabled=true"], "security.clusterTLS.enabled with a peer list: this build has no TLS on the cluster port"),
         (["networkPolicy.enabled=false"], "security.enabled with security.clusterTLS.enabled=false leaves Raft traffic in plaintext"),
         (["serviceMonitor.enabled=true", "metrics.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
         (["serviceMonitor.enabled=true", "service.internal.enabled=false"], "serviceMonitor.enabled needs metrics.enabled and service.internal.enabled"),
@@ -547,6 +545,7 @@ def validation_refuses_with_the_spec_messages():
         ["networkPolicy.enabled=false", "security.enabled=false"],
         ["networkPolicy.enabled=false", "security.allowPlaintextRaft=true"],
         [*ONE_NODE, "networkPolicy.enabled=false", "security.clusterTLS.enabled=true"],
+        ["networkPolicy.enabled=false", "security.clusterTLS.enabled=true"],
         [*ONE_NODE, "clusterPeerCount=1"],
         ["clusterPeerCount=3"],
         ["clusterPeerCount=5"],

@@ -1296,7 +1296,6 @@ impl Config {
         }
         self.validate_storage()?;
         self.validate_remotes()?;
-        self.validate_cluster()?;
         let tls = &self.cluster_tls;
         let files = [
             ("security.cluster_tls_cert_file", &tls.cert_file),
@@ -1314,7 +1313,24 @@ impl Config {
                 missing.join(", ")
             ));
         }
+        self.validate_cluster()?;
         Ok(())
+    }
+
+    /// The cluster port's TLS (CLUSTER.md §12), loaded from the three files when they are set
+    /// and this node has peers; an error names the file and the problem.
+    pub fn cluster_peer_tls(&self) -> Result<Option<narad_io::peer::PeerTls>, String> {
+        let t = &self.cluster_tls;
+        if self.peers.is_empty() || t.cert_file.is_empty() {
+            return Ok(None);
+        }
+        narad_io::peer::PeerTls::from_files(
+            std::path::Path::new(&t.cert_file),
+            std::path::Path::new(&t.key_file),
+            std::path::Path::new(&t.ca_file),
+        )
+        .map(Some)
+        .map_err(|e| format!("security.cluster_tls_*_file: {e}"))
     }
 
     /// CLUSTER.md §7 and §12: the peer list's shape, and the refusals of an unsafe cluster.
@@ -1362,8 +1378,8 @@ impl Config {
                 ));
             }
         }
-        if !self.cluster_tls.cert_file.is_empty() {
-            return Err("security.cluster_tls_*_file: TLS on the cluster port is not supported by this build yet; on a private network set security.allow_plaintext_raft".into());
+        if self.cluster_peer_tls()?.is_some() {
+            return Ok(());
         }
         let loopback = self
             .cluster_addr

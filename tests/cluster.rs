@@ -530,6 +530,55 @@ fn forget_goes_through_the_leader_and_refuses_what_it_must() {
 }
 
 #[test]
+fn a_cluster_with_tls_on_its_port_works_and_refuses_a_plain_node() {
+    // Proves CLUSTER.md §12's TLS: three nodes given the NARAD_CLUSTER_TLS_* files of one CA
+    // (security on, the default serve) form a cluster over mutual TLS, and a message produced
+    // through one is consumed through another; a fourth node with the secret but no
+    // certificates, asking to join, is refused by TLS (never admitted, never ready) and the
+    // cluster's logs say so.
+    let pki = std::env::temp_dir().join(format!("narad-test-pki-{}", std::process::id()));
+    let Some(tls) = common::cluster::test_tls_env(&pki) else {
+        return;
+    };
+    let mut c = Cluster::spawn("tls", 3, |_| tls.clone());
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"sealed","partitions":3}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = a.post("/v1/topics/sealed/produce?partition=1", r#"{"over":"tls"}"#);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let mut got = None;
+    within(Duration::from_secs(10), || {
+        let r = c.nodes[2]
+            .admin()
+            .get("/v1/topics/sealed/consume?partition=1&wait=500ms");
+        if r.status == 200 {
+            got = Some(r.json());
+        }
+        got.is_some()
+    });
+    assert_eq!(got.expect("consumed")["payload"]["over"], "tls");
+    let plain = c.add_joiner(Vec::new());
+    let refused = within(Duration::from_secs(15), || {
+        c.nodes[..3]
+            .iter()
+            .any(|n| n.log_text().contains("cluster connection refused: TLS"))
+    });
+    assert!(refused.is_some(), "a node without TLS is refused by TLS");
+    assert_ne!(
+        c.nodes[plain].readyz(),
+        200,
+        "the plain node is never ready"
+    );
+    let members = a.get("/v1/cluster/members").json();
+    assert!(
+        !members.to_string().contains(&c.nodes[plain].id),
+        "never admitted: {members}"
+    );
+    let _ = std::fs::remove_dir_all(pki);
+}
+
+#[test]
 fn an_owner_killed_keeps_produce_answered_rerouted_and_pinned_work_gets_503() {
     // Proves CLUSTER.md §4.3 and §11's row "one node down": with node 3 killed (-9), produces
     // through node 1 are still answered 202; the records of node 3's partition are rerouted to

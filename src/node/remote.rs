@@ -43,6 +43,10 @@ pub fn identity(config: &Config) -> Identity {
     Identity {
         node_id: config.node_id.clone(),
         secret,
+        tls: config
+            .cluster_peer_tls()
+            .expect("the cluster TLS files were loaded when the configuration was validated")
+            .map(Arc::new),
     }
 }
 

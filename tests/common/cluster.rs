@@ -269,3 +269,66 @@ impl Cluster {
         })
     }
 }
+
+/// A throw-away CA in `dir` and one certificate it signs for 127.0.0.1 (server and client
+/// use, shared by every node of a test cluster), made with the openssl command line: the
+/// `NARAD_CLUSTER_TLS_*` settings for it. `None` (the reason printed) without openssl.
+pub fn test_tls_env(dir: &std::path::Path) -> Option<Vec<(String, String)>> {
+    if Command::new("openssl").arg("version").output().is_err() {
+        eprintln!("skipped: no openssl command to make test certificates");
+        return None;
+    }
+    std::fs::create_dir_all(dir).expect("pki dir");
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let ca_req = ["req", "-x509", "-keyout", "ca.key", "-out", "ca.pem"];
+    let ca_tail = ["-days", "2", "-subj", "/CN=narad-test-ca"];
+    run(&[&ca_req[..], &ec, &ca_tail].concat());
+    let node_req = ["req", "-keyout", "node.key", "-out", "node.csr"];
+    run(&[&node_req[..], &ec, &["-subj", "/CN=narad-node"]].concat());
+    std::fs::write(
+        dir.join("node.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("write ext");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "node.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "node.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "node.ext",
+    ]);
+    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    Some(vec![
+        ("NARAD_CLUSTER_TLS_CERT_FILE".into(), path("node.pem")),
+        ("NARAD_CLUSTER_TLS_KEY_FILE".into(), path("node.key")),
+        ("NARAD_CLUSTER_TLS_CA_FILE".into(), path("ca.pem")),
+    ])
+}

@@ -277,6 +277,14 @@ impl PeerLink {
         // this, a cut network that heals delivers the kernel's buffered bytes and the peer runs
         // a metadata proposal the client was answered 503 for seconds before.
         let _ = stream.set_abortive_close();
+        let stream: super::wire::PeerStream = match &self.0.me.tls {
+            Some(tls) => tls.connect(&self.0.addr, stream).await.map_err(|e| {
+                let msg = format!("TLS with {}: {e}", self.0.addr);
+                tracing::error!(peer = %self.0.addr, error = %msg, "cluster connection refused");
+                msg
+            })?,
+            None => Box::new(stream),
+        };
         let (r, mut w) = futures_lite::io::split(stream);
         let mut reader = FrameReader::new(r);
         let peer_id = dial_handshake(&self.0.me, &mut reader, &mut w)

@@ -5,6 +5,7 @@
 //! - [`link`]: [`PeerLink`], a shard's connection to one peer (dial, calls, backoff).
 //! - [`serve`]: the cluster port's accept loop and request dispatch to a handler.
 //! - [`stats`]: the per-thread tally of requests sent, by operation and outcome.
+//! - [`tls`]: mutual TLS on every connection when the cluster has certificates.
 //!
 //! A request's body is one operation byte and the operation's bytes, opaque here; a reply's is
 //! one status byte and the answer. What the operations are is the node's business (`src/`).
@@ -16,11 +17,13 @@ pub mod ops;
 pub mod proof;
 pub mod serve;
 pub mod stats;
+pub mod tls;
 pub mod wire;
 
 pub use link::{PeerError, PeerLink};
 pub use proof::Secret;
 pub use serve::{serve, Admit, Handler, HandlerFuture, Inbound, Outcome};
+pub use tls::PeerTls;
 pub use wire::Identity;
 
 #[cfg(test)]
@@ -30,6 +33,9 @@ mod tests {
 
     use futures_lite::AsyncWriteExt;
 
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
     use super::*;
     use crate::rt::{self, ShutdownSignal, TcpListener, TcpStream};
 
@@ -37,6 +43,7 @@ mod tests {
         Identity {
             node_id: id.into(),
             secret: Secret::new(secret.as_bytes().to_vec()),
+            tls: None,
         }
     }
 
@@ -267,5 +274,145 @@ mod tests {
             assert!(ok, "link reconnected: {:?}", link.last_error());
             stop2.trigger();
         });
+    }
+
+    /// A throw-away CA and a certificate it signs for 127.0.0.1 (server and client use), made
+    /// with the openssl command line in `dir`: (cert, key, ca) paths.
+    fn test_pki(dir: &std::path::Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let (ca_key, ca, key, csr, cert, ext) = (
+            format!("{name}-ca.key"),
+            format!("{name}-ca.pem"),
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                &ca_key,
+                "-out",
+                &ca,
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={name}-ca"),
+            ],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        ]
+        .concat());
+        std::fs::write(
+            dir.join(&ext),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
+        )
+        .expect("write ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
+        (dir.join(cert), dir.join(key), dir.join(ca))
+    }
+
+    #[test]
+    fn tls_connections_need_a_certificate_of_the_cluster_ca() {
+        // Proves mutual TLS on the cluster port: two nodes holding certificates of the same CA
+        // talk (the secret's proof runs inside TLS); a dialler whose certificate another CA
+        // signed is refused before any request runs, and so is one without TLS at all.
+        if std::process::Command::new("openssl")
+            .arg("version")
+            .output()
+            .is_err()
+        {
+            eprintln!("skipped: no openssl command to make test certificates");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("narad-peer-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key, ca) = test_pki(&dir, "cluster");
+        let (other_cert, other_key, other_ca) = test_pki(&dir, "other");
+        let tls = Arc::new(PeerTls::from_files(&cert, &key, &ca).expect("load"));
+        let foreign =
+            Arc::new(PeerTls::from_files(&other_cert, &other_key, &other_ca).expect("load"));
+        assert!(
+            PeerTls::from_files(&key, &key, &ca).is_err(),
+            "a key is not a certificate"
+        );
+        rt::block_on(async move {
+            let stop = ShutdownSignal::new();
+            let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+            let addr = l.local_addr().unwrap().to_string();
+            let mut server = ident("server", "s3cret");
+            server.tls = Some(tls.clone());
+            let admit: Admit = Rc::new(|_: &str| Ok(()));
+            rt::spawn(serve(l, server, handler(), admit, stop.clone())).detach();
+            let mut me = ident("client", "s3cret");
+            me.tls = Some(tls);
+            let link = PeerLink::new(addr.clone(), me);
+            assert_eq!(
+                link.call(1, b"over tls", Duration::from_secs(5)).await,
+                Ok(b"over tls".to_vec())
+            );
+            let mut stranger = ident("client", "s3cret");
+            stranger.tls = Some(foreign);
+            let refused = PeerLink::new(addr.clone(), stranger)
+                .call(1, b"x", Duration::from_secs(5))
+                .await;
+            assert!(
+                matches!(refused, Err(PeerError::Unreachable(_) | PeerError::Lost(_))),
+                "{refused:?}"
+            );
+            let plain = PeerLink::new(addr, ident("client", "s3cret"))
+                .call(1, b"x", Duration::from_secs(3))
+                .await;
+            assert!(plain.is_err(), "a dialler without TLS: {plain:?}");
+            stop.trigger();
+        });
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

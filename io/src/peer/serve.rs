@@ -107,10 +107,27 @@ async fn serve_conn(
     admit: Admit,
     shutdown: ShutdownSignal,
 ) {
+    // The TLS handshake (when the cluster has certificates) and the secret's proof share one
+    // deadline.
+    let deadline = Instant::now() + super::wire::HANDSHAKE_TIMEOUT;
+    let stream: super::wire::PeerStream = match &me.tls {
+        Some(tls) => match rt::timeout_at(deadline, tls.accept(stream)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %addr, error = %e, "cluster connection refused: TLS");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(peer = %addr, "cluster connection refused: no TLS handshake within 5 s");
+                return;
+            }
+        },
+        None => Box::new(stream),
+    };
     let (r, mut w) = futures_lite::io::split(stream);
     let mut reader = FrameReader::new(r);
-    let proved = rt::timeout(
-        super::wire::HANDSHAKE_TIMEOUT,
+    let proved = rt::timeout_at(
+        deadline,
         listen_handshake(&me, &mut reader, &mut w, &*admit),
     )
     .await;

@@ -15,7 +15,7 @@ use super::proof::{
     HANDSHAKE_BODY_BYTES_MAX,
 };
 use crate::frame::{self, FrameError, FrameKind, FRAME_HEADER_BYTES};
-use crate::rt::{Notify, TcpStream};
+use crate::rt::Notify;
 
 /// Longest a handshake may take, either side.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,16 +66,23 @@ impl From<io::Error> for WireError {
     }
 }
 
+/// A connection's byte stream: a plain TCP stream, or TLS over one ([`super::tls`]).
+pub trait PeerIo: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin {}
+impl<T: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin> PeerIo for T {}
+
+/// A cluster connection's stream, whichever it is.
+pub type PeerStream = Box<dyn PeerIo>;
+
 /// Reads whole frames off the read half of a connection.
 pub struct FrameReader {
-    half: ReadHalf<TcpStream>,
+    half: ReadHalf<PeerStream>,
     buf: Vec<u8>,
     /// Start of the unread bytes in `buf`.
     at: usize,
 }
 
 impl FrameReader {
-    pub fn new(half: ReadHalf<TcpStream>) -> FrameReader {
+    pub fn new(half: ReadHalf<PeerStream>) -> FrameReader {
         FrameReader {
             half,
             buf: Vec::with_capacity(READ_CHUNK),
@@ -190,7 +197,7 @@ impl Outbox {
     }
 
     /// The writer task: writes queued frames until the outbox is closed or a write fails.
-    pub async fn drain(self: Rc<Self>, mut half: WriteHalf<TcpStream>) -> Result<(), io::Error> {
+    pub async fn drain(self: Rc<Self>, mut half: WriteHalf<PeerStream>) -> Result<(), io::Error> {
         let mut out = Vec::new();
         loop {
             let t = self.wake.ticket();
@@ -221,7 +228,7 @@ impl Outbox {
 }
 
 async fn write_frame(
-    half: &mut WriteHalf<TcpStream>,
+    half: &mut WriteHalf<PeerStream>,
     request_id: u64,
     body: &[u8],
 ) -> Result<(), WireError> {
@@ -294,13 +301,15 @@ fn nonce() -> [u8; super::proof::NONCE_BYTES] {
 pub struct Identity {
     pub node_id: String,
     pub secret: Secret,
+    /// TLS on every connection, when the cluster has certificates.
+    pub tls: Option<std::sync::Arc<super::tls::PeerTls>>,
 }
 
 /// The dialer's side: answers the listener's node id once both proofs verified.
 pub async fn dial_handshake(
     me: &Identity,
     r: &mut FrameReader,
-    w: &mut WriteHalf<TcpStream>,
+    w: &mut WriteHalf<PeerStream>,
 ) -> Result<String, HandshakeError> {
     let hello = Hello {
         node_id: me.node_id.clone(),
@@ -334,7 +343,7 @@ pub async fn dial_handshake(
 pub async fn listen_handshake(
     me: &Identity,
     r: &mut FrameReader,
-    w: &mut WriteHalf<TcpStream>,
+    w: &mut WriteHalf<PeerStream>,
     admit: &dyn Fn(&str) -> Result<(), String>,
 ) -> Result<String, HandshakeError> {
     let hello = Hello::decode(&read_step(r, 0).await?)?;
