@@ -26,7 +26,8 @@ fn metadata_written_on_any_node_is_seen_on_every_node() {
     // Proves the metadata is one replicated state: a topic created through node 1 (whichever
     // node leads; followers forward) is described on nodes 2 and 3 at once; a user created
     // through node 2 authenticates on nodes 1 and 3; a topic deleted through node 3 is gone
-    // everywhere; and a create retried after it landed answers 409 on another node.
+    // everywhere; a create retried after it landed answers 409 on another node; a schema
+    // registered through node 2 refuses bad payloads on all three nodes.
     let c = Cluster::start("meta", 3);
     let mut a = c.nodes[0].admin();
     let r = a.post("/v1/topics", r#"{"name":"orders","partitions":3}"#);
@@ -62,6 +63,47 @@ fn metadata_written_on_any_node_is_seen_on_every_node() {
         let r = cl.request("GET", "/v1/topics/orders", &[("Authorization", &bad)], b"");
         assert_eq!(r.status, 401, "wrong password on {}", n.id);
     }
+
+    // A schema registered through one node is enforced by every node's produce (the check
+    // runs on the receiving node, before anything is accepted).
+    let schema =
+        r#"{"type":"object","required":["amount"],"properties":{"amount":{"type":"integer"}}}"#;
+    let r = c.nodes[1].admin().post(
+        "/v1/topics",
+        &format!(r#"{{"name":"payments","partitions":3,"schema":{schema}}}"#),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    for n in &c.nodes {
+        let mut admin = n.admin();
+        let r = admin.post("/v1/topics/payments/produce", r#"{"amount":"ten"}"#);
+        assert_eq!(r.status, 400, "refused on {}: {}", n.id, r.text());
+        let r = admin.post(
+            "/v1/topics/payments/produce/batch",
+            r#"{"messages":[{"payload":{"amount":1}},{"payload":{"note":"no amount"}}]}"#,
+        );
+        assert_eq!(
+            r.status,
+            400,
+            "batch refused whole on {}: {}",
+            n.id,
+            r.text()
+        );
+        let r = admin.post("/v1/topics/payments/produce", r#"{"amount":10}"#);
+        assert_eq!(r.status, 202, "accepted on {}: {}", n.id, r.text());
+    }
+    let stored = within(Duration::from_secs(10), || {
+        c.nodes[0].admin().get("/v1/topics/payments").json()["partition_stats"]
+            .as_array()
+            .expect("stats")
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+            == 3
+    });
+    assert!(
+        stored.is_some(),
+        "exactly the three valid messages are stored"
+    );
 
     let r = c.nodes[2].admin().req("DELETE", "/v1/topics/orders", "");
     assert!(
