@@ -7,12 +7,15 @@
 #  3. starts the broker (`narad server start --dev`) on a fresh temporary data directory;
 #  4. runs W1 against nginx (the ceiling), then W1, W2, W3 and W4 against the broker with the
 #     same generator, and prints every figure with its ratio to the ceiling;
-#  5. stops what it started and removes the temporary directories.
+#  5. stops what it started and removes the temporary directories;
+#  6. then runs W1, W2, W3 and W4@5k on one node and on a 3-node loopback cluster side by side
+#     (bench/cluster.sh, CLUSTER_ROUNDS rounds, default 1; 0 skips it; issue 31).
 #
 # Usage: bench/run.sh [loadgen flags...]     e.g. bench/run.sh --duration 5
 # Environment: DURATION (seconds per workload, default 10), BROKER_PORT (17942), NGINX_PORT
 # (18080), NARAD_SHARDS (broker shards, default one per CPU), OUT (JSON report path,
-# default bench-report.json in the current directory), WRK=0 to skip the wrk cross-check.
+# default bench-report.json in the current directory), WRK=0 to skip the wrk cross-check,
+# CLUSTER_ROUNDS (rounds of the one-node/3-node comparison, default 1, 0 to skip).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,3 +83,11 @@ target/release/loadgen bench --url "http://127.0.0.1:$BROKER_PORT" --workload al
   --ceiling-url "http://127.0.0.1:$NGINX_PORT" --ceiling-pid "$NGINX_PID" \
   --server-pid "$BROKER_PID" --duration "$DURATION" --json-out "$OUT" "$@"
 echo "== JSON report: $OUT"
+
+CLUSTER_ROUNDS=${CLUSTER_ROUNDS:-1}
+if [ "$CLUSTER_ROUNDS" != 0 ]; then
+  cleanup
+  trap - EXIT INT TERM
+  echo "== one node against a 3-node loopback cluster (bench/cluster.sh $CLUSTER_ROUNDS, $DURATION s per workload)"
+  BUILD=0 DURATION="$DURATION" "$ROOT/bench/cluster.sh" "$CLUSTER_ROUNDS"
+fi
