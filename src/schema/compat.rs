@@ -901,7 +901,9 @@ mod tests {
         grown.push(json!(1.0));
         let t = std::time::Instant::now();
         ok(json!({ "enum": vals.clone() }), json!({ "enum": grown }));
-        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        // Generous: a quadratic comparison of these sizes takes minutes; a loaded CI machine
+        // must not fail a linear one.
+        assert!(t.elapsed() < std::time::Duration::from_secs(20));
         bad(
             json!({ "enum": vals.clone() }),
             json!({ "enum": vals[1..].to_vec() }),
@@ -921,7 +923,9 @@ mod tests {
         if let Err(e) = check(&o, &n) {
             assert!(e.reason.contains("too complex"), "{e}");
         }
-        assert!(t.elapsed() < std::time::Duration::from_secs(2));
+        // Generous: a quadratic comparison of these sizes takes minutes; a loaded CI machine
+        // must not fail a linear one.
+        assert!(t.elapsed() < std::time::Duration::from_secs(20));
         // 500 old branches each tried against 500 non-matching new ones: past the budget.
         let old: Vec<Value> = (0..500).map(|i| json!({ "const": i })).collect();
         let mut new: Vec<Value> = (1000..1500).map(|i| json!({ "const": i })).collect();
