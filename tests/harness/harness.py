@@ -363,6 +363,8 @@ class Cluster:
         self.net = netns
         self.root = root
         self.secret = "harness-cluster-secret-" + str(port_rng.randrange(1 << 30))
+        # NARAD_TEST_DEAD_AFTER_MS for every node (0: the broker's default); set by main.
+        self.dead_after_ms = 0
         self.pdeathsig = has_pdeathsig()
         self.nodes: list[Node] = []
         for i in range(n):
@@ -433,6 +435,10 @@ class Cluster:
                 f"{m.id}@{m.host}:{m.cluster_port}" for m in self.nodes
             )
             env["NARAD_CLUSTER_SECRET"] = self.secret
+            if self.dead_after_ms:
+                # Members are marked dead this long after their last heartbeat (the broker's
+                # own default is 30 s): pauses and cuts longer than it reroute at once.
+                env["NARAD_TEST_DEAD_AFTER_MS"] = str(self.dead_after_ms)
             if self.net is not None:
                 # A plaintext cluster port off loopback: refused with security on
                 # (config.rs validate_cluster); said explicitly so it stays allowed if the
@@ -969,14 +975,58 @@ def note_exits(ctx: Ctx) -> None:
                           "what": "exited", "returncode": rc})
 
 
+# Kinds a cluster round may aim at the metadata group's leader instead of their drawn node.
+LEADER_AIMED_KINDS = ("kill", "pause", "startkill")
+
+
+def aimed_at_leader(f: dict) -> bool:
+    """Whether this fault goes to the Raft leader: one in three of the aimable kinds, decided by
+    its planned start (no draw from the round's generator, so every seed keeps its schedule)."""
+    return f["kind"] in LEADER_AIMED_KINDS and int(round(f["at"] * 1000)) % 3 == 0
+
+
+def raft_leader(cluster: "Cluster") -> int | None:
+    """The index of the node that leads the metadata group, as a running node's
+    `GET /v1/cluster/members` says; None when no node answers with a leader."""
+    c = Client(cluster)
+    try:
+        for node in cluster.nodes:
+            if not node.alive() or node.paused:
+                continue
+            status, data, _ = c.call(node.index, "GET", "/v1/cluster/members", timeout=2.0)
+            if status != 200:
+                continue
+            try:
+                members = json.loads(data).get("members", [])
+            except ValueError:
+                continue
+            for m in members:
+                if m.get("leader"):
+                    for n in cluster.nodes:
+                        if n.id == m.get("id"):
+                            return n.index
+    finally:
+        for i in list(c.conns):
+            c.drop(i)
+    return None
+
+
 def run_fault(ctx: Ctx, f: dict) -> str | None:
     """Runs one fault to its end (a killed node is back up when it returns). Returns an error
-    that stops the round (a node that will not start), else None."""
+    that stops the round (a node that will not start), else None. In a cluster, one in three
+    kills, pauses and start-up kills go to the Raft leader of the moment (`aimed_at_leader`);
+    the history names the node hit and says it was aimed."""
     cl = ctx.cluster
-    node = cl.nodes[f["node"]]
     h = ctx.hist
     kind = f["kind"]
-    base = {"type": "fault", "kind": kind, "node": f["node"]}
+    aimed = {}
+    if len(cl.nodes) > 1 and aimed_at_leader(f):
+        leader = raft_leader(cl)
+        if leader is not None:
+            f = {**f, "node": leader}
+            aimed = {"aimed": "leader"}
+    node = cl.nodes[f["node"]]
+    base = {"type": "fault", "kind": kind, "node": f["node"], **aimed}
     if kind == "kill":
         h.add({**base, "t": h.t(), "what": "kill"})
         cl.kill9(node)
@@ -1236,7 +1286,8 @@ def check(events: list[dict], n_nodes: int) -> dict:
             meta_bad.append(bad)
 
     by_kind = collections.Counter(
-        (f"partition-{f.get('shape')}" if f["kind"] == "partition" else f["kind"])
+        (f"partition-{f.get('shape')}" if f["kind"] == "partition"
+         else f["kind"] + ("@leader" if f.get("aimed") == "leader" else ""))
         for f in faults if f.get("what") in ("kill", "stop", "fill", "cut") and not f.get("during_startup"))
     skipped = sorted({f"{f['kind']}: {f['reason']}" for f in faults if f.get("what") == "skipped"})
     exits = [{"node": f"n{f['node'] + 1}", "t": f["t"], "returncode": f["returncode"]}
@@ -1392,6 +1443,7 @@ def run_round(args, r: int) -> dict:
                     "error": f"could not build the network namespaces: {e}", "run_s": 0.0}
     cluster = Cluster(args.binary, root, args.nodes, random.Random(), "diskfull" in kinds, net)
     cluster.netns_reason = args.netns_reason
+    cluster.dead_after_ms = max(0, getattr(args, "dead_after_ms", 0))
     _LIVE.append(cluster)
     hist = History(os.path.join(root, "history.jsonl"))
     ctx = Ctx(cluster, hist, r, seed)
@@ -1551,6 +1603,10 @@ def main(argv=None) -> int:
                     help="length of a one-node cut (splits and one-way drops: half to 3/4 of it)")
     ap.add_argument("--partition-shapes", default=",".join(PARTITION_SHAPES),
                     help=f"the partition shapes drawn from: subset of {','.join(PARTITION_SHAPES)}")
+    ap.add_argument("--dead-after-ms", type=int, default=0,
+                    help="cluster: members are marked dead this long after their last heartbeat "
+                         "(NARAD_TEST_DEAD_AFTER_MS; 0 = the broker's 30 s), so that pauses "
+                         "(0.5-4 s) can outlast it")
     ap.add_argument("--keep", action="store_true", help="keep data directories of passing rounds")
     ap.add_argument("--strict", action="store_true",
                     help="also fail on acks redelivered outside the crash seam and on nodes that exited")
