@@ -600,6 +600,24 @@ fn a_cluster_with_tls_on_its_port_works_and_refuses_a_plain_node() {
         got.is_some()
     });
     assert_eq!(got.expect("consumed")["payload"]["over"], "tls");
+    // The certificates' expiry is exported (made for 2 days: within a day of now + 2 days).
+    let doc = a.get("/metrics").text();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as f64;
+    for kind in ["leaf", "ca"] {
+        let head = format!("narad_raft_tls_cert_not_after_seconds{{kind=\"{kind}\"}} ");
+        let at: f64 = doc
+            .lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {head} in /metrics"));
+        assert!(
+            (at - (now + 2.0 * 86_400.0)).abs() < 86_400.0,
+            "{kind}: {at}"
+        );
+    }
     let plain = c.add_joiner(Vec::new());
     let refused = within(Duration::from_secs(15), || {
         c.nodes[..3]

@@ -167,3 +167,20 @@ pub(super) fn render_rpc(e: &mut Expo, shards: &[ShardMetrics]) {
         );
     }
 }
+
+/// The cluster port's TLS certificates' expiry (no series without cluster TLS).
+pub(super) fn render_tls(e: &mut Expo, facts: &super::NodeFacts) {
+    e.family(
+        "narad_raft_tls_cert_not_after_seconds",
+        Kind::Gauge,
+        "Expiry (Unix seconds) of the cluster port's TLS certificates: this node's (leaf) and \
+         the soonest of the CA file's (ca).",
+    );
+    for (kind, at) in &facts.cluster_tls_not_after {
+        e.int(
+            "narad_raft_tls_cert_not_after_seconds",
+            &[("kind", kind)],
+            (*at).max(0) as u64,
+        );
+    }
+}

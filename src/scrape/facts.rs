@@ -39,6 +39,9 @@ pub(crate) struct NodeFacts {
     pub inventory_collected_at_s: f64,
     /// `None` when the filesystem could not be asked.
     pub data_dir_available_bytes: Option<u64>,
+    /// Expiry (Unix seconds) of the cluster port's TLS certificates, by kind (`leaf`: this
+    /// node's; `ca`: the soonest of the CA file's): empty without cluster TLS.
+    pub cluster_tls_not_after: Vec<(&'static str, i64)>,
 }
 
 /// The metastore's health as the node sees it, next to the Raft gauges.
@@ -92,7 +95,21 @@ impl NodeFacts {
             .get()
             .map_or(now_for_poll, |(at, _)| at);
         let collected_at = |at: Instant| unix_seconds_now() - at.elapsed().as_secs_f64();
+        let tls = &node.config.cluster_tls;
+        let cluster_tls_not_after = if node.config.peers.is_empty() || tls.cert_file.is_empty() {
+            Vec::new()
+        } else {
+            use narad_io::peer::tls::pem_not_after;
+            [
+                ("leaf", pem_not_after(Path::new(&tls.cert_file), false)),
+                ("ca", pem_not_after(Path::new(&tls.ca_file), true)),
+            ]
+            .into_iter()
+            .filter_map(|(k, t)| Some((k, t?)))
+            .collect()
+        };
         NodeFacts {
+            cluster_tls_not_after,
             auth_verify_queued,
             metastore,
             remotes_allowlist_configured: !node.config.remotes.allowed_hosts.is_empty(),

@@ -173,6 +173,7 @@ pub(crate) fn render_doc(
     }
     // §9.4 remote plane and the planes this build does not run; §9.6 cluster.
     remote::render(&mut e, facts);
+    cluster::render_tls(&mut e, facts);
     cluster::render_rpc(&mut e, shards);
     cluster::render_moves(&mut e);
     cluster::render_placement(&mut e, meta);

@@ -29,7 +29,7 @@ const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
 
 /// OPERATIONS.md §9.4 and §9.6 families with labels whose series only a remote plane, node RPC
 /// or Raft TLS would produce; this build runs none of them, so they carry no series.
-const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 24] = [
+const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 23] = [
     (
         "narad_fanout_remote_state",
         Kind::Gauge,
@@ -144,11 +144,6 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 24] = [
         "narad_remote_destination_refused_total",
         Kind::Counter,
         "Remote destinations refused by the address guard, by reason.",
-    ),
-    (
-        "narad_raft_tls_cert_not_after_seconds",
-        Kind::Gauge,
-        "Expiry of the Raft TLS certificates.",
     ),
 ];
 

@@ -371,6 +371,7 @@ fn busy_facts() -> NodeFacts {
         vitals_collected_at_s: 1_700_000_098.5,
         inventory_collected_at_s: 1_700_000_101.125,
         data_dir_available_bytes: Some(50 << 30),
+        cluster_tls_not_after: vec![("leaf", 1_800_000_000), ("ca", 2_000_000_000)],
     }
 }
 
@@ -422,6 +423,7 @@ fn quiet_node_document_is_unchanged() {
         vitals_collected_at_s: 1_700_000_000.0,
         inventory_collected_at_s: 1_700_000_000.0,
         data_dir_available_bytes: None,
+        cluster_tls_not_after: Vec::new(),
     };
     let shards = [quiet_shard(0)];
     let doc = render_doc(&meta, &Merged::of(&shards), &facts, &shards);

@@ -377,6 +377,16 @@ mod tests {
         let (cert, key, ca) = test_pki(&dir, "cluster");
         let (other_cert, other_key, other_ca) = test_pki(&dir, "other");
         let tls = Arc::new(PeerTls::from_files(&cert, &key, &ca).expect("load"));
+        // The certificates were made for 2 days: their expiry reads as about now + 2 days.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        for (path, earliest) in [(&cert, false), (&ca, true)] {
+            let at = tls::pem_not_after(path, earliest).expect("an expiry");
+            assert!((at - (now + 2 * 86_400)).abs() < 3600, "{at} vs {now}");
+        }
+        assert_eq!(tls::pem_not_after(&key, false), None, "a key has no expiry");
         let foreign =
             Arc::new(PeerTls::from_files(&other_cert, &other_key, &other_ca).expect("load"));
         assert!(
