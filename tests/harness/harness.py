@@ -95,6 +95,10 @@ PARTITION_SHAPES = ["isolate", "split", "oneway"]
 READYZ_PROBE_S = 1.0
 
 MAIN_TOPICS = ["h-orders", "h-events"]
+# A replica child of the first main topic, created with it: every message accepted for the
+# parent must reach it too (fan-out), and its consumers ack like any others. Never produced to.
+CHILD_TOPIC = "h-orders-copy"
+CHILD_PARENT = "h-orders"
 MAIN_PARTITIONS = 3
 FAULT_KINDS = ["kill", "pause", "startkill", "diskfull", "partition"]
 CRASH_FAULTS = {"kill", "startkill"}
@@ -661,7 +665,9 @@ class Ctx:
         self.round_no = round_no
         self.seed = seed
         self.stop = threading.Event()
+        # Produced to: the main topics. Consumed from: those and the child.
         self.topics = list(MAIN_TOPICS)
+        self.consumed = list(MAIN_TOPICS) + [CHILD_TOPIC]
         self.errors: list[str] = []
 
     def n(self) -> int:
@@ -775,7 +781,7 @@ def worker_consumer(ctx: Ctx, k: int, mode: str) -> None:
         if ctx.stop.is_set():
             break
         node = rng.randrange(ctx.n())
-        topic = rng.choice(ctx.topics)
+        topic = rng.choice(ctx.consumed)
         batch = rng.randint(2, BATCH_CONSUME_MAX) if (mode != "nack" and rng.random() < 0.5) else None
         part = rng.randrange(MAIN_PARTITIONS) if mode == "pinned" else None
         msgs = consume_once(ctx, cl, node, topic, batch, part, "500ms")
@@ -1098,12 +1104,15 @@ def check(events: list[dict], n_nodes: int) -> dict:
     faults = [e for e in events if e.get("type") == "fault"]
     attempted: set[str] = set()
     accepted: dict[str, float] = {}  # id -> t1 of its first 202
+    accepted_parent: set[str] = set()  # ids accepted for the child's parent
     for e in ops:
         if e["op"] in ("produce", "produce_batch"):
             attempted.update(e["ids"])
             if e["status"] == 202:
                 for i in e["ids"]:
                     accepted.setdefault(i, e["t1"])
+                if e["topic"] == CHILD_PARENT:
+                    accepted_parent.update(e["ids"])
 
     deliveries = []  # (t0, t1, node, topic, p, o, id, phase)
     handle_of: dict[tuple, tuple] = {}  # (topic, handle) -> (topic, p, o, id)
@@ -1116,7 +1125,16 @@ def check(events: list[dict], n_nodes: int) -> dict:
                 handle_of[(e["topic"], m["h"])] = (e["topic"], m["p"], m["o"], m["id"])
 
     delivered_ids = collections.Counter(d[6] for d in deliveries if d[6] is not None)
-    lost = sorted(i for i in accepted if i not in delivered_ids)
+    # Delivered from the topic it was produced to: a copy in the child does not excuse a loss
+    # in the parent.
+    delivered_main = {d[6] for d in deliveries if d[6] is not None and d[3] != CHILD_TOPIC}
+    lost = sorted(i for i in accepted if i not in delivered_main)
+    # The child gets a copy of every message accepted for its parent (when the round had one:
+    # histories recorded before it existed have no create of it).
+    has_child = any(e["op"] == "topic_create" and e["topic"] == CHILD_TOPIC for e in ops)
+    in_child = {d[6] for d in deliveries if d[3] == CHILD_TOPIC and d[6] is not None}
+    lost_child = sorted(i for i in accepted_parent if i not in in_child) if has_child else []
+    lost += [f"{CHILD_TOPIC}:{i}" for i in lost_child]
     unexpected = [
         {"t0": d[0], "node": d[2], "topic": d[3], "partition": d[4], "offset": d[5], "id": d[6]}
         for d in deliveries if d[6] is None or d[6] not in attempted
@@ -1263,6 +1281,8 @@ def check(events: list[dict], n_nodes: int) -> dict:
                 expect[e["topic"]] = None
     for t in MAIN_TOPICS:
         expect[t] = "present"
+    if has_child:
+        expect[CHILD_TOPIC] = "present"
     meta_bad = []
     meta_checked = 0
     for e in ops:
@@ -1299,6 +1319,8 @@ def check(events: list[dict], n_nodes: int) -> dict:
         "delivered_distinct": len(delivered_ids),
         "lost": len(lost),
         "lost_ids": lost[:REPORT_LIST_MAX],
+        "lost_in_child": len(lost_child),
+        "child_copies": len(in_child),
         "unexpected": len(unexpected),
         "unexpected_list": unexpected[:REPORT_LIST_MAX],
         "offset_conflicts": len(conflicts),
@@ -1343,9 +1365,11 @@ def warnings_of(res: dict) -> list[str]:
 
 def setup_topics(ctx: Ctx) -> str | None:
     cl = Client(ctx.cluster)
-    for t in MAIN_TOPICS:
-        body = json.dumps({"name": t, "partitions": MAIN_PARTITIONS,
-                           "visibility_timeout_ms": VISIBILITY_MS}).encode()
+    for t in MAIN_TOPICS + [CHILD_TOPIC]:
+        spec = {"name": t, "partitions": MAIN_PARTITIONS, "visibility_timeout_ms": VISIBILITY_MS}
+        if t == CHILD_TOPIC:
+            spec["parent"] = CHILD_PARENT  # created attached, before any produce
+        body = json.dumps(spec).encode()
         for _ in range(50):
             t0 = ctx.hist.t()
             st, data, err = cl.call(0, "POST", "/v1/topics", body)
@@ -1391,7 +1415,7 @@ def drain(ctx: Ctx) -> dict:
     got = 0
     while now_mono() - last < DRAIN_QUIET_S and now_mono() - start < DRAIN_S_MAX and requests < DRAIN_REQUESTS_MAX:
         for i in range(ctx.n()):
-            for t in ctx.topics:
+            for t in ctx.consumed:
                 msgs = consume_once(ctx, cl, i, t, 100, None, "200ms")
                 requests += 1
                 if msgs:
@@ -1404,7 +1428,7 @@ def drain(ctx: Ctx) -> dict:
 
 def probe_metadata(ctx: Ctx) -> None:
     cl = Client(ctx.cluster)
-    names = list(MAIN_TOPICS) + [f"h-scratch-{k}" for k in range(SCRATCH_TOPICS)]
+    names = list(MAIN_TOPICS) + [CHILD_TOPIC] + [f"h-scratch-{k}" for k in range(SCRATCH_TOPICS)]
     for i in range(ctx.n()):
         for t in names:
             t0 = ctx.hist.t()
