@@ -495,6 +495,37 @@ mod tests {
         confirmed_after: u32,
     }
 
+    impl Scripted {
+        /// Hand-offs answered by `answers` in turn (then Ok); read barriers confirm after
+        /// `confirmed_after` failed ones.
+        fn new(answers: Vec<Result<(), StoreError>>, confirmed_after: u32) -> Scripted {
+            Scripted {
+                answers: RefCell::new(answers.into()),
+                handed: RefCell::new(Vec::new()),
+                stopped_log: Cell::new(false),
+                stopping: Cell::new(false),
+                barriers: Cell::new(0),
+                confirmed_after,
+            }
+        }
+    }
+
+    /// Runs `to`'s dispatcher until its queue is empty (at most 3 s), then stops it.
+    async fn run_until_handed(t: &Transit, node: &Scripted, log: &ShardLog, to: Destination) {
+        let run = t.dispatch(node, log, to, None);
+        let watch = async {
+            for _ in 0..300 {
+                if t.pending() == 0 {
+                    break;
+                }
+                rt::sleep(Duration::from_millis(10)).await;
+            }
+            node.stopping.set(true);
+            assert_eq!(t.drain(Instant::now() + Duration::from_secs(1)).await, 0);
+        };
+        let ((), ()) = futures_lite::future::zip(run, watch).await;
+    }
+
     impl HandOff for Scripted {
         async fn confirm_metadata(&self) -> bool {
             self.barriers.set(self.barriers.get() + 1);
@@ -552,26 +583,8 @@ mod tests {
                 t.push(to, hold, r);
             }
             assert_eq!(log.transit_held(), 3);
-            let node = Scripted {
-                answers: RefCell::new(VecDeque::from([Err(StoreError::Stopped("eio".into()))])),
-                handed: RefCell::new(Vec::new()),
-                stopped_log: Cell::new(false),
-                stopping: Cell::new(false),
-                barriers: Cell::new(0),
-                confirmed_after: 0,
-            };
-            let run = t.dispatch(&node, &log, to, None);
-            let watch = async {
-                for _ in 0..200 {
-                    if t.pending() == 0 {
-                        break;
-                    }
-                    rt::sleep(Duration::from_millis(10)).await;
-                }
-                node.stopping.set(true);
-                assert_eq!(t.drain(Instant::now() + Duration::from_secs(1)).await, 0);
-            };
-            let ((), ()) = futures_lite::future::zip(run, watch).await;
+            let node = Scripted::new(vec![Err(StoreError::Stopped("eio".into()))], 0);
+            run_until_handed(&t, &node, &log, to).await;
             let handed = node.handed.borrow();
             assert_eq!(
                 *handed,
@@ -615,26 +628,8 @@ mod tests {
                 t.push(to, hold, r);
             }
             let failed = || Err(StoreError::Failed("topic deleted".into()));
-            let node = Scripted {
-                answers: RefCell::new(VecDeque::from([failed(), failed(), failed()])),
-                handed: RefCell::new(Vec::new()),
-                stopped_log: Cell::new(false),
-                stopping: Cell::new(false),
-                barriers: Cell::new(0),
-                confirmed_after: 2,
-            };
-            let run = t.dispatch(&node, &log, to, None);
-            let watch = async {
-                for _ in 0..300 {
-                    if t.pending() == 0 {
-                        break;
-                    }
-                    rt::sleep(Duration::from_millis(10)).await;
-                }
-                node.stopping.set(true);
-                assert_eq!(t.drain(Instant::now() + Duration::from_secs(1)).await, 0);
-            };
-            let ((), ()) = futures_lite::future::zip(run, watch).await;
+            let node = Scripted::new(vec![failed(), failed(), failed()], 2);
+            run_until_handed(&t, &node, &log, to).await;
             let both = vec![rec(1, 0), rec(99, 1)];
             assert_eq!(
                 *node.handed.borrow(),
