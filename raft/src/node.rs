@@ -210,6 +210,8 @@ pub struct MetaNode {
     links: Option<PeerLinks>,
     /// When the leader's last append reached this node (a follower's leader contact).
     leader_heard: Rc<Cell<Option<Instant>>>,
+    /// The term this node leads and since when it knows it does (see [`MetaNode::is_leader`]).
+    led_since: Rc<Cell<Option<(u64, Instant)>>>,
 }
 
 /// The leader's answer to a node asking to join (CLUSTER.md §7).
@@ -234,6 +236,8 @@ const LEADER_WAIT_ON_PROPOSE: Duration = Duration::from_secs(3);
 const MEMBERSHIP_CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Fewest voters a forget may leave (CLUSTER.md §10: never below 3).
 const VOTERS_MIN: usize = 3;
+/// How long a leader must have led before it forgets a server (API.md §12.6).
+const FORGET_LEADER_AGE_MIN: Duration = Duration::from_secs(12);
 
 /// Hops a proposal follows to find the leader before giving up (leader hints can be stale
 /// during an election).
@@ -381,6 +385,7 @@ impl MetaNode {
             fresh: !initialized,
             links,
             leader_heard: Rc::new(Cell::new(None)),
+            led_since: Rc::new(Cell::new(None)),
         };
         let id = cfg.node_id.clone();
         let waited = node
@@ -757,6 +762,15 @@ impl MetaNode {
                 "forgetting {id} would leave fewer than {VOTERS_MIN} voters"
             )));
         }
+        // A new leader may not yet know every server's state (API.md §12.6).
+        let led = self.led_since.get().map_or(Duration::ZERO, |(_, t)| t.elapsed());
+        if led < FORGET_LEADER_AGE_MIN {
+            return refuse(MetaError::conflict(format!(
+                "this leader took over {} ms ago; retry once it has led {} s",
+                led.as_millis(),
+                FORGET_LEADER_AGE_MIN.as_secs()
+            )));
+        }
         let gone: std::collections::BTreeSet<String> = [id.to_string()].into();
         let change = if voter {
             openraft::ChangeMembers::RemoveVoters(gone)
@@ -918,7 +932,14 @@ impl MetaNode {
     /// Whether this node currently leads the group.
     pub fn is_leader(&self) -> bool {
         let m = self.metrics.borrow_watched();
-        m.state == ServerState::Leader && m.current_leader.as_ref() == Some(&self.id)
+        let leads = m.state == ServerState::Leader && m.current_leader.as_ref() == Some(&self.id);
+        // Leadership's age, as first seen here (the membership loop asks every few hundred ms).
+        match self.led_since.get() {
+            Some((term, _)) if leads && term == m.current_term => {}
+            _ if leads => self.led_since.set(Some((m.current_term, Instant::now()))),
+            _ => self.led_since.set(None),
+        }
+        leads
     }
 
     /// When this node last knew the group had a working leader: for a leader, the last time a
