@@ -763,7 +763,10 @@ impl MetaNode {
             )));
         }
         // A new leader may not yet know every server's state (API.md §12.6).
-        let led = self.led_since.get().map_or(Duration::ZERO, |(_, t)| t.elapsed());
+        let led = self
+            .led_since
+            .get()
+            .map_or(Duration::ZERO, |(_, t)| t.elapsed());
         if led < FORGET_LEADER_AGE_MIN {
             return refuse(MetaError::conflict(format!(
                 "this leader took over {} ms ago; retry once it has led {} s",
