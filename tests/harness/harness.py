@@ -1182,13 +1182,24 @@ def check(events: list[dict], n_nodes: int) -> dict:
                 k = (topic, p, o)
                 acked_at[k] = min(acked_at.get(k, e["t1"]), e["t1"])
     crashes = [(f["t"], f["node"]) for f in faults if f.get("what") == "kill"]
+    # (topic, partition) -> the index of the node owning it, from the setup's describes.
+    owner_of: dict[tuple, int] = {}
+    for e in events:
+        if e.get("type") == "owners":
+            for p, o in enumerate(e.get("owners", [])):
+                if isinstance(o, str) and o.startswith("n") and o[1:].isdigit():
+                    owner_of[(e["topic"], p)] = int(o[1:]) - 1
     acked_again = []
     for d in deliveries:
         k = (d[3], d[4], d[5])
         ta = acked_at.get(k)
         if ta is None or d[0] <= ta:
             continue
-        seam = [c for c in crashes if ta - 0.5 <= c[0] <= min(ta + ACK_DURABLE_S, d[0])]
+        # Only the partition's owner holds the ack (a crash elsewhere cannot undo it), when the
+        # round recorded who owns what.
+        owner = owner_of.get((d[3], d[4]))
+        seam = [c for c in crashes if ta - 0.5 <= c[0] <= min(ta + ACK_DURABLE_S, d[0])
+                and (owner is None or c[1] == owner)]
         after = [c for c in crashes if ta < c[0] <= d[0]]
         acked_again.append({"topic": d[3], "partition": d[4], "offset": d[5], "id": d[6],
                             "acked_at": ta, "delivered_at": d[0], "node": d[2],
@@ -1379,7 +1390,26 @@ def setup_topics(ctx: Ctx) -> str | None:
             time.sleep(0.2)
         else:
             return f"could not create topic {t}"
+    if ctx.n() > 1:
+        record_owners(ctx, cl)
     return None
+
+
+def record_owners(ctx: Ctx, cl: Client) -> None:
+    """Records each topic's owner node per partition (a describe's `partition_stats`), for the
+    checker's crash seam: an ack can come undone only by a crash of its partition's owner."""
+    for t in MAIN_TOPICS + [CHILD_TOPIC]:
+        st, data, _ = cl.call(0, "GET", f"/v1/topics/{t}")
+        if st != 200:
+            continue
+        try:
+            stats = json.loads(data).get("partition_stats", [])
+        except ValueError:
+            continue
+        by_partition = {p.get("partition", i): p.get("owner_node") for i, p in enumerate(stats)}
+        owners = [by_partition.get(i) for i in range(len(stats))]
+        if owners and all(isinstance(o, str) and o for o in owners):
+            ctx.hist.add({"type": "owners", "t": ctx.hist.t(), "topic": t, "owners": owners})
 
 
 def heal(ctx: Ctx) -> str | None:
