@@ -65,6 +65,7 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),
         },
+        ops::LINK_PING => Outcome::Ok(Vec::new()),
         ops::FANOUT_LAG => match node.serve_fanout_lag(req.body()).await {
             Ok(b) => Outcome::Ok(b),
             Err(e) => Outcome::Error(e),

@@ -217,8 +217,8 @@ pub(super) fn render_ingress(e: &mut Expo, m: &Merged) {
     e.family(
         "narad_ingress_dispatch_backlog_records",
         Kind::Gauge,
-        "Records accepted here (durable in the accepting shard's WAL) for a partition another \
-         shard owns and not yet handed to it.",
+        "Records accepted here (durable in the accepting shard's WAL) for a partition another shard or \
+         node owns and not yet handed to it.",
     );
     e.int(
         "narad_ingress_dispatch_backlog_records",

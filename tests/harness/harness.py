@@ -1436,14 +1436,39 @@ def heal(ctx: Ctx) -> str | None:
     return None
 
 
+def dispatch_backlog(ctx: Ctx, cl: Client) -> int | None:
+    """Records accepted but not yet handed to their owner, summed over the nodes
+    (`narad_ingress_dispatch_backlog_records`); None when a node did not answer."""
+    total = 0
+    for i in range(ctx.n()):
+        st, data, _ = cl.call(i, "GET", "/metrics", timeout=2.0)
+        if st != 200:
+            return None
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.startswith("narad_ingress_dispatch_backlog_records "):
+                try:
+                    total += int(float(line.split()[1]))
+                except (IndexError, ValueError):
+                    return None
+    return total
+
+
 def drain(ctx: Ctx) -> dict:
-    """Consumes and acks on every node until nothing was delivered for DRAIN_QUIET_S."""
+    """Consumes and acks on every node until nothing was delivered for DRAIN_QUIET_S and no
+    node still holds accepted records for their owner (a hand-off to an owner that was cut off
+    may take a commit timeout, 30 s, to give up and reroute); at most DRAIN_S_MAX."""
     cl = Client(ctx.cluster)
     start = now_mono()
     last = now_mono()
     requests = 0
     got = 0
-    while now_mono() - last < DRAIN_QUIET_S and now_mono() - start < DRAIN_S_MAX and requests < DRAIN_REQUESTS_MAX:
+    backlog_seen = None
+    while now_mono() - start < DRAIN_S_MAX and requests < DRAIN_REQUESTS_MAX:
+        if now_mono() - last >= DRAIN_QUIET_S:
+            backlog_seen = dispatch_backlog(ctx, cl)
+            if backlog_seen == 0:
+                break
+            last = now_mono() - DRAIN_QUIET_S + 1.0  # look again in a second
         for i in range(ctx.n()):
             for t in ctx.consumed:
                 msgs = consume_once(ctx, cl, i, t, 100, None, "200ms")
@@ -1453,7 +1478,8 @@ def drain(ctx: Ctx) -> dict:
                     last = now_mono()
                     settle(ctx, cl, i, t, msgs, "ack")
     return {"drain_s": round(now_mono() - start, 2), "drain_requests": requests,
-            "drain_delivered": got, "drain_timed_out": now_mono() - last < DRAIN_QUIET_S}
+            "drain_delivered": got, "drain_timed_out": backlog_seen != 0,
+            "drain_backlog_left": backlog_seen}
 
 
 def probe_metadata(ctx: Ctx) -> None:

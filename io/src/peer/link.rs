@@ -26,6 +26,12 @@ pub const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Longest a dial (TCP connect and handshake) may take.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection with calls waiting and nothing heard on it for this long is asked for a sign of
+/// life ([`ops::LINK_PING`](super::ops::LINK_PING)).
+pub const SILENCE_PING_AFTER: Duration = Duration::from_secs(2);
+/// ... and closed, failing its calls, when the ping is not answered within this: a path that a
+/// cut blackholed would otherwise hold a call until its own deadline (30 s for a commit).
+pub const PING_ANSWER_WITHIN: Duration = Duration::from_secs(3);
 
 /// Why a call produced no reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -308,8 +314,59 @@ impl PeerLink {
         let c = conn.clone();
         let addr = self.0.addr.clone();
         rt::spawn(async move { read_replies(c, reader, addr).await }).detach();
+        let (link, c) = (self.clone(), conn.clone());
+        rt::spawn(async move { link.watch_silence(c).await }).detach();
         *self.0.conn.borrow_mut() = Some(conn.clone());
         Ok(conn)
+    }
+}
+
+impl PeerLink {
+    /// The watchdog of a dialled connection, until it ends: once calls wait and nothing was
+    /// heard for [`SILENCE_PING_AFTER`], sends a ping; no frame back within
+    /// [`PING_ANSWER_WITHIN`] closes the connection (its calls fail as lost and are retried
+    /// or rerouted by their callers; the next call dials afresh).
+    async fn watch_silence(&self, conn: Rc<Conn>) {
+        loop {
+            let closed = futures_lite::future::or(
+                async {
+                    conn.outbox.closed().await;
+                    true
+                },
+                async {
+                    rt::sleep(Duration::from_secs(1)).await;
+                    false
+                },
+            )
+            .await;
+            if closed || conn.outbox.is_closed() {
+                return;
+            }
+            if conn.pending.borrow().is_empty()
+                || conn.last_heard.get().elapsed() < SILENCE_PING_AFTER
+            {
+                continue;
+            }
+            let id = self.0.next_id.get();
+            self.0.next_id.set(id.wrapping_add(1));
+            let (tx, rx) = oneshot::channel();
+            conn.pending.borrow_mut().insert(id, tx);
+            let sent = Instant::now();
+            let budget = PING_ANSWER_WITHIN.as_millis() as u32;
+            if !conn
+                .outbox
+                .push(FrameKind::Request, id, budget, &[super::ops::LINK_PING])
+            {
+                return;
+            }
+            let _ = rt::timeout(PING_ANSWER_WITHIN, rx).await;
+            conn.pending.borrow_mut().remove(&id);
+            if conn.last_heard.get() < sent && !conn.outbox.is_closed() {
+                tracing::warn!(peer = %self.0.addr, "cluster connection silent: no answer to a ping within 3 s; closing it");
+                conn.fail("no answer to a ping");
+                return;
+            }
+        }
     }
 }
 

@@ -33,8 +33,11 @@ mod tests {
 
     use futures_lite::AsyncWriteExt;
 
+    use std::cell::Cell;
     use std::path::PathBuf;
     use std::sync::Arc;
+
+    use futures_lite::AsyncReadExt;
 
     use super::*;
     use crate::rt::{self, ShutdownSignal, TcpListener, TcpStream};
@@ -47,7 +50,8 @@ mod tests {
         }
     }
 
-    /// Echo (op 1), slow echo (op 2, sleeps 300 ms), error (op 3); other ops unsupported.
+    /// Echo (op 1), slow echo (op 2, sleeps 300 ms), error (op 3), very slow echo (op 4,
+    /// sleeps 3.5 s); other ops (the link's ping too) unsupported.
     fn handler() -> Handler {
         Rc::new(|req: Inbound| {
             Box::pin(async move {
@@ -55,6 +59,10 @@ mod tests {
                     1 => Outcome::Ok(req.body().to_vec()),
                     2 => {
                         rt::sleep(Duration::from_millis(300)).await;
+                        Outcome::Ok(req.body().to_vec())
+                    }
+                    4 => {
+                        rt::sleep(Duration::from_millis(3500)).await;
                         Outcome::Ok(req.body().to_vec())
                     }
                     3 => Outcome::Error(format!("no from {}", req.from)),
@@ -273,6 +281,82 @@ mod tests {
             }
             assert!(ok, "link reconnected: {:?}", link.last_error());
             stop2.trigger();
+        });
+    }
+
+    /// A TCP relay to `to` that forwards both ways until `cut` is set, then swallows every byte
+    /// while keeping both connections open (a path a network cut blackholed).
+    fn start_relay(to: std::net::SocketAddr, cut: Rc<Cell<bool>>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).expect("bind relay");
+        let addr = l.local_addr().unwrap().to_string();
+        rt::spawn(async move {
+            while let Ok((client, _)) = l.accept().await {
+                let server = TcpStream::connect(to).await.expect("relay connect");
+                let (cr, cw) = futures_lite::io::split(client);
+                let (sr, sw) = futures_lite::io::split(server);
+                for (mut r, mut w) in [(cr, sw), (sr, cw)] {
+                    let cut = cut.clone();
+                    rt::spawn(async move {
+                        let mut buf = vec![0u8; 16 << 10];
+                        loop {
+                            let n = match r.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if !cut.get() && w.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    })
+                    .detach();
+                }
+            }
+        })
+        .detach();
+        addr
+    }
+
+    #[test]
+    fn a_call_on_a_blackholed_path_fails_long_before_its_deadline() {
+        // Proves the silence watchdog: a call waiting on a connection whose path went silent
+        // (every byte swallowed, no reset) ends as Lost after a ping goes unanswered, within
+        // about SILENCE_PING_AFTER + PING_ANSWER_WITHIN, not at its own 30 s deadline; while
+        // the path works, a call slower than the ping delay is not cut short.
+        rt::block_on(async {
+            let stop = ShutdownSignal::new();
+            let l = TcpListener::bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+            let server = l.local_addr().unwrap();
+            let admit: Admit = Rc::new(|_: &str| Ok(()));
+            rt::spawn(serve(
+                l,
+                ident("server", "k"),
+                handler(),
+                admit,
+                stop.clone(),
+            ))
+            .detach();
+            let cut = Rc::new(Cell::new(false));
+            let relay = start_relay(server, cut.clone());
+            let link = PeerLink::new(relay, ident("client", "k"));
+            assert_eq!(
+                link.call(1, b"up", Duration::from_secs(5)).await,
+                Ok(b"up".to_vec())
+            );
+            // A healthy but slow call (op 4 sleeps 3.5 s): pings are answered meanwhile.
+            assert_eq!(
+                link.call(4, b"slow", Duration::from_secs(30)).await,
+                Ok(b"slow".to_vec())
+            );
+            cut.set(true);
+            let t = Instant::now();
+            let r = link.call(1, b"lost", Duration::from_secs(30)).await;
+            let took = t.elapsed();
+            assert!(matches!(r, Err(PeerError::Lost(_))), "{r:?}");
+            assert!(
+                took < link::SILENCE_PING_AFTER + link::PING_ANSWER_WITHIN + Duration::from_secs(3),
+                "ended after {took:?}"
+            );
+            stop.trigger();
         });
     }
 

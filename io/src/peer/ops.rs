@@ -34,6 +34,10 @@ pub const TOPIC_WAIT: u8 = 11;
 /// parent's topic id, u64 LE; answer: per child, its id, lag, cursors and due lag).
 pub const FANOUT_LAG: u8 = 12;
 
+/// A sign of life asked on a connection where calls wait and nothing came back for a while
+/// (`link.rs`); answered at once with an empty body. Any answer, even "unsupported", will do.
+pub const LINK_PING: u8 = 13;
+
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
     match op {
@@ -49,6 +53,7 @@ pub fn name(op: u8) -> &'static str {
         META_JOIN => "meta_join",
         TOPIC_WAIT => "topic_wait",
         FANOUT_LAG => "fanout_lag",
+        LINK_PING => "link_ping",
         _ => "unknown",
     }
 }
