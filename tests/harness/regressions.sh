@@ -21,8 +21,12 @@ run "findings 2 and 4 (copies after a cut; a majority without a leader after a h
   --nodes 3 --seed 60 --duration 40 --faults partition,kill
 run "finding 3 (a drain stalled on one partition after a cut)" \
   --nodes 3 --seed 41 --duration 40 --faults partition,kill
-run "finding 5 (a forwarded proposal delivered after the cut healed)" \
+run "finding 5 (a forwarded proposal delivered after the cut healed: a delete)" \
   --nodes 3 --seed 1005 --duration 20
+run "finding 5 (the same with a create)" \
+  --nodes 3 --seed 1034 --duration 20
+run "finding 6 (a hand-off held for its 30 s deadline on a silent path)" \
+  --nodes 3 --seed 1013 --duration 20
 run "the vote file on a full disk (raft/tests/vote_disk_full.rs)" \
   --nodes 3 --seed 10 --duration 20
 exit $status
