@@ -417,7 +417,9 @@ impl Transit {
                             let moved = batch.len();
                             match node.reroute(dest, batch).await {
                                 Ok(true) => {
-                                    tracing::info!(shard = self.me.0, to = ?dest, records = moved, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
+                                    // A warning: records leave their key's partition (an
+                                    // ordering seam), and a log at the default level shows why.
+                                    tracing::warn!(shard = self.me.0, to = ?dest, records = moved, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
                                     self.finish(log, dest, moved).await;
                                     continue;
                                 }
@@ -441,7 +443,9 @@ impl Transit {
                         0
                     };
                     if dropped > 0 {
-                        tracing::info!(
+                        // Accepted records discarded (their topic is gone, as the leader
+                        // confirmed): always worth a line at the default level.
+                        tracing::warn!(
                             shard = self.me.0,
                             to = ?dest,
                             records = dropped,
