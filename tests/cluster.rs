@@ -363,7 +363,14 @@ fn produce_on_one_node_consume_and_ack_on_the_others() {
         ) >= 1.0,
         "durations recorded"
     );
-    assert_eq!(sample("narad_member_heartbeat_failures", ""), 0.0);
+    // Failures in a row: a heartbeat can fail once on a loaded machine (an election, a slow
+    // forward); the next one recorded resets it.
+    let reset = within(Duration::from_secs(5), || {
+        let doc = a.get("/metrics").text();
+        doc.lines()
+            .any(|l| l.trim() == "narad_member_heartbeat_failures 0")
+    });
+    assert!(reset.is_some(), "heartbeats reach the leader");
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock")
