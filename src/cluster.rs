@@ -53,27 +53,17 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         | ops::RAFT_TRANSFER_LEADER
         | ops::META_PROPOSE
         | ops::META_JOIN
-        | ops::META_READ_INDEX => match node.serve_meta_rpc(&req.from, req.op, req.body()).await {
-            Ok(b) => Outcome::Ok(b),
-            Err(e) => Outcome::Error(e),
-        },
-        ops::PARTITION_OP => match node.serve_op(req.body()).await {
-            Ok(b) => Outcome::Ok(b),
-            Err(e) => Outcome::Error(e),
-        },
-        ops::COMMIT_BATCH => match node.serve_commit(req.body()).await {
-            Ok(b) => Outcome::Ok(b),
-            Err(e) => Outcome::Error(e),
-        },
+        | ops::META_READ_INDEX => served(node.serve_meta_rpc(&req.from, req.op, req.body()).await),
+        ops::PARTITION_OP => served(node.serve_op(req.body()).await),
+        ops::COMMIT_BATCH => served(node.serve_commit(req.body()).await),
         ops::LINK_PING => Outcome::Ok(Vec::new()),
-        ops::FANOUT_LAG => match node.serve_fanout_lag(req.body()).await {
-            Ok(b) => Outcome::Ok(b),
-            Err(e) => Outcome::Error(e),
-        },
-        ops::TOPIC_WAIT => match node.serve_topic_wait(req.body()).await {
-            Ok(b) => Outcome::Ok(b),
-            Err(e) => Outcome::Error(e),
-        },
+        ops::FANOUT_LAG => served(node.serve_fanout_lag(req.body()).await),
+        ops::TOPIC_WAIT => served(node.serve_topic_wait(req.body()).await),
         _ => Outcome::Unsupported,
     }
+}
+
+/// A served operation's answer, or its error, as the reply.
+fn served(r: Result<Vec<u8>, String>) -> Outcome {
+    r.map_or_else(Outcome::Error, Outcome::Ok)
 }

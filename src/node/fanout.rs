@@ -87,16 +87,7 @@ impl Node {
     /// answer (the sums are then lower bounds).
     pub async fn fanout_lag(&self, parent: TopicId) -> (Vec<ChildLag>, bool) {
         let (mut all, mut complete) = self.node_fanout_lag(parent).await;
-        let owners: Vec<MemberId> = {
-            let idx = self.remote_owners.borrow();
-            let mut v: Vec<MemberId> = Vec::new();
-            for m in idx.get(&parent).iter().flat_map(|o| o.iter()).flatten() {
-                if !v.contains(m) {
-                    v.push(*m);
-                }
-            }
-            v
-        };
+        let owners = self.remote_members(parent);
         let asks = owners
             .into_iter()
             .map(|m| self.remote_fanout_lag(m, parent));

@@ -59,14 +59,15 @@ impl Node {
     /// transit records (each one local fsync, all in one group commit) and handed over in the
     /// background (CLUSTER.md §4.1); the rest are appended on this node's shards.
     async fn append_cluster(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
-        let (remote, local): (Vec<_>, Vec<_>) = records
-            .into_iter()
-            .map(|r| (self.remote_owner(r.key), r))
-            .partition(|(m, _)| m.is_some());
-        let remote: Vec<_> = remote
-            .into_iter()
-            .filter_map(|(m, r)| Some((narad_io::types::Destination::Node(m?), r)))
-            .collect();
+        // One pass: each record to its owner node's transit or to this node's shards.
+        let mut remote = Vec::new();
+        let mut local = Vec::new();
+        for r in records {
+            match self.remote_owner(r.key) {
+                Some(m) => remote.push((narad_io::types::Destination::Node(m), r)),
+                None => local.push(r),
+            }
+        }
         let there = async {
             if remote.is_empty() {
                 return Ok(());
@@ -83,8 +84,7 @@ impl Node {
             if local.is_empty() {
                 Ok(())
             } else {
-                self.append_here(local.into_iter().map(|(_, r)| r).collect())
-                    .await
+                self.append_here(local).await
             }
         };
         // Both in flight at once: they share the shard's next group commit when this shard

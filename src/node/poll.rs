@@ -95,7 +95,7 @@ impl Node {
     }
 
     /// The other nodes owning partitions of `topic`.
-    fn remote_members(&self, topic: TopicId) -> Vec<MemberId> {
+    pub(super) fn remote_members(&self, topic: TopicId) -> Vec<MemberId> {
         let idx = self.remote_owners.borrow();
         let mut out: Vec<MemberId> = Vec::new();
         for m in idx.get(&topic).iter().flat_map(|o| o.iter()).flatten() {
@@ -160,15 +160,12 @@ impl Node {
     /// answers `[1]` once something may be there to consume on this node (a wake-up of the
     /// topic on any of its shards), `[0]` when the wait (at most [`WAIT_SLICE_MS`]) ends first.
     pub async fn serve_topic_wait(&self, body: &[u8]) -> Result<Vec<u8>, String> {
-        let (Some(t), Some(w)) = (body.get(..8), body.get(8..12)) else {
-            return Err("topic wait: body of 12 bytes expected".into());
-        };
-        if body.len() != 12 {
-            return Err("topic wait: body of 12 bytes expected".into());
-        }
-        let topic = TopicId(u64::from_le_bytes(t.try_into().expect("8 bytes")));
-        let wait_ms =
-            u64::from(u32::from_le_bytes(w.try_into().expect("4 bytes"))).clamp(1, WAIT_SLICE_MS);
+        let b: &[u8; 12] = body
+            .try_into()
+            .map_err(|_| "topic wait: body of 12 bytes expected".to_string())?;
+        let topic = TopicId(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")));
+        let wait_ms = u64::from(u32::from_le_bytes(b[8..].try_into().expect("4 bytes")))
+            .clamp(1, WAIT_SLICE_MS);
         let ticket = self.work_ticket(topic);
         self.announce_interest(topic, now_ms() + wait_ms).await;
         Ok(vec![u8::from(self.park(topic, wait_ms, ticket).await)])
