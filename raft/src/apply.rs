@@ -36,6 +36,11 @@ pub fn apply(
             | MetaCommand::AttachChild { .. }
             | MetaCommand::DetachChild { .. }
             | MetaCommand::DeleteUser { .. }
+            | MetaCommand::StartMoves { .. }
+            | MetaCommand::FreezeMove { .. }
+            | MetaCommand::Unfreeze { .. }
+            | MetaCommand::FlipOwner { .. }
+            | MetaCommand::EndMove { .. }
     );
     let touches_users = !matches!(
         cmd,
@@ -47,6 +52,13 @@ pub fn apply(
             | MetaCommand::Heartbeat { .. }
             | MetaCommand::MarkDead { .. }
             | MetaCommand::ForgetServer { .. }
+            | MetaCommand::StartMoves { .. }
+            | MetaCommand::FreezeMove { .. }
+            | MetaCommand::Unfreeze { .. }
+            | MetaCommand::FlipOwner { .. }
+            | MetaCommand::EndMove { .. }
+            | MetaCommand::SetDraining { .. }
+            | MetaCommand::RemoveMember { .. }
     );
     let out = match cmd {
         MetaCommand::CreateTopic(t) => create_topic(state, t),
@@ -113,7 +125,18 @@ pub fn apply(
             addr,
             cluster_addr,
             at_ms,
+            backlog,
         } => {
+            if state.tombstones.contains_key(&id) {
+                return finish(
+                    state,
+                    Err(MetaError::forbidden(format!(
+                        "node {id:?} was decommissioned and removed from the cluster"
+                    ))),
+                    false,
+                    false,
+                );
+            }
             let m = state
                 .members
                 .entry(id.clone())
@@ -123,7 +146,10 @@ pub fn apply(
                     cluster_addr: String::new(),
                     heartbeat_ms: 0,
                     dead: false,
+                    draining: false,
+                    backlog: 0,
                 });
+            m.backlog = backlog;
             m.addr = addr;
             m.cluster_addr = cluster_addr;
             m.heartbeat_ms = m.heartbeat_ms.max(at_ms);
@@ -142,7 +168,52 @@ pub fn apply(
         MetaCommand::ForgetServer { .. } => Err(MetaError::invalid(
             "forgetting a server is a membership change, not a log entry",
         )),
+        MetaCommand::StartMoves { moves, at_ms } => crate::moves::start_moves(state, moves, at_ms),
+        MetaCommand::FreezeMove {
+            topic,
+            id,
+            partition,
+            target,
+            token,
+        } => crate::moves::freeze(state, &topic, id, partition, &target, token),
+        MetaCommand::Unfreeze {
+            topic,
+            id,
+            partition,
+            token,
+        } => crate::moves::unfreeze(state, &topic, id, partition, token),
+        MetaCommand::FlipOwner {
+            topic,
+            id,
+            partition,
+            source,
+            target,
+            token,
+        } => crate::moves::flip(state, &topic, id, partition, &source, &target, token),
+        MetaCommand::EndMove {
+            topic,
+            partition,
+            target,
+        } => crate::moves::end_move(state, &topic, partition, target.as_deref()),
+        MetaCommand::SetDraining { id, draining } => match state.members.get_mut(&id) {
+            Some(m) => {
+                m.draining = draining;
+                Ok(MetaResponse::Done)
+            }
+            None => Err(MetaError::not_found(format!("member {id:?} not found"))),
+        },
+        MetaCommand::RemoveMember { id, at_ms } => crate::moves::remove_member(state, &id, at_ms),
     };
+    finish(state, out, touches_topics, touches_users)
+}
+
+/// Bumps the versions a successful command touched and checks the invariants (debug builds).
+fn finish(
+    state: &mut MetaState,
+    out: Result<MetaResponse, MetaError>,
+    touches_topics: bool,
+    touches_users: bool,
+) -> Result<MetaResponse, MetaError> {
     if out.is_ok() {
         if touches_topics {
             state.topics_version += 1;

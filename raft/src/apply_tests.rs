@@ -23,6 +23,7 @@ fn topic(name: &str, id: u64) -> TopicMeta {
         fanout_delay_ms: 0,
         attach_offsets: Vec::new(),
         owners: Vec::new(),
+        moves: Default::default(),
     }
 }
 

@@ -20,6 +20,7 @@
 
 pub mod apply;
 pub mod model;
+pub mod moves;
 pub mod network;
 pub mod node;
 pub mod rt;

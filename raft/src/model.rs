@@ -64,6 +64,10 @@ pub struct MetaState {
     /// whole cluster.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub members: BTreeMap<String, MemberMeta>,
+    /// Node ids removed by a finished decommission (CLUSTER.md §10 step 3), with the leader's
+    /// clock (Unix ms) at removal: a tombstoned id never registers again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tombstones: BTreeMap<String, u64>,
 }
 
 /// A member of the cluster as the leader last heard it (CLUSTER.md §6).
@@ -78,6 +82,20 @@ pub struct MemberMeta {
     pub heartbeat_ms: u64,
     /// Marked dead by the leader after missing heartbeats; a heartbeat revives it.
     pub dead: bool,
+    /// Being decommissioned (CLUSTER.md §10): refuses client produce, receives no partitions,
+    /// sheds the ones it owns. Survives re-registration; cleared only by a cancel.
+    #[serde(default)]
+    pub draining: bool,
+    /// Records its ingress WAL still holds for other nodes, as of its last heartbeat.
+    #[serde(default)]
+    pub backlog: u64,
+}
+
+impl MemberMeta {
+    /// Alive and not draining: may receive partitions (CLUSTER.md §9.2 "receivers").
+    pub fn receives(&self) -> bool {
+        !self.dead && !self.draining
+    }
 }
 
 impl MetaState {
@@ -163,6 +181,24 @@ pub struct TopicMeta {
     /// a node that is its whole cluster (every partition is local).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owners: Vec<String>,
+    /// Partition moves in flight (CLUSTER.md §9.1: the assignment's `target`), by partition.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moves: BTreeMap<u32, MoveMeta>,
+}
+
+/// A partition on its way from `source` (its owner when the move was planned) to `target`
+/// (CLUSTER.md §9.3). The destination drives it; the flip is a compare-and-swap.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveMeta {
+    pub source: String,
+    pub target: String,
+    /// The leader's clock (Unix ms) when the move was planned.
+    pub started_ms: u64,
+    /// Set while the source is frozen for the final copy: the token the destination chose for
+    /// this freeze. A flip must name it, so a freeze that expired (and the commits the source
+    /// took after) can never be flipped over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<u64>,
 }
 
 impl TopicMeta {
@@ -172,6 +208,22 @@ impl TopicMeta {
             return None;
         }
         Some(self.owners[p as usize % self.owners.len()].as_str())
+    }
+
+    /// Makes `owners` name every partition explicitly (one entry per partition), so that one
+    /// partition's owner can change alone. Partitions added later keep following `p % len`.
+    pub fn spell_out_owners(&mut self) {
+        if self.owners.is_empty() || self.owners.len() == self.partitions as usize {
+            return;
+        }
+        self.owners = (0..self.partitions)
+            .map(|p| self.owners[p as usize % self.owners.len()].clone())
+            .collect();
+    }
+
+    /// Whether partition `p` is frozen for the last copy of a move.
+    pub fn frozen(&self, p: u32) -> bool {
+        self.moves.get(&p).is_some_and(|m| m.freeze.is_some())
     }
 
     pub fn role(&self) -> Role {
@@ -305,6 +357,9 @@ pub enum MetaCommand {
         addr: String,
         cluster_addr: String,
         at_ms: u64,
+        /// Records its ingress WAL holds for other nodes (its dispatch backlog).
+        #[serde(default)]
+        backlog: u64,
     },
     /// The leader's verdict: these members missed their heartbeats.
     MarkDead {
@@ -316,6 +371,74 @@ pub enum MetaCommand {
     ForgetServer {
         id: String,
     },
+    /// The planner's moves (CLUSTER.md §9.2), stamped with the leader's clock. Each one whose
+    /// partition is still owned by its `source`, has no move yet and whose target may receive
+    /// is started; the others are skipped (the next tick plans again).
+    StartMoves {
+        moves: Vec<PlannedMove>,
+        at_ms: u64,
+    },
+    /// The destination freezes the source for the last copy (CLUSTER.md §9.3 step 2): only
+    /// while the move still targets it and the source still owns the partition.
+    FreezeMove {
+        topic: String,
+        #[serde(with = "topic_id_hex")]
+        id: TopicId,
+        partition: u32,
+        target: String,
+        token: u64,
+    },
+    /// A freeze that outlived its TTL ends (the move stays; the destination tries again).
+    Unfreeze {
+        topic: String,
+        #[serde(with = "topic_id_hex")]
+        id: TopicId,
+        partition: u32,
+        token: u64,
+    },
+    /// The ownership flip (CLUSTER.md §9.3 step 4): `owner := target` only if the owner is
+    /// still `source`, the move still targets `target` and, with `token`, the freeze is that
+    /// one; without a token (force-promote, step 6) only if the source is marked dead.
+    FlipOwner {
+        topic: String,
+        #[serde(with = "topic_id_hex")]
+        id: TopicId,
+        partition: u32,
+        source: String,
+        target: String,
+        #[serde(default)]
+        token: Option<u64>,
+    },
+    /// Clears a move (abort, API.md §12.5): only while it targets `target` when one is named.
+    EndMove {
+        topic: String,
+        partition: u32,
+        #[serde(default)]
+        target: Option<String>,
+    },
+    /// Starts (`true`) or cancels (`false`) the decommission of member `id` (CLUSTER.md §10).
+    SetDraining {
+        id: String,
+        draining: bool,
+    },
+    /// The last step of a decommission: deletes the record of member `id`, which owns nothing
+    /// and is in no move, and leaves a tombstone stamped with the leader's clock.
+    RemoveMember {
+        id: String,
+        at_ms: u64,
+    },
+}
+
+/// One move the planner chose: partition `partition` of incarnation `id` from `source` to
+/// `target`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedMove {
+    pub topic: String,
+    #[serde(with = "topic_id_hex")]
+    pub id: TopicId,
+    pub partition: u32,
+    pub source: String,
+    pub target: String,
 }
 
 impl std::fmt::Display for MetaCommand {
@@ -339,6 +462,26 @@ impl std::fmt::Display for MetaCommand {
             MetaCommand::Heartbeat { id, .. } => write!(f, "Heartbeat({id})"),
             MetaCommand::MarkDead { ids } => write!(f, "MarkDead({})", ids.join(",")),
             MetaCommand::ForgetServer { id } => write!(f, "ForgetServer({id})"),
+            MetaCommand::StartMoves { moves, .. } => write!(f, "StartMoves({})", moves.len()),
+            MetaCommand::FreezeMove {
+                topic, partition, ..
+            } => write!(f, "FreezeMove({topic}/{partition})"),
+            MetaCommand::Unfreeze {
+                topic, partition, ..
+            } => write!(f, "Unfreeze({topic}/{partition})"),
+            MetaCommand::FlipOwner {
+                topic,
+                partition,
+                target,
+                ..
+            } => write!(f, "FlipOwner({topic}/{partition} -> {target})"),
+            MetaCommand::EndMove {
+                topic, partition, ..
+            } => write!(f, "EndMove({topic}/{partition})"),
+            MetaCommand::SetDraining { id, draining } => {
+                write!(f, "SetDraining({id} {draining})")
+            }
+            MetaCommand::RemoveMember { id, .. } => write!(f, "RemoveMember({id})"),
         }
     }
 }

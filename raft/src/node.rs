@@ -819,12 +819,14 @@ impl MetaNode {
                 id,
                 addr,
                 cluster_addr,
+                backlog,
                 ..
             } if self.is_leader() => MetaCommand::Heartbeat {
                 id,
                 addr,
                 cluster_addr,
                 at_ms: narad_io::types::UnixMillis::now().0,
+                backlog,
             },
             other => other,
         };
@@ -1039,6 +1041,7 @@ mod tests {
             fanout_delay_ms: 0,
             attach_offsets: Vec::new(),
             owners: Vec::new(),
+            moves: Default::default(),
         }
     }
 

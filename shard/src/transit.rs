@@ -70,6 +70,14 @@ pub struct TransitProgress {
     handed: AtomicU64,
 }
 
+impl TransitProgress {
+    /// Records accepted by the node's shards and not yet handed over (its dispatch backlog).
+    pub fn backlog(&self) -> u64 {
+        let handed = self.handed.load(Ordering::Acquire);
+        self.accepted.load(Ordering::Acquire).saturating_sub(handed)
+    }
+}
+
 /// What a dispatcher needs from its node: carry a hand-off to its owner, and what the node
 /// knows (which records vanished with their topic, whether the owner's log stopped, whether
 /// the node stops). The policy stays in [`Transit::dispatch`].

@@ -362,6 +362,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         fanout_delay_ms: link.as_ref().map_or(0, |l| l.delay_ms),
         attach_offsets: link.map(|l| l.offsets).unwrap_or_default(),
         owners: placement(node, parent_owners),
+        moves: Default::default(),
     };
     if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
         return propose_error(e);

@@ -149,6 +149,7 @@ mod tests {
             fanout_delay_ms: 0,
             attach_offsets: vec![],
             owners: Vec::new(),
+            moves: Default::default(),
         };
         assert!(may_read(&u, &t) && may_manage(&u, &t));
         t.owner = None;

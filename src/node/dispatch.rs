@@ -61,7 +61,7 @@ pub enum ShardControl {
 
 pub enum ShardResp {
     Op(OpReply),
-    Proposed(Result<MetaResponse, ProposeError>),
+    Proposed(Box<Result<MetaResponse, ProposeError>>),
     FanoutLag(Vec<ChildLag>),
     Metrics(Box<crate::metrics::ShardMetrics>),
     PeerRpc(Result<Vec<u8>, String>),
@@ -160,7 +160,9 @@ impl Node {
                 self.released.set(true);
                 ShardResp::Done
             }
-            ShardControl::Propose(cmd) => ShardResp::Proposed(self.propose_here(*cmd).await),
+            ShardControl::Propose(cmd) => {
+                ShardResp::Proposed(Box::new(self.propose_here(*cmd).await))
+            }
             ShardControl::FanoutLag { parent } => {
                 ShardResp::FanoutLag(self.local_fanout_lag(parent))
             }

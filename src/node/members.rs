@@ -131,6 +131,7 @@ impl Node {
                     addr: advertised_api_addr(&me.config),
                     cluster_addr: me.config.advertised_cluster_addr(),
                     at_ms: UnixMillis::now().0,
+                    backlog: me.wide.transit.backlog(),
                 };
                 let r = me.propose(cmd).await;
                 me.wide.note_heartbeat(r.is_ok());
@@ -301,6 +302,8 @@ mod tests {
                     cluster_addr: String::new(),
                     heartbeat_ms: *hb,
                     dead: *dead,
+                    draining: false,
+                    backlog: 0,
                 },
             );
         }

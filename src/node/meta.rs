@@ -97,7 +97,7 @@ impl Node {
         )
         .await
         {
-            Ok(ShardResp::Proposed(r)) => r,
+            Ok(ShardResp::Proposed(r)) => *r,
             Ok(_) => wrong_reply("Propose"),
             // Shard 0 may still apply it.
             Err(e @ ShardCallError::Timeout { .. }) => {

@@ -774,6 +774,7 @@ mod tests {
             fanout_delay_ms: 0,
             attach_offsets: vec![],
             owners: Vec::new(),
+            moves: Default::default(),
         };
         let a = for_topic(&t).unwrap().unwrap();
         let b = for_topic(&t).unwrap().unwrap();
@@ -808,6 +809,7 @@ mod tests {
             fanout_delay_ms: 0,
             attach_offsets: vec![],
             owners: Vec::new(),
+            moves: Default::default(),
         };
         let hot = topic(0);
         let first = for_topic(&hot).unwrap().unwrap();

@@ -42,6 +42,7 @@ fn topic(name: &str, id: TopicId, partitions: u32, parent: Option<&str>) -> Topi
         fanout_delay_ms: 0,
         attach_offsets: Vec::new(),
         owners: Vec::new(),
+        moves: Default::default(),
     }
 }
 
