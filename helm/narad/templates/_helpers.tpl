@@ -67,3 +67,14 @@ the advertise address (CLUSTER.md §7). */}}
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+{{/* The scale-in guard Job's name (a Job name becomes a pod label value: at most 63 characters). */}}
+{{- define "narad.scaleInGuardName" -}}
+{{- printf "%s-scalein-guard" (include "narad.fullname" . | trunc 49 | trimSuffix "-") -}}
+{{- end -}}
+{{/* The scale-in guard pod's labels. Never the selector labels' pair (name and instance): the
+Services, the PodDisruptionBudget and the NetworkPolicy select the broker pods by them. */}}
+{{- define "narad.scaleInGuardSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-scalein-guard" (include "narad.name" . | trunc 49 | trimSuffix "-") }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: scalein-guard
+{{- end -}}
