@@ -59,6 +59,8 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         ops::LINK_PING => Outcome::Ok(Vec::new()),
         ops::FANOUT_LAG => served(node.serve_fanout_lag(req.body()).await),
         ops::TOPIC_WAIT => served(node.serve_topic_wait(req.body()).await),
+        ops::MOVE_MANIFEST => served(node.serve_move_manifest(req.body()).await),
+        ops::MOVE_CHUNK => served(node.serve_move_chunk(req.body()).await),
         _ => Outcome::Unsupported,
     }
 }

@@ -519,6 +519,32 @@ impl Host {
         }
     }
 
+    /// Installs a moved partition's staged copy (CLUSTER.md §9.3 step 4): its queue starts
+    /// afresh from the copied settled state (leases held on the source are not carried over:
+    /// those records are delivered again). Answers the copy's high watermark.
+    pub async fn adopt_partition(
+        &self,
+        key: PartitionKey,
+        staged: std::path::PathBuf,
+    ) -> Result<Offset, LogError> {
+        let (next, settled) = self.log.adopt_partition(key, staged).await?;
+        self.queues.borrow_mut().remove(&key);
+        self.recovered
+            .borrow_mut()
+            .insert(key, (settled.frontier, settled.ahead));
+        self.consumer_losses.borrow_mut().remove(&key);
+        self.wake(key.topic);
+        Ok(next)
+    }
+
+    /// Forgets a partition that another node owns now, and removes its data here.
+    pub async fn drop_partition(&self, key: PartitionKey) -> Result<(), LogError> {
+        self.queues.borrow_mut().remove(&key);
+        self.recovered.borrow_mut().remove(&key);
+        self.consumer_losses.borrow_mut().remove(&key);
+        self.log.drop_partition(key).await
+    }
+
     /// Forgets a deleted topic's queues and removes its data.
     pub async fn drop_topic(&self, topic: TopicId) -> Result<(), LogError> {
         self.queues.borrow_mut().retain(|k, _| k.topic != topic);

@@ -57,6 +57,19 @@ pub enum ShardControl {
     PeerRpc { from: String, op: u8, body: Vec<u8> },
     /// Catch the metadata replica up with the leader (to shard 0); answers the index reached.
     CatchUp,
+    /// A move's destination asks for the manifest of a partition the asked shard owns
+    /// (answered as [`ShardResp::PeerRpc`]).
+    MoveManifest {
+        key: narad_io::types::PartitionKey,
+        token: Option<u64>,
+    },
+    /// ... and for bytes of one of its segments.
+    MoveChunk {
+        key: narad_io::types::PartitionKey,
+        base: u64,
+        pos: u64,
+        max: u32,
+    },
 }
 
 pub enum ShardResp {
@@ -105,7 +118,9 @@ impl ShardReq {
                 | ShardControl::StartServing
                 | ShardControl::Propose(_)
                 | ShardControl::PeerRpc { .. }
-                | ShardControl::CatchUp,
+                | ShardControl::CatchUp
+                | ShardControl::MoveManifest { .. }
+                | ShardControl::MoveChunk { .. },
             ) => MESH_CONTROL_CALL_TIMEOUT_MS,
         };
         Duration::from_millis(ms)
@@ -171,6 +186,15 @@ impl Node {
                 ShardResp::PeerRpc(self.serve_meta_rpc(&from, op, &body).await)
             }
             ShardControl::CatchUp => ShardResp::CaughtUp(self.catch_up_here().await),
+            ShardControl::MoveManifest { key, token } => {
+                ShardResp::PeerRpc(self.move_manifest_here(key, token).await)
+            }
+            ShardControl::MoveChunk {
+                key,
+                base,
+                pos,
+                max,
+            } => ShardResp::PeerRpc(self.move_chunk_here(key, base, pos, max).await),
         }
     }
 }

@@ -53,6 +53,8 @@ impl Node {
         }
         self.reconcile_fanout(&new);
         self.index_owners(&new);
+        self.index_frozen(&new);
+        self.reconcile_moves(&new);
         let live: std::collections::HashMap<TopicId, &TopicMeta> =
             new.topics.values().map(|t| (t.id, t)).collect();
         for t in old.topics.values() {

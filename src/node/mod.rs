@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use narad_io::rt::{self, Mesh, ShutdownSignal};
-use narad_io::types::{ShardId, TopicId};
+use narad_io::types::{PartitionKey, ShardId, TopicId};
 use narad_raft::{MetaNode, MetaState};
 use narad_shard::fanout::Fanout;
 use narad_shard::host::{now_ms, Host};
@@ -44,6 +44,7 @@ mod dispatch;
 mod fanout;
 mod members;
 mod meta;
+mod moves;
 mod ops;
 mod poll;
 mod remote;
@@ -55,6 +56,7 @@ pub use dispatch::{
     MESH_COUNTERS_CALL_TIMEOUT_MS, MESH_DATA_CALL_TIMEOUT_MS,
 };
 pub use members::RaftView;
+pub use moves::{MoveStatus, MoveTally};
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
 
@@ -99,6 +101,10 @@ pub struct Node {
     stuck: RefCell<std::collections::HashSet<narad_io::types::MemberId>>,
     /// Topics this shard's long-polls watch on other nodes right now ([`Node::wait_for_work`]).
     remote_watches: RefCell<std::collections::HashSet<(TopicId, narad_io::types::MemberId)>>,
+    /// Partitions frozen for a move's last copy, with their destination ([`Node::commit_here`]).
+    frozen: RefCell<HashMap<PartitionKey, narad_io::types::MemberId>>,
+    /// A reclaim of moved-away partitions is running on this shard.
+    reclaiming: Cell<bool>,
 }
 
 /// A cluster node is ready only if it heard from a metadata leader this recently (CLUSTER.md §6).
@@ -185,9 +191,12 @@ impl Node {
             remote_owners: RefCell::new(HashMap::new()),
             stuck: RefCell::new(Default::default()),
             remote_watches: RefCell::new(Default::default()),
+            frozen: RefCell::new(HashMap::new()),
+            reclaiming: Cell::new(false),
             wide,
         });
         node.index_owners(&node.meta());
+        node.index_frozen(&node.meta());
         node
     }
 
@@ -333,6 +342,10 @@ pub struct NodeWide {
     heartbeat_failures: AtomicU64,
     /// Unix milliseconds of the last heartbeat the leader recorded (0: none yet).
     heartbeat_ok_ms: AtomicU64,
+    /// The partition moves this node's shards run as the destination, by partition.
+    move_workers: Mutex<HashMap<PartitionKey, Arc<Mutex<moves::MoveStatus>>>>,
+    /// Moves finished here as the destination.
+    move_tally: Mutex<moves::MoveTally>,
 }
 
 impl NodeWide {

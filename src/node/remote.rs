@@ -309,4 +309,4 @@ impl Node {
 }
 
 /// How an owner refuses work on a partition it does not own.
-const NOT_OWNER: &str = "not the owner";
+pub(super) const NOT_OWNER: &str = "not the owner";

@@ -68,6 +68,7 @@
 
 mod checkpoint;
 mod commit;
+mod moves;
 mod recovery;
 mod retention;
 mod transit;
@@ -88,6 +89,7 @@ use crate::wal::{Wal, WalConfig, WalError};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
 pub use recovery::RecoveryReport;
+pub use moves::{MoveManifest, MoveStage};
 pub use transit::{TransitHold, TransitSink};
 
 /// Run after every commit with the partitions whose high watermark moved.

@@ -881,6 +881,21 @@ impl PartitionLog {
         self.segments.front().map_or(Offset(0), |s| s.base)
     }
 
+    /// Each segment's first offset and the bytes of its whole frames (header included), oldest
+    /// first: what a copy of this partition holds once it has these bytes of each file
+    /// (a partition move, CLUSTER.md §9.3). Sealed segments never change; the newest grows.
+    pub fn segment_sizes(&self) -> Vec<(Offset, u64)> {
+        self.segments.iter().map(|s| (s.base, s.size_bytes)).collect()
+    }
+
+    /// The file of the segment starting at `base` and the bytes of its whole frames.
+    pub fn segment_file(&self, base: Offset) -> Option<(PathBuf, u64)> {
+        self.segments
+            .iter()
+            .find(|s| s.base == base)
+            .map(|s| (s.path.clone(), s.size_bytes))
+    }
+
     /// Whether the recovery scan found damaged or missing records at or after `from`.
     pub fn damaged_from(&self, from: Offset) -> bool {
         self.damaged.iter().any(|&(_, to)| to > from)

@@ -37,6 +37,13 @@ pub const FANOUT_LAG: u8 = 12;
 /// A sign of life asked on a connection where calls wait and nothing came back for a while
 /// (`link.rs`); answered at once with an empty body. Any answer, even "unsupported", will do.
 pub const LINK_PING: u8 = 13;
+/// A partition move's destination asks the source for the partition's segments (first offset
+/// and bytes of whole frames), high watermark and settled state (JSON); with a freeze token, once
+/// the source sees that freeze and has no append of it on the way (CLUSTER.md §9.3).
+pub const MOVE_MANIFEST: u8 = 14;
+/// Bytes of one segment of a moving partition (JSON ask: topic, partition, base, pos, max;
+/// answer: the raw bytes, at most 1 MiB).
+pub const MOVE_CHUNK: u8 = 15;
 
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
@@ -54,6 +61,8 @@ pub fn name(op: u8) -> &'static str {
         TOPIC_WAIT => "topic_wait",
         FANOUT_LAG => "fanout_lag",
         LINK_PING => "link_ping",
+        MOVE_MANIFEST => "move_manifest",
+        MOVE_CHUNK => "move_chunk",
         _ => "unknown",
     }
 }
