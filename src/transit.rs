@@ -111,6 +111,9 @@ impl HandOff for NodeHandOff {
             return Ok(());
         }
         match dest {
+            // In a cluster the partition may have moved to another node since the record was
+            // accepted: place it again by the metadata of now.
+            Destination::Shard(_) if !self.0.config.peers.is_empty() => self.0.append(batch).await,
             Destination::Shard(s) => self.0.append_one(s, batch).await,
             Destination::Node(m) => self.0.commit_remote(m, batch).await,
         }

@@ -511,6 +511,11 @@ impl MetaNode {
         if learners.iter().any(|v| v == id) {
             return JoinAnswer::Staged;
         }
+        if self.state().tombstones.contains_key(id) {
+            return JoinAnswer::Refused(format!(
+                "node {id:?} was decommissioned and removed from the cluster; start it with a new node id and an empty data directory"
+            ));
+        }
         let add = self
             .raft
             .add_learner(id.to_string(), BasicNode::new(addr), false);
@@ -774,6 +779,42 @@ impl MetaNode {
                 FORGET_LEADER_AGE_MIN.as_secs()
             )));
         }
+        let index = self.remove_from_config(id, voter).await?;
+        tracing::info!(node = id, voter, "Raft server forgotten");
+        Ok((
+            index,
+            MetaResponse::Forgot {
+                id: id.to_string(),
+                voter,
+            },
+        ))
+    }
+
+    /// Leader: removes a decommissioned member's Raft server (CLUSTER.md §10 step 3), never
+    /// leaving fewer than 3 voters (non-voters have no floor). True once it is out (or was).
+    pub async fn remove_server(&self, id: &str) -> Result<bool, ProposeError> {
+        if !self.is_leader() {
+            let leader = self.metrics.borrow_watched().current_leader.clone();
+            return Err(ProposeError::NoLeader { leader });
+        }
+        let (_, voters, learners) = self.raft_view();
+        let voter = voters.iter().any(|v| v == id);
+        if !voter && !learners.iter().any(|l| l == id) {
+            return Ok(true);
+        }
+        if voter && voters.len() <= VOTERS_MIN {
+            return Ok(false);
+        }
+        self.remove_from_config(id, voter).await?;
+        tracing::info!(
+            node = id,
+            voter,
+            "decommissioned member removed from the Raft configuration"
+        );
+        Ok(true)
+    }
+
+    async fn remove_from_config(&self, id: &str, voter: bool) -> Result<u64, ProposeError> {
         let gone: std::collections::BTreeSet<String> = [id.to_string()].into();
         let change = if voter {
             openraft::ChangeMembers::RemoveVoters(gone)
@@ -786,16 +827,7 @@ impl MetaNode {
         )
         .await
         {
-            Ok(Ok(r)) => {
-                tracing::info!(node = id, voter, "Raft server forgotten");
-                Ok((
-                    r.log_id.index,
-                    MetaResponse::Forgot {
-                        id: id.to_string(),
-                        voter,
-                    },
-                ))
-            }
+            Ok(Ok(r)) => Ok(r.log_id.index),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(ProposeError::NoLeader {
                     leader: f.leader_id,

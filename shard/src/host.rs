@@ -95,6 +95,30 @@ pub struct Host {
     /// consumes, and unsettled offsets lost to retention before any consumer settled them
     /// (`narad_consumer_corrupt_skipped_total`, `narad_consumer_dropped_messages`).
     consumer_losses: RefCell<HashMap<PartitionKey, ConsumerLosses>>,
+    /// Appends taken and not yet answered, per partition, when tracked ([`Host::track_appends`],
+    /// a cluster: a partition move's final copy waits until its partition has none).
+    appending: RefCell<Option<FastMap<PartitionKey, u32>>>,
+}
+
+/// Counts an append of some partitions as on its way until dropped.
+struct Appending<'a> {
+    host: &'a Host,
+    keys: Vec<PartitionKey>,
+}
+
+impl Drop for Appending<'_> {
+    fn drop(&mut self) {
+        if let Some(m) = self.host.appending.borrow_mut().as_mut() {
+            for k in &self.keys {
+                if let Some(n) = m.get_mut(k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        m.remove(k);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// What queue consumers of one partition never got, since this host started.
@@ -119,6 +143,7 @@ impl Host {
             seed: std::cell::Cell::new(seed | 1),
             expired: RefCell::new(HashMap::new()),
             consumer_losses: RefCell::new(HashMap::new()),
+            appending: RefCell::new(None),
         });
         let weak = Rc::downgrade(&host);
         host.log.on_commit(Box::new(move |keys: &[PartitionKey]| {
@@ -232,7 +257,39 @@ impl Host {
     }
 
     pub async fn append(&self, records: Vec<AppendRecord>) -> Result<Vec<Offset>, LogError> {
+        // Counted from the call on (before any await), so that whoever checked ownership just
+        // before calling sees this append in [`Host::quiet`] until it is answered.
+        let tracking = self.appending.borrow().is_some();
+        let _on_its_way = tracking.then(|| {
+            let mut keys: Vec<PartitionKey> = records.iter().map(|r| r.key).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            if let Some(m) = self.appending.borrow_mut().as_mut() {
+                for k in &keys {
+                    *m.entry(*k).or_default() += 1;
+                }
+            }
+            Appending { host: self, keys }
+        });
         self.log.append(records).await
+    }
+
+    /// Counts appends per partition from now on (a cluster node: see [`Host::quiet`]).
+    pub fn track_appends(&self) {
+        self.appending
+            .borrow_mut()
+            .get_or_insert_with(FastMap::default);
+    }
+
+    /// No append of `key` is on its way here: taken by [`Host::append`] and unanswered, queued
+    /// or being written. Its high watermark stays put until another append is taken.
+    pub fn quiet(&self, key: PartitionKey) -> bool {
+        !self
+            .appending
+            .borrow()
+            .as_ref()
+            .is_some_and(|m| m.contains_key(&key))
+            && self.log.quiet(key)
     }
 
     /// Leases up to `n` records from the given partitions (all owned here), trying them in the

@@ -44,7 +44,7 @@ use narad_io::log::{AppendRecord, ShardLog, TransitHold};
 use narad_io::rt::{self, Notify};
 use narad_io::types::{Destination, MemberId, ShardId};
 
-use crate::route::StoreError;
+use crate::route::{OwnerError, StoreError};
 
 /// Bytes of queued transit records per shard before produces take the direct path.
 pub const TRANSIT_PENDING_BYTES_MAX: usize = 8 << 20;
@@ -415,9 +415,12 @@ impl Transit {
                 }
                 Err(e) => {
                     failed_passes += 1;
+                    // The owner says the partitions moved (CLUSTER.md §9.3): place them again
+                    // at once, at their new owner; that node is not stuck.
+                    let moved_away = matches!(e, StoreError::Owner(OwnerError::NotOwner));
                     if matches!(dest, Destination::Node(_)) {
-                        node.note_stuck(dest, true);
-                        if failed_passes >= REROUTE_AFTER_PASSES || node.dead(dest) {
+                        node.note_stuck(dest, !moved_away);
+                        if failed_passes >= REROUTE_AFTER_PASSES || node.dead(dest) || moved_away {
                             // The records stay queued until `finish`: take the head again
                             // (only this loop removes from it) rather than keeping a copy of
                             // every hand-off in case it fails.
@@ -427,7 +430,7 @@ impl Transit {
                                 Ok(true) => {
                                     // A warning: records leave their key's partition (an
                                     // ordering seam), and a log at the default level shows why.
-                                    tracing::warn!(shard = self.me.0, to = ?dest, records = moved, error = ?e, "owner node keeps failing: records rerouted to sibling partitions");
+                                    tracing::warn!(shard = self.me.0, to = ?dest, records = moved, error = ?e, "owner node refused or keeps failing: records placed again (a moved partition's new owner, or sibling partitions)");
                                     self.finish(log, dest, moved).await;
                                     continue;
                                 }

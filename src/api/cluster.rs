@@ -1,8 +1,8 @@
-//! Cluster administration (API.md §12) as a node that is its own whole cluster answers it. This
-//! build runs one node (a configuration naming peers is refused at start), so the member list is
-//! this node, the single Raft voter and leader; no partition ever moves; and a decommission could
-//! never complete, since no other node could take the partitions, so it is refused with the
-//! reasons. Every route needs `admin`: the reads are checked by `api::authorize`, the changes here,
+//! Cluster administration (API.md §12). In a cluster: the members as the metadata records them,
+//! the moves in flight (CLUSTER.md §9), decommission and its cancel (§10), abort of a move and
+//! forget, every change through the Raft leader. A node that is its own whole cluster answers as
+//! the single Raft voter and leader: no partition ever moves, and a decommission could never
+//! complete, since no other node could take the partitions, so it is refused with the reasons. Every route needs `admin`: the reads are checked by `api::authorize`, the changes here,
 //! where every answer to them (denied ones included) writes its audit line (SEMANTICS.md §15).
 
 use std::rc::Rc;
@@ -84,22 +84,111 @@ fn cluster_member_views(node: &Node) -> Vec<Value> {
             }
         }
     }
+    let mut outbound: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for t in meta.topics.values() {
+        for m in t.moves.values() {
+            *outbound.entry(m.source.as_str()).or_default() += 1;
+        }
+    }
+    let blocked = node.decommission_blocked();
     meta.members
         .values()
         .map(|m| {
-            json!({
+            let mut v = json!({
                 "id": m.id,
                 "addr": m.addr,
                 "status": if m.dead { "dead" } else { "alive" },
-                "draining": false,
+                "draining": m.draining,
                 "owned_partitions": owned.get(m.id.as_str()).copied().unwrap_or(0),
-                "outbound_moves": 0,
+                "outbound_moves": outbound.get(m.id.as_str()).copied().unwrap_or(0),
                 "voter": view.voters.contains(&m.id),
                 "leader": view.leader.as_deref() == Some(m.id.as_str()),
                 "heartbeat_age_seconds": now.saturating_sub(m.heartbeat_ms) / 1000,
-            })
+            });
+            if m.draining {
+                v["decommission_blocked"] = blocked
+                    .iter()
+                    .filter(|b| b.node == m.id)
+                    .map(|b| json!({"code": b.code, "message": b.message}))
+                    .collect();
+            }
+            v
         })
         .collect()
+}
+
+/// A member's state in a move view (API.md §12.2).
+fn member_status(meta: &narad_raft::MetaState, id: &str) -> &'static str {
+    match meta.members.get(id) {
+        None => "not_a_member",
+        Some(m) if m.dead => "dead",
+        Some(m) if m.draining => "draining",
+        Some(_) => "alive",
+    }
+}
+
+/// One move as API.md §12.2 shows it; with `detail`, this node's worker when it runs one.
+fn move_view(
+    node: &Node,
+    meta: &narad_raft::MetaState,
+    topic: &str,
+    p: u32,
+    m: &narad_raft::MoveMeta,
+    detail: bool,
+) -> Value {
+    let (from, to) = (
+        member_status(meta, &m.source),
+        member_status(meta, &m.target),
+    );
+    let blocked = if from == "dead" {
+        Some("source_dead")
+    } else if to == "dead" {
+        Some("target_dead")
+    } else if to == "not_a_member" {
+        Some("target_not_member")
+    } else {
+        None
+    };
+    let mut v = json!({
+        "topic": topic,
+        "partition": p,
+        "from": m.source,
+        "to": m.target,
+        "from_status": from,
+        "to_status": to,
+    });
+    if let Some(b) = blocked {
+        v["blocked"] = json!(b);
+    }
+    if detail {
+        match node
+            .move_statuses()
+            .into_iter()
+            .find(|s| s.topic == topic && s.partition == p)
+        {
+            Some(w) => {
+                v["worker"] = json!({
+                    "topic": w.topic,
+                    "partition": w.partition,
+                    "source": w.source,
+                    "target": w.target,
+                    "started_at": w.started_at_ms,
+                    "phase": w.phase,
+                    "attempts": w.attempts,
+                    "last_error": w.last_error,
+                    "copied_bytes": w.copied_bytes,
+                    "blocked": blocked,
+                });
+            }
+            None => {
+                v["worker_error"] = json!(format!(
+                    "the move's worker runs on {}; ask that node for its detail",
+                    m.target
+                ));
+            }
+        }
+    }
+    v
 }
 
 /// `GET /v1/cluster/members[?detail=true]` (§12.1).
@@ -128,11 +217,131 @@ pub fn members(node: &Rc<Node>, req: &Request) -> Response {
 
 /// `GET /v1/cluster/moves[?detail=true]` (§12.2): never any on one node.
 pub fn moves(node: &Rc<Node>, req: &Request) -> Response {
-    tri!(parse_bool("detail", &Params::new(&req.query)));
-    if let Some(r) = unavailable(node) {
-        return r;
+    let detail = tri!(parse_bool("detail", &Params::new(&req.query))) == Some(true);
+    if node.config.peers.is_empty() {
+        if let Some(r) = unavailable(node) {
+            return r;
+        }
     }
-    json_response(200, &json!({ "moves": [] }))
+    let meta = node.meta();
+    // Topics in name order, then partitions: sorted as the spec asks.
+    let list: Vec<Value> = meta
+        .topics
+        .values()
+        .flat_map(|t| {
+            t.moves
+                .iter()
+                .map(|(&p, m)| move_view(node, &meta, &t.name, p, m, detail))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    json_response(200, &json!({ "moves": list }))
+}
+
+/// Why member `id` could never finish a decommission now (CLUSTER.md §10 step 1), and whether
+/// it is a voter; `None` for an unknown member.
+fn cluster_refusals(node: &Node, id: &str) -> Option<(Vec<(&'static str, String)>, bool)> {
+    let meta = node.meta();
+    let m = meta.members.get(id)?;
+    let view = node.raft_view();
+    let voter = view.voters.iter().any(|v| v == id);
+    let mut reasons = Vec::new();
+    if voter && view.voters.len() <= 3 {
+        reasons.push((
+            "below_min_voters",
+            format!(
+                "removing {id} would leave {} Raft voters; at least 3 must remain",
+                view.voters.len() - 1
+            ),
+        ));
+    }
+    let alive_voters = view
+        .voters
+        .iter()
+        .filter(|v| meta.members.get(*v).is_some_and(|x| !x.dead))
+        .count();
+    if alive_voters < view.voters.len() / 2 + 1 {
+        reasons.push((
+            "no_healthy_majority",
+            format!(
+                "only {alive_voters} of {} voters are alive",
+                view.voters.len()
+            ),
+        ));
+    }
+    if !meta.members.values().any(|x| x.id != id && x.receives()) {
+        reasons.push((
+            "no_receivers",
+            "no other alive, non-draining member can receive its partitions".to_string(),
+        ));
+    }
+    let (owned, _) = narad_raft::moves::member_load(&meta, id);
+    if m.dead && owned > 0 {
+        reasons.push((
+            "owner_dead",
+            format!("{id} is dead and owns {owned} partitions, which cannot be copied from it"),
+        ));
+    }
+    Some((reasons, voter))
+}
+
+async fn cluster_decommission(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
+    let Some((refusals, voter)) = cluster_refusals(node, id) else {
+        return unknown_member(id);
+    };
+    let reasons: Vec<Value> = refusals
+        .iter()
+        .map(|(code, message)| json!({"code": code, "message": message}))
+        .collect();
+    if dry_run {
+        let meta = node.meta();
+        let (owned, _) = narad_raft::moves::member_load(&meta, id);
+        let inbound: usize = meta
+            .topics
+            .values()
+            .map(|t| t.moves.values().filter(|m| m.target == id).count())
+            .sum();
+        let member = cluster_member_views(node)
+            .into_iter()
+            .find(|v| v["id"] == id)
+            .unwrap_or(Value::Null);
+        return json_response(
+            200,
+            &json!({
+                "member": member,
+                "would_decommission": refusals.is_empty(),
+                "reasons": reasons,
+                "voter": voter,
+                "owned_partitions": owned,
+                "inbound_moves": inbound,
+            }),
+        );
+    }
+    if !refusals.is_empty() {
+        let codes: Vec<&str> = refusals.iter().map(|(code, _)| *code).collect();
+        return json_response(
+            409,
+            &json!({
+                "error": format!(
+                    "decommission of {id} refused: it could never complete safely ({})",
+                    codes.join(", ")
+                ),
+                "reasons": reasons,
+            }),
+        );
+    }
+    set_draining(node, id, true).await
+}
+
+async fn set_draining(node: &Rc<Node>, id: &str, draining: bool) -> Response {
+    let cmd = narad_raft::MetaCommand::SetDraining {
+        id: id.to_string(),
+        draining,
+    };
+    match node.propose(cmd).await {
+        Ok(_) => Response::empty(204),
+        Err(e) => super::propose_error(e),
+    }
 }
 
 /// Why this node cannot be decommissioned: it is the only voter and no node could receive its
@@ -154,7 +363,7 @@ fn refusal_reasons(node: &Node) -> [(&'static str, String); 2] {
 }
 
 /// `POST /v1/cluster/members/{id}/decommission[?dry_run=true]` (§12.3).
-pub fn decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
+pub async fn decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
     const EVENT: &str = "cluster.decommission";
     if let Some(r) = denied(c, EVENT, id) {
         return r;
@@ -163,6 +372,13 @@ pub fn decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Res
         Ok(v) => v,
         Err(r) => return audited(EVENT, c, id, r),
     };
+    if !node.config.peers.is_empty() {
+        if dry_run == Some(true) {
+            return cluster_decommission(node, id, true).await;
+        }
+        let answer = cluster_decommission(node, id, false).await;
+        return audited(EVENT, c, id, answer);
+    }
     // A dry run changes nothing: answered, not audited.
     if dry_run == Some(true) {
         return decommission_check(node, id, true);
@@ -210,21 +426,28 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
 
 /// `DELETE /v1/cluster/members/{id}/decommission` (§12.4): nothing is ever draining here, so
 /// cancelling is done at once.
-pub fn cancel_decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
+pub async fn cancel_decommission(node: &Rc<Node>, req: &Request, c: &Caller, id: &str) -> Response {
     const EVENT: &str = "cluster.decommission.cancel";
     if let Some(r) = denied(c, EVENT, id) {
         return r;
     }
-    audited(EVENT, c, id, cancel_check(node, req, id))
+    let answer = cancel_check(node, req, id).await;
+    audited(EVENT, c, id, answer)
 }
 
-fn cancel_check(node: &Rc<Node>, req: &Request, id: &str) -> Response {
+async fn cancel_check(node: &Rc<Node>, req: &Request, id: &str) -> Response {
     let q = Params::new(&req.query);
     if q.count("dry_run") > 0 {
         return error(
             400,
             "dry_run is not supported when cancelling a decommission",
         );
+    }
+    if !node.config.peers.is_empty() {
+        if !node.meta().members.contains_key(id) {
+            return unknown_member(id);
+        }
+        return set_draining(node, id, false).await;
     }
     if let Some(r) = unavailable(node) {
         return r;
@@ -237,22 +460,62 @@ fn cancel_check(node: &Rc<Node>, req: &Request, id: &str) -> Response {
 
 /// `POST /v1/cluster/moves/{topic}/{partition}/abort[?target=id]` (§12.5): a partition that
 /// exists is owned here with no move in flight.
-pub fn abort_move(node: &Rc<Node>, c: &Caller, topic: &str, partition: &str) -> Response {
+pub async fn abort_move(
+    node: &Rc<Node>,
+    req: &Request,
+    c: &Caller,
+    topic: &str,
+    partition: &str,
+) -> Response {
     const EVENT: &str = "cluster.move.abort";
     let target = format!("{topic}/{partition}");
     if let Some(r) = denied(c, EVENT, &target) {
         return r;
     }
-    audited(EVENT, c, &target, abort_check(node, topic, partition))
+    let answer = abort_check(node, req, topic, partition).await;
+    audited(EVENT, c, &target, answer)
 }
 
-fn abort_check(node: &Rc<Node>, topic: &str, partition: &str) -> Response {
+async fn abort_check(node: &Rc<Node>, req: &Request, topic: &str, partition: &str) -> Response {
     let Ok(p) = partition.parse::<u32>() else {
         return error(
             400,
             &format!("invalid partition: strconv.Atoi: parsing {partition:?}: invalid syntax"),
         );
     };
+    if !node.config.peers.is_empty() {
+        let q = Params::new(&req.query);
+        let target = tri!(q.str("target")).filter(|t| !t.is_empty());
+        let meta = node.meta();
+        let Some(t) = meta.topic(topic).filter(|t| p < t.partitions) else {
+            return error(404, &format!("no assignment for {topic}/{p}"));
+        };
+        let owner = t.owner_of(p).unwrap_or("").to_string();
+        let Some(m) = t.moves.get(&p) else {
+            return error(
+                409,
+                &format!("no move in flight for {topic}/{p}: owned by {owner}"),
+            );
+        };
+        let view = move_view(node, &meta, topic, p, m, false);
+        let cmd = narad_raft::MetaCommand::EndMove {
+            topic: topic.to_string(),
+            partition: p,
+            target,
+        };
+        return match node.propose(cmd).await {
+            Ok(_) => json_response(
+                202,
+                &json!({
+                    "move": view,
+                    "note": format!(
+                        "move aborted: {topic}/{p} stays with {owner}; the planner may plan it again"
+                    ),
+                }),
+            ),
+            Err(e) => super::propose_error(e),
+        };
+    }
     if let Some(r) = unavailable(node) {
         return r;
     }

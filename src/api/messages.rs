@@ -202,8 +202,22 @@ pub(crate) fn produce_query(
     Ok((key, pinned))
 }
 
+/// A node being decommissioned takes no client produce (CLUSTER.md §4.4).
+fn draining_refusal(node: &Node) -> Option<Response> {
+    node.draining_here().then(|| {
+        error(
+            503,
+            "this node is being decommissioned and takes no new produce; send it to another node",
+        )
+        .with_header("Retry-After", "1")
+    })
+}
+
 pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
     let (key, pinned) = tri!(produce_query(&req.query, false));
+    if let Some(r) = draining_refusal(node) {
+        return r;
+    }
     if req.body.is_empty() {
         return error(400, "message required");
     }
@@ -250,6 +264,9 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
 
 pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> Response {
     tri!(produce_query(&req.query, true));
+    if let Some(r) = draining_refusal(node) {
+        return r;
+    }
     // A compressed body is decoded under the same cap as a plain one (API.md §10.2).
     let decoded = match wire::encoding::body_encoding(req.headers.get("content-encoding")) {
         Ok(enc) => wire::encoding::decode(enc, &req.body, super::BATCH_BODY_BYTES_MAX).await,

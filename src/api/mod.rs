@@ -647,8 +647,10 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::UserPassword => users::set_password(node, &req, &caller, t).await,
         Route::ClusterMembers => cluster::members(node, &req),
         Route::ClusterMoves => cluster::moves(node, &req),
-        Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t),
-        Route::ClusterDecommissionCancel => cluster::cancel_decommission(node, &req, &caller, t),
+        Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t).await,
+        Route::ClusterDecommissionCancel => {
+            cluster::cancel_decommission(node, &req, &caller, t).await
+        }
         Route::ClusterForget => cluster::forget(node, &caller, t).await,
         Route::RemotesCreate
         | Route::RemotesList
@@ -661,7 +663,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         | Route::ChildResume
         | Route::ChildSkip => children::remote_plane(node, &caller, r, t, second.as_deref()),
         Route::ClusterMoveAbort => match second {
-            Some(p) => cluster::abort_move(node, &caller, t, &p),
+            Some(p) => cluster::abort_move(node, &req, &caller, t, &p).await,
             None => Response::text(404, "404 page not found\n"),
         },
     }

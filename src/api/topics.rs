@@ -109,7 +109,13 @@ fn view_with_schema(t: &TopicMeta) -> TopicView<'_> {
 fn placement(node: &Node, parent_owners: Vec<String>) -> Vec<String> {
     let meta = node.meta();
     // The members the metadata knows (peers and nodes that joined), else the peer list.
-    let mut all: Vec<String> = node.config.peers.iter().map(|p| p.id.clone()).collect();
+    let mut all: Vec<String> = node
+        .config
+        .peers
+        .iter()
+        .map(|p| p.id.clone())
+        .filter(|id| !meta.tombstones.contains_key(id))
+        .collect();
     all.extend(
         meta.members
             .keys()
@@ -119,7 +125,7 @@ fn placement(node: &Node, parent_owners: Vec<String>) -> Vec<String> {
     );
     let alive: Vec<String> = all
         .iter()
-        .filter(|id| !meta.members.get(*id).is_some_and(|m| m.dead))
+        .filter(|id| meta.members.get(*id).is_none_or(|m| m.receives()))
         .cloned()
         .collect();
     let members = if alive.is_empty() { all } else { alive };

@@ -146,6 +146,16 @@ impl Node {
     /// Serves a message from another shard.
     pub async fn serve(self: Rc<Self>, from: ShardId, req: ShardReq) -> ShardResp {
         match req {
+            // An append placed by a shard that had not yet seen a move of one of its partitions
+            // (a freeze or a flip this shard has installed): placed again here, by this
+            // shard's metadata, before anything is written.
+            ShardReq::Op(PartitionOp::Append(recs))
+                if self.links.is_some() && recs.iter().any(|r| !self.commit_here(r.key)) =>
+            {
+                ShardResp::Op(OpReply::Appended(
+                    self.append(recs).await.map(|()| Vec::new()),
+                ))
+            }
             ShardReq::Op(op) => ShardResp::Op(route::execute(&self.host, op).await),
             ShardReq::Event(e) => {
                 self.hear(from, e).await;

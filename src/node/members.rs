@@ -155,6 +155,7 @@ impl Node {
         let me = self.clone();
         rt::spawn(async move {
             let mut led_since: Option<Instant> = None;
+            let mut leader_moves = super::moves::LeaderMoves::new();
             while !me.shutting_down() {
                 let (leader, voters, learners) = mn.raft_view();
                 let leads = mn.is_leader();
@@ -171,8 +172,14 @@ impl Node {
                 if led_since.is_some_and(|t| t.elapsed().as_millis() as u64 >= promote_after) {
                     // Promote non-voters whose member record is alive (and not draining).
                     let meta = mn.state();
-                    let alive = |id: &str| meta.members.get(id).is_some_and(|m| !m.dead);
+                    let alive = |id: &str| meta.members.get(id).is_some_and(|m| m.receives());
                     mn.promote_caught_up(alive, PROMOTE_LAG_ENTRIES).await;
+                    // Moves (CLUSTER.md §9.2) and decommissions (§10): a leader that has led
+                    // long enough to know every member's state.
+                    leader_moves.tick(&me, &mn.state()).await;
+                    me.decommission_step(&mn).await;
+                } else {
+                    me.wide.set_decommission_blocked(Vec::new());
                 }
                 // Election grace: every member gets a full `dead_after` from this election.
                 let graced = led_since.is_some_and(|t| t.elapsed().as_millis() as u64 > dead_after);
@@ -199,7 +206,101 @@ impl Node {
     }
 }
 
+/// Why a decommission cannot go on now (API.md §12.1 `decommission_blocked`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub node: String,
+    pub code: &'static str,
+    pub message: String,
+}
+
 impl Node {
+    /// Leader: takes each draining member one step further (CLUSTER.md §10 step 3): once it
+    /// owns nothing, is in no move and its dispatch backlog is 0, hands leadership away if it
+    /// is this node, removes it from the Raft configuration (never below 3 voters), then writes
+    /// its removal (record deleted, tombstone left). Publishes what blocks each.
+    async fn decommission_step(self: &Rc<Self>, mn: &narad_raft::MetaNode) {
+        let meta = mn.state();
+        let (_, voters, _) = mn.raft_view();
+        let receivers = meta.members.values().filter(|m| m.receives()).count();
+        let mut blocked = Vec::new();
+        for m in meta.members.values().filter(|m| m.draining) {
+            let block = |code: &'static str, message: String| Blocked {
+                node: m.id.clone(),
+                code,
+                message,
+            };
+            let (owned, moves) = narad_raft::moves::member_load(&meta, &m.id);
+            if owned > 0 || moves > 0 {
+                if receivers == 0 {
+                    blocked.push(block(
+                        "no_receivers",
+                        "every live member is being decommissioned, so no member can take its partitions".into(),
+                    ));
+                } else {
+                    blocked.push(block(
+                        "move_target",
+                        format!("{owned} partitions still owned, {moves} moves in flight"),
+                    ));
+                }
+                continue;
+            }
+            if m.backlog > 0 {
+                blocked.push(block(
+                    "dispatch_backlog",
+                    format!(
+                        "{} accepted records not yet handed to their owners",
+                        m.backlog
+                    ),
+                ));
+                continue;
+            }
+            if m.id == self.config.node_id {
+                blocked.push(block(
+                    "leader_transfer",
+                    "the node leads the metadata group; handing leadership over".into(),
+                ));
+                mn.transfer_leadership(Duration::from_secs(5)).await;
+                continue;
+            }
+            match mn.remove_server(&m.id).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    blocked.push(block(
+                        "below_min_voters",
+                        format!(
+                            "removing it would leave fewer than 3 voters ({} now)",
+                            voters.len()
+                        ),
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(node = m.id, error = %e, "removing a decommissioned member from Raft failed");
+                    continue;
+                }
+            }
+            let removed = self
+                .propose(MetaCommand::RemoveMember {
+                    id: m.id.clone(),
+                    at_ms: UnixMillis::now().0,
+                })
+                .await;
+            match removed {
+                Ok(_) => tracing::info!(node = m.id, "decommission finished: member removed"),
+                Err(e) => {
+                    tracing::warn!(node = m.id, error = %e, "writing a member's removal failed")
+                }
+            }
+        }
+        self.wide.set_decommission_blocked(blocked);
+    }
+
+    /// What blocks each decommission, as the leader's last look saw it (empty elsewhere).
+    pub fn decommission_blocked(&self) -> Vec<Blocked> {
+        self.wide.decommission_blocked()
+    }
+
     /// A node outside the voters: every [`JOIN_RETRY`] until its Raft sees a leader, asks the
     /// peers (and leaders named in earlier answers) to admit it.
     fn run_join_loop(self: &Rc<Self>, mn: narad_raft::MetaNode) {
@@ -246,6 +347,20 @@ impl Node {
 }
 
 impl NodeWide {
+    fn set_decommission_blocked(&self, b: Vec<Blocked>) {
+        *self
+            .decommission_blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = b;
+    }
+
+    fn decommission_blocked(&self) -> Vec<Blocked> {
+        self.decommission_blocked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn set_raft_view(&self, v: RaftView) {
         *self.raft_view.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(v);
     }

@@ -55,7 +55,7 @@ pub use dispatch::{
     NodeMesh, ShardControl, ShardEvent, ShardReq, ShardResp, MESH_CONTROL_CALL_TIMEOUT_MS,
     MESH_COUNTERS_CALL_TIMEOUT_MS, MESH_DATA_CALL_TIMEOUT_MS,
 };
-pub use members::RaftView;
+pub use members::{Blocked, RaftView};
 pub use moves::{MoveStatus, MoveTally};
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
@@ -197,6 +197,9 @@ impl Node {
         });
         node.index_owners(&node.meta());
         node.index_frozen(&node.meta());
+        if node.links.is_some() {
+            node.host.track_appends();
+        }
         node
     }
 
@@ -346,6 +349,8 @@ pub struct NodeWide {
     move_workers: Mutex<HashMap<PartitionKey, Arc<Mutex<moves::MoveStatus>>>>,
     /// Moves finished here as the destination.
     move_tally: Mutex<moves::MoveTally>,
+    /// What blocks each decommission at the leader's last look (empty when not leading).
+    decommission_blocked: Mutex<Vec<members::Blocked>>,
 }
 
 impl NodeWide {

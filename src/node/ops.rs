@@ -59,11 +59,12 @@ impl Node {
     /// transit records (each one local fsync, all in one group commit) and handed over in the
     /// background (CLUSTER.md §4.1); the rest are appended on this node's shards.
     async fn append_cluster(&self, records: Vec<AppendRecord>) -> Result<(), StoreError> {
-        // One pass: each record to its owner node's transit or to this node's shards.
+        // One pass: each record to its owner node's transit (a partition frozen for a move:
+        // its destination's, CLUSTER.md §9.3) or to this node's shards.
         let mut remote = Vec::new();
         let mut local = Vec::new();
         for r in records {
-            match self.remote_owner(r.key) {
+            match self.produce_owner(r.key) {
                 Some(m) => remote.push((narad_io::types::Destination::Node(m), r)),
                 None => local.push(r),
             }
@@ -105,6 +106,12 @@ impl Node {
             let g = groups.pop().expect("one group");
             return self.append_one(local_shard(g.owner), g.items).await;
         }
+        // This shard's own part is taken at once, in the call that placed it (a partition move
+        // relies on it: see `Host::quiet`); the other shards' parts run as tasks meanwhile.
+        let mine = groups
+            .iter()
+            .position(|g| local_shard(g.owner) == self.shard)
+            .map(|i| groups.swap_remove(i).items);
         let tasks: Vec<_> = groups
             .into_iter()
             .map(|g| {
@@ -115,7 +122,10 @@ impl Node {
                 rt::spawn(async move { append_via(&host, &mesh, me, s, g.items).await })
             })
             .collect();
-        let mut first_err = None;
+        let mut first_err = match mine {
+            Some(items) => self.append_one(self.shard, items).await.err(),
+            None => None,
+        };
         for t in tasks {
             if let Err(e) = t.await {
                 first_err.get_or_insert(e);
@@ -138,7 +148,7 @@ impl Node {
     /// even if this request is dropped meanwhile. When transit is full or closing, or this
     /// shard owns the partition, the record goes straight to its owner.
     pub async fn append_single(&self, rec: AppendRecord) -> Result<(), StoreError> {
-        if let Some(m) = self.remote_owner(rec.key) {
+        if let Some(m) = self.produce_owner(rec.key) {
             return self.accept_for(m, rec).await;
         }
         let dest = self.owner(rec.key);

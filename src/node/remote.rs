@@ -145,6 +145,9 @@ impl Node {
             .await
         {
             Ok(_) => Ok(()),
+            Err(PeerError::Remote(m)) if m.starts_with(NOT_OWNER) => {
+                Err(StoreError::Owner(OwnerError::NotOwner))
+            }
             Err(e) => Err(StoreError::Failed(format!("node {peer_id}: {e}"))),
         }
     }
@@ -160,8 +163,9 @@ impl Node {
     }
 
     /// Moves records that their owner `from` could not take to sibling partitions (CLUSTER.md
-    /// §4.3): for each, the first partition after its own, circularly, whose owner is neither
-    /// `from` nor stuck. Appends them there (durable here before this answers, as transit
+    /// §4.3): for each, its own partition when that moved away from `from` (CLUSTER.md §9.3:
+    /// the new owner takes it), else the first partition after its own, circularly, whose owner
+    /// is neither `from` nor stuck. Appends them there (durable here before this answers, as transit
     /// records or locally) and answers true; false, with nothing done, when some record has
     /// nowhere else to go (a single-partition topic, every other owner stuck, a deleted topic).
     pub async fn reroute(
@@ -179,7 +183,7 @@ impl Node {
             };
             let n = t.partitions;
             let p = r.key.partition.0;
-            let target = (1..n).map(|k| (p + k) % n).find(|&q| {
+            let target = (0..n).map(|k| (p + k) % n).find(|&q| {
                 let owner = t.owner_of(q).and_then(|o| self.member_of(o));
                 owner != Some(from)
                     && (owner == me

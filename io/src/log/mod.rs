@@ -88,8 +88,8 @@ use crate::types::{
 use crate::wal::{Wal, WalConfig, WalError};
 
 pub use crate::partition::{ReadError, Settled, StoredRecord};
-pub use recovery::RecoveryReport;
 pub use moves::{MoveManifest, MoveStage};
+pub use recovery::RecoveryReport;
 pub use transit::{TransitHold, TransitSink};
 
 /// Run after every commit with the partitions whose high watermark moved.

@@ -885,7 +885,10 @@ impl PartitionLog {
     /// first: what a copy of this partition holds once it has these bytes of each file
     /// (a partition move, CLUSTER.md §9.3). Sealed segments never change; the newest grows.
     pub fn segment_sizes(&self) -> Vec<(Offset, u64)> {
-        self.segments.iter().map(|s| (s.base, s.size_bytes)).collect()
+        self.segments
+            .iter()
+            .map(|s| (s.base, s.size_bytes))
+            .collect()
     }
 
     /// The file of the segment starting at `base` and the bytes of its whole frames.

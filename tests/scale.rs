@@ -1,0 +1,242 @@
+//! Black-box tests of scaling a cluster out and in on loopback (CLUSTER.md §9–10): a node that
+//! joins receives its share of the partitions by copy-then-cut-over while produce goes on, a
+//! decommission sheds a node's partitions and removes it, and no message answered `202` is lost.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::cluster::{Admin, Cluster, ADMIN_PASSWORD};
+use common::{basic_auth, Client};
+
+/// Polls `f` every 50 ms until it is true or `limit` passes; how long it took.
+fn within(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if f() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn knobs() -> Vec<(String, String)> {
+    vec![
+        ("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()),
+        (
+            "NARAD_TEST_PROMOTE_AFTER_MS".to_string(),
+            "1000".to_string(),
+        ),
+    ]
+}
+
+/// Produces unique messages round-robin through the given API addresses until `stop`, single
+/// and batch; the payloads answered 202 and every other answer.
+fn producer(
+    addrs: Vec<std::net::SocketAddr>,
+    topic: &'static str,
+    tag: &'static str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<String>, Vec<String>)> {
+    std::thread::spawn(move || {
+        let mut clients: Vec<Admin> = addrs
+            .iter()
+            .map(|a| Admin {
+                client: Client::connect(*a).expect("connect"),
+                auth: basic_auth("admin", ADMIN_PASSWORD),
+            })
+            .collect();
+        let (mut ok, mut refused) = (Vec::new(), Vec::new());
+        let mut i = 0u64;
+        let t0 = Instant::now();
+        while !stop.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(120) {
+            let k = (i as usize) % clients.len();
+            let c = &mut clients[k];
+            if i % 5 == 4 {
+                let ids: Vec<String> = (0..10).map(|j| format!("{tag}-{i}-{j}")).collect();
+                let body = format!(
+                    r#"{{"messages":[{}]}}"#,
+                    ids.iter()
+                        .map(|id| format!(r#"{{"payload":"{id}"}}"#))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                );
+                let r = c.post(&format!("/v1/topics/{topic}/produce/batch"), &body);
+                if r.status == 202 {
+                    ok.extend(ids);
+                } else {
+                    refused.push(format!("{}: {}", r.status, r.text()));
+                }
+            } else {
+                let id = format!("{tag}-{i}");
+                let r = c.post(
+                    &format!("/v1/topics/{topic}/produce"),
+                    &format!(r#""{id}""#),
+                );
+                if r.status == 202 {
+                    ok.push(id);
+                } else {
+                    refused.push(format!("{}: {}", r.status, r.text()));
+                }
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (ok, refused)
+    })
+}
+
+/// Queue-consumes and acks through node `i` until `want` are all seen or `limit` passes.
+fn drain_until(c: &Cluster, i: usize, topic: &str, want: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut admin = c.nodes[i].admin();
+    let mut got = BTreeSet::new();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) && !want.is_subset(&got) {
+        let r = admin.get(&format!("/v1/topics/{topic}/consume?wait=200ms"));
+        if r.status == 204 {
+            continue;
+        }
+        assert_eq!(r.status, 200, "consume: {}", r.text());
+        let m = r.json();
+        got.insert(m["payload"].as_str().unwrap_or("").to_string());
+        let h = m["receipt_handle"].as_str().expect("handle");
+        let a = admin.post(&format!("/v1/topics/{topic}/ack?receipt_handle={h}"), "");
+        assert!(a.status == 204 || a.status == 410, "ack: {}", a.text());
+    }
+    got
+}
+
+fn members(a: &mut common::cluster::Admin) -> serde_json::Value {
+    a.get("/v1/cluster/members").json()
+}
+
+fn owned(a: &mut common::cluster::Admin, id: &str) -> Option<u64> {
+    members(a)["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["id"] == id)
+        .and_then(|m| m["owned_partitions"].as_u64())
+}
+
+fn moves_in_flight(a: &mut common::cluster::Admin) -> usize {
+    a.get("/v1/cluster/moves").json()["moves"]
+        .as_array()
+        .map_or(usize::MAX, Vec::len)
+}
+
+#[test]
+fn a_joined_node_takes_its_share_under_load_and_a_decommission_sheds_it() {
+    // Proves CLUSTER.md §9–10 end to end on 4 processes: 8 partitions on 3 nodes (3/3/2); a 4th
+    // node joins while producers write through every node: the planner moves 2 partitions to it
+    // (copy, freeze, flip), every produce is answered 202 throughout, and the moved partitions
+    // are consumed from their new owner. Then the 4th node is decommissioned under load: it
+    // refuses client produce (503), sheds its partitions, leaves the Raft configuration and
+    // the member list. Every message answered 202 is consumed afterwards.
+    let mut c = Cluster::spawn("scale", 3, |_| knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":8}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let addrs: Vec<_> = c.nodes.iter().map(|n| n.addr()).collect();
+    let p1 = producer(addrs.clone(), "jobs", "out", stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    let j = c.add_joiner(knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let balanced = within(Duration::from_secs(90), || {
+        owned(&mut a, "n4") == Some(2) && moves_in_flight(&mut a) == 0
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (ok1, refused1) = p1.join().expect("producer");
+    assert!(
+        balanced.is_some(),
+        "n4 got its share: {}\nmoves: {}\n{}",
+        members(&mut a),
+        a.get("/v1/cluster/moves?detail=true").text(),
+        c.nodes[j].log_text()
+    );
+    assert!(
+        refused1.is_empty(),
+        "every produce answered 202: {refused1:?}"
+    );
+    assert!(ok1.len() > 50, "load ran: {}", ok1.len());
+    eprintln!(
+        "scale out: balanced after {balanced:?}, {} messages accepted meanwhile",
+        ok1.len()
+    );
+    let log = c.nodes[j].log_text();
+    assert!(
+        log.matches("partition move ended").count() >= 2 && log.contains("outcome=flipped"),
+        "n4 ran the moves: {log}"
+    );
+
+    // Scale in: decommission n4 under load through the three others.
+    let stop = Arc::new(AtomicBool::new(false));
+    let p2 = producer(addrs[..3].to_vec(), "jobs", "in", stop.clone());
+    let dry = a.post("/v1/cluster/members/n4/decommission?dry_run=true", "");
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    assert_eq!(dry.json()["would_decommission"], true, "{}", dry.text());
+    let r = a.post("/v1/cluster/members/n4/decommission", "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let refused = within(Duration::from_secs(10), || {
+        c.nodes[j]
+            .admin()
+            .post("/v1/topics/jobs/produce", r#""to-a-draining-node""#)
+            .status
+            == 503
+    });
+    assert!(refused.is_some(), "a draining node refuses client produce");
+    let gone = within(Duration::from_secs(90), || {
+        members(&mut a)["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 3 && m.iter().all(|x| x["id"] != "n4"))
+    });
+    stop.store(true, Ordering::Relaxed);
+    let (ok2, refused2) = p2.join().expect("producer");
+    assert!(
+        gone.is_some(),
+        "n4 removed: {}\n{}",
+        members(&mut a),
+        c.nodes[j].log_text()
+    );
+    assert!(
+        refused2.is_empty(),
+        "every produce answered 202: {refused2:?}"
+    );
+    eprintln!(
+        "scale in: n4 removed after {gone:?}, {} messages accepted meanwhile",
+        ok2.len()
+    );
+    let view = a.get("/metrics").text();
+    assert!(
+        !view.contains("narad_raft_voters 4"),
+        "n4 left the Raft configuration"
+    );
+    // Nothing answered 202 is lost: every message is consumed through the remaining nodes.
+    let want: BTreeSet<String> = ok1.into_iter().chain(ok2).collect();
+    let got = drain_until(&c, 1, "jobs", &want);
+    let missing: Vec<_> = want.difference(&got).take(20).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} lost, e.g. {missing:?}",
+        want.difference(&got).count(),
+        want.len()
+    );
+    eprintln!("{} messages consumed after both", got.len());
+    eprintln!(
+        "{}",
+        c.nodes[j]
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("move") || l.contains("decommission"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    c.nodes[j].kill9();
+}
