@@ -170,6 +170,14 @@ fn a_joined_node_takes_its_share_under_load_and_a_decommission_sheds_it() {
         "scale out: balanced after {balanced:?}, {} messages accepted meanwhile",
         ok1.len()
     );
+    let doc = c.nodes[j].admin().get("/metrics").text();
+    assert!(
+        doc.lines().any(|l| l
+            .strip_prefix("narad_moves_total{outcome=\"completed\"} ")
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n >= 2)),
+        "n4 counts its finished moves"
+    );
     let log = c.nodes[j].log_text();
     assert!(
         log.matches("partition move ended").count() >= 2 && log.contains("outcome=flipped"),

@@ -56,7 +56,7 @@ pub use dispatch::{
     MESH_COUNTERS_CALL_TIMEOUT_MS, MESH_DATA_CALL_TIMEOUT_MS,
 };
 pub use members::{Blocked, RaftView};
-pub use moves::{MoveStatus, MoveTally};
+pub use moves::{MoveStatus, MoveTally, MOVE_DURATION_BOUNDS_MS};
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
 
@@ -354,6 +354,11 @@ pub struct NodeWide {
 }
 
 impl NodeWide {
+    /// Partition moves this node runs as the destination, and those it finished.
+    pub fn move_figures(&self) -> (u64, MoveTally) {
+        (self.moves_inflight(), self.move_tally())
+    }
+
     /// Shard 0: the metadata leader was in view at `ms` ([`now_ms`]).
     pub fn note_leader_contact(&self, ms: u64) {
         self.leader_contact_ms.fetch_max(ms, Ordering::Relaxed);

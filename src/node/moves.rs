@@ -739,6 +739,11 @@ impl Node {
     pub fn move_statuses(&self) -> Vec<MoveStatus> {
         self.wide.move_statuses()
     }
+
+    /// Moves running here as the destination, and those finished here (`narad_moves_*`).
+    pub fn move_figures(&self) -> (u64, MoveTally) {
+        self.wide.move_figures()
+    }
 }
 
 impl NodeWide {
@@ -769,12 +774,23 @@ impl NodeWide {
         v
     }
 
-    /// A move ended here as the destination: for `narad_moves_*`.
+    /// A move ended here as the destination: the finished ones (flipped here, forced or not)
+    /// count in `narad_moves_*`.
     fn note_move(&self, outcome: &'static str, took: Duration, bytes: u64) {
+        let label = match outcome {
+            "flipped" => "completed",
+            "force-promoted" => "force_promoted",
+            _ => return,
+        };
         let mut t = self.move_tally.lock().unwrap_or_else(|e| e.into_inner());
-        *t.outcomes.entry(outcome).or_default() += 1;
-        t.seconds += took.as_secs_f64();
+        *t.outcomes.entry(label).or_default() += 1;
+        t.durations.record(took.as_millis() as u64);
         t.bytes += bytes;
+    }
+
+    /// Moves this node's workers run now.
+    pub fn moves_inflight(&self) -> u64 {
+        self.move_workers().len() as u64
     }
 
     /// Finished moves by outcome, their total seconds and bytes copied.
@@ -786,12 +802,28 @@ impl NodeWide {
     }
 }
 
-/// Moves finished on this node as the destination.
-#[derive(Clone, Debug, Default)]
+/// Upper bounds of `narad_moves_duration_seconds`, in milliseconds.
+pub static MOVE_DURATION_BOUNDS_MS: [u64; 10] = [
+    1_000, 5_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000, 3_600_000,
+];
+
+/// Moves finished on this node as the destination (flipped here): by outcome (`completed`,
+/// `force_promoted`), their durations in milliseconds and the bytes they copied.
+#[derive(Clone, Debug, PartialEq)]
 pub struct MoveTally {
     pub outcomes: std::collections::BTreeMap<&'static str, u64>,
-    pub seconds: f64,
+    pub durations: crate::metrics::expo::Histogram,
     pub bytes: u64,
+}
+
+impl Default for MoveTally {
+    fn default() -> MoveTally {
+        MoveTally {
+            outcomes: Default::default(),
+            durations: crate::metrics::expo::Histogram::new(&MOVE_DURATION_BOUNDS_MS),
+            bytes: 0,
+        }
+    }
 }
 
 /// Leader duties for moves and decommission, run on shard 0 every look (CLUSTER.md §9.2, §10).

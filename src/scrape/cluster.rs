@@ -1,7 +1,7 @@
-//! §9.6 cluster series whose meaning is settled for a node that is its whole cluster: member
-//! heartbeats and dead marking (it is its own leader), partition moves (none: there is no other
-//! node), draining (a decommission is refused) and the co-location of child partitions (a fact
-//! of the metadata).
+//! §9.6 cluster series: member heartbeats and dead marking, the node-to-node requests sent,
+//! partition moves (this node's as the destination, and the metadata's blocked ones), what
+//! blocks each decommission (the leader's view) and the co-location of child partitions (a fact
+//! of the metadata). A node that is its whole cluster is its own leader and moves nothing.
 //!
 //! Owns the rendering of those families; never reads the node. The cluster's own series
 //! (OPERATIONS.md §9.6) belong here.
@@ -11,12 +11,10 @@ use std::collections::BTreeMap;
 use narad_io::peer::{ops, stats::OpStats, stats::Outcome};
 use narad_raft::{MetaState, RaftGauges};
 
+use super::NodeFacts;
 use super::{durations, MetastoreFacts};
-use crate::metrics::expo::{Expo, Histogram, Kind};
+use crate::metrics::expo::{Expo, Kind};
 use crate::metrics::ShardMetrics;
-
-/// Upper bounds (seconds) of `narad_moves_duration_seconds`.
-static MOVE_DURATION_BOUNDS_S: [u64; 10] = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600];
 
 /// The member-heartbeat and dead-marking gauges, next to the Raft gauges. A node that is its
 /// whole cluster is its own leader: no heartbeat travels, no other member can be marked dead.
@@ -52,21 +50,23 @@ pub(super) fn render_membership(e: &mut Expo, r: &RaftGauges, h: &MetastoreFacts
     }
 }
 
-/// Partition moves: none on a node that is its whole cluster.
-pub(super) fn render_moves(e: &mut Expo) {
+/// Partition moves this node runs and ran as the destination, and the moves of the metadata
+/// that cannot finish on their own (none on a node that is its whole cluster).
+pub(super) fn render_moves(e: &mut Expo, facts: &NodeFacts, meta: &MetaState) {
     e.family(
         "narad_moves_inflight",
         Kind::Gauge,
-        "Partition moves this node runs as the destination (none: a single node).",
+        "Partition moves this node runs as the destination.",
     );
-    e.int("narad_moves_inflight", &[], 0);
+    e.int("narad_moves_inflight", &[], facts.moves_inflight);
     e.family(
         "narad_moves_total",
         Kind::Counter,
         "Finished partition moves, by outcome.",
     );
     for outcome in ["completed", "force_promoted"] {
-        e.int("narad_moves_total", &[("outcome", outcome)], 0);
+        let n = facts.moves.outcomes.get(outcome).copied().unwrap_or(0);
+        e.int("narad_moves_total", &[("outcome", outcome)], n);
     }
     e.family(
         "narad_moves_duration_seconds",
@@ -76,38 +76,53 @@ pub(super) fn render_moves(e: &mut Expo) {
     e.histogram(
         "narad_moves_duration_seconds",
         &[],
-        &Histogram::new(&MOVE_DURATION_BOUNDS_S),
-        1.0,
+        &facts.moves.durations,
+        1000.0,
     );
     e.family(
         "narad_moves_bytes_total",
         Kind::Counter,
         "Bytes copied by finished moves.",
     );
-    e.int("narad_moves_bytes_total", &[], 0);
+    e.int("narad_moves_bytes_total", &[], facts.moves.bytes);
     e.family(
         "narad_moves_blocked",
         Kind::Gauge,
         "Moves that cannot finish on their own, by reason.",
     );
-    for reason in [
-        "copy_unverifiable",
-        "source_dead_copy_behind",
-        "source_dead",
-        "target_dead",
+    let dead = |id: &str| meta.members.get(id).is_none_or(|m| m.dead);
+    let (mut source_dead, mut target_dead) = (0, 0);
+    for m in meta.topics.values().flat_map(|t| t.moves.values()) {
+        if dead(&m.source) {
+            source_dead += 1;
+        } else if dead(&m.target) {
+            target_dead += 1;
+        }
+    }
+    for (reason, n) in [
+        ("copy_unverifiable", 0),
+        ("source_dead_copy_behind", 0),
+        ("source_dead", source_dead),
+        ("target_dead", target_dead),
     ] {
-        e.int("narad_moves_blocked", &[("reason", reason)], 0);
+        e.int("narad_moves_blocked", &[("reason", reason)], n);
     }
 }
 
-/// Draining (no node drains: the family has no series) and the co-location of child
-/// partitions.
-pub(super) fn render_placement(e: &mut Expo, meta: &MetaState) {
+/// Draining (what blocks each decommission) and the co-location of child partitions.
+pub(super) fn render_placement(e: &mut Expo, meta: &MetaState, facts: &NodeFacts) {
     e.family(
         "narad_decommission_blocked",
         Kind::Gauge,
-        "1 per reason a draining node's decommission cannot progress (no series: no node drains).",
+        "1 per reason a draining node's decommission cannot progress (the leader's view).",
     );
+    for (node, reason) in &facts.decommission_blocked {
+        e.int(
+            "narad_decommission_blocked",
+            &[("node", node), ("reason", reason)],
+            1,
+        );
+    }
     e.family(
         "narad_colocated_child_partitions",
         Kind::Gauge,

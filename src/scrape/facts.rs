@@ -42,6 +42,12 @@ pub(crate) struct NodeFacts {
     /// Expiry (Unix seconds) of the cluster port's TLS certificates, by kind (`leaf`: this
     /// node's; `ca`: the soonest of the CA file's): empty without cluster TLS.
     pub cluster_tls_not_after: Vec<(&'static str, i64)>,
+    /// Partition moves this node runs as the destination now.
+    pub moves_inflight: u64,
+    /// Moves finished here as the destination.
+    pub moves: crate::node::MoveTally,
+    /// What blocks each decommission, as this node (leading) last saw it: (node, reason).
+    pub decommission_blocked: Vec<(String, &'static str)>,
 }
 
 /// The metastore's health as the node sees it, next to the Raft gauges.
@@ -108,8 +114,17 @@ impl NodeFacts {
             .filter_map(|(k, t)| Some((k, t?)))
             .collect()
         };
+        let (moves_inflight, moves) = node.move_figures();
+        let decommission_blocked = node
+            .decommission_blocked()
+            .into_iter()
+            .map(|b| (b.node, b.code))
+            .collect();
         NodeFacts {
             cluster_tls_not_after,
+            moves_inflight,
+            moves,
+            decommission_blocked,
             auth_verify_queued,
             metastore,
             remotes_allowlist_configured: !node.config.remotes.allowed_hosts.is_empty(),

@@ -175,8 +175,8 @@ pub(crate) fn render_doc(
     remote::render(&mut e, facts);
     cluster::render_tls(&mut e, facts);
     cluster::render_rpc(&mut e, shards);
-    cluster::render_moves(&mut e);
-    cluster::render_placement(&mut e, meta);
+    cluster::render_moves(&mut e, facts, meta);
+    cluster::render_placement(&mut e, meta, facts);
     // The node's own series, then the families that sit next to them in the document.
     process::render_errors(&mut e, m);
     process::render_boot(&mut e, facts);

@@ -373,6 +373,16 @@ fn busy_facts() -> NodeFacts {
         inventory_collected_at_s: 1_700_000_101.125,
         data_dir_available_bytes: Some(50 << 30),
         cluster_tls_not_after: vec![("leaf", 1_800_000_000), ("ca", 2_000_000_000)],
+        moves_inflight: 1,
+        moves: {
+            let mut t = crate::node::MoveTally::default();
+            t.outcomes.insert("completed", 2);
+            t.durations.record(1_500);
+            t.durations.record(40_000);
+            t.bytes = 1 << 20;
+            t
+        },
+        decommission_blocked: vec![("n4".to_string(), "move_target")],
     }
 }
 
@@ -425,6 +435,9 @@ fn quiet_node_document_is_unchanged() {
         inventory_collected_at_s: 1_700_000_000.0,
         data_dir_available_bytes: None,
         cluster_tls_not_after: Vec::new(),
+        moves_inflight: 0,
+        moves: Default::default(),
+        decommission_blocked: Vec::new(),
     };
     let shards = [quiet_shard(0)];
     let doc = render_doc(&meta, &Merged::of(&shards), &facts, &shards);
