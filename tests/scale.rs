@@ -102,7 +102,9 @@ fn drain_until(c: &Cluster, i: usize, topic: &str, want: &BTreeSet<String>) -> B
         }
         assert_eq!(r.status, 200, "consume: {}", r.text());
         let m = r.json();
-        got.insert(m["payload"].as_str().unwrap_or("").to_string());
+        let p = &m["payload"];
+        let id = p.as_str().or_else(|| p["id"].as_str()).unwrap_or("");
+        got.insert(id.to_string());
         let h = m["receipt_handle"].as_str().expect("handle");
         let a = admin.post(&format!("/v1/topics/{topic}/ack?receipt_handle={h}"), "");
         assert!(a.status == 204 || a.status == 410, "ack: {}", a.text());
@@ -247,4 +249,201 @@ fn a_joined_node_takes_its_share_under_load_and_a_decommission_sheds_it() {
             .join("\n")
     );
     c.nodes[j].kill9();
+}
+
+/// Fills `topic` with `batches` batches of 100 messages of about `size` bytes through node 0;
+/// the ids answered 202.
+fn fill(c: &Cluster, topic: &str, batches: usize, size: usize) -> BTreeSet<String> {
+    let mut a = c.nodes[0].admin();
+    let mut ids = BTreeSet::new();
+    let pad = "x".repeat(size);
+    for b in 0..batches {
+        let batch: Vec<String> = (0..100).map(|i| format!("fill-{b}-{i}")).collect();
+        let body = format!(
+            r#"{{"messages":[{}]}}"#,
+            batch
+                .iter()
+                .map(|id| format!(r#"{{"payload":{{"id":"{id}","pad":"{pad}"}}}}"#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let r = a.post(&format!("/v1/topics/{topic}/produce/batch"), &body);
+        assert_eq!(r.status, 202, "{}", r.text());
+        ids.extend(batch);
+    }
+    ids
+}
+
+/// This node's move workers (from its detailed moves listing): (topic, partition, source,
+/// copied bytes).
+fn workers(a: &mut common::cluster::Admin) -> Vec<(String, u64, String, u64)> {
+    a.get("/v1/cluster/moves?detail=true").json()["moves"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|x| {
+                    let w = x.get("worker")?;
+                    Some((
+                        w["topic"].as_str()?.to_string(),
+                        w["partition"].as_u64()?,
+                        w["source"].as_str()?.to_string(),
+                        w["copied_bytes"].as_u64()?,
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_move_survives_an_abort_and_its_destination_killed_mid_copy() {
+    // Proves CLUSTER.md §9.3 steps 4 and 8 under failure: copies slowed to 256 KiB/s so the
+    // test acts mid-copy. One move is aborted (202, its worker stops, the owner does not
+    // change); then the destination is killed -9 while copying and restarted: the moves are
+    // retried from scratch and complete, and every message is consumed afterwards.
+    let slow = || {
+        let mut k = knobs();
+        k.push((
+            "NARAD_TEST_MOVE_RATE_BYTES_PER_S".to_string(),
+            "262144".to_string(),
+        ));
+        k
+    };
+    let mut c = Cluster::spawn("scalekill", 3, |_| slow());
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":8}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let want = fill(&c, "jobs", 60, 1000);
+    let j = c.add_joiner(slow());
+    c.wait_ready(Duration::from_secs(60));
+    let mut n4 = c.nodes[j].admin();
+    let mut copying = Vec::new();
+    let started = within(Duration::from_secs(30), || {
+        copying = workers(&mut n4);
+        copying.iter().any(|w| w.3 > 0)
+    });
+    assert!(
+        started.is_some(),
+        "a move copies: {}",
+        n4.get("/v1/cluster/moves?detail=true").text()
+    );
+    let (topic, p, source, _) = copying[0].clone();
+    let r = a.post(
+        &format!("/v1/cluster/moves/{topic}/{p}/abort?target=n4"),
+        "",
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["move"]["from"], source.as_str(), "{}", r.text());
+    let r = a.post(
+        &format!("/v1/cluster/moves/{topic}/{p}/abort?target=nobody"),
+        "",
+    );
+    assert!(r.status == 409 || r.status == 202, "{}", r.text());
+    let aborted = within(Duration::from_secs(20), || {
+        let log = c.nodes[j].log_text();
+        log.contains("outcome=aborted") || log.contains("attempt abandoned")
+    });
+    assert!(
+        aborted.is_some(),
+        "the aborted move's worker stopped: {}",
+        c.nodes[j].log_text()
+    );
+    // The planner plans the partition again; kill the destination mid-copy.
+    let again = within(Duration::from_secs(30), || {
+        workers(&mut n4).iter().any(|w| w.3 > 0)
+    });
+    assert!(again.is_some(), "copies resume");
+    c.nodes[j].kill9();
+    std::thread::sleep(Duration::from_secs(1));
+    c.start_node(j);
+    c.wait_ready(Duration::from_secs(60));
+    let balanced = within(Duration::from_secs(120), || {
+        owned(&mut a, "n4") == Some(2) && moves_in_flight(&mut a) == 0
+    });
+    assert!(
+        balanced.is_some(),
+        "the moves completed after the restart: {}\n{}",
+        a.get("/v1/cluster/moves").text(),
+        c.nodes[j].log_text()
+    );
+    let got = drain_until(&c, 1, "jobs", &want);
+    let missing = want.difference(&got).count();
+    assert_eq!(missing, 0, "{missing} of {} lost", want.len());
+}
+
+#[test]
+fn a_dead_source_past_the_force_promote_time_lets_a_complete_copy_take_over() {
+    // Proves CLUSTER.md §9.3 step 6: the destination holds a caught-up copy (a test setting
+    // holds it before the freeze), the source is killed -9 and marked dead; past the
+    // force-promote time (shortened to 3 s) the destination installs its copy and flips without
+    // a freeze. Nothing the source had committed and the copy held is lost: with the source
+    // restarted (its stale copy reclaimed), every message is consumed.
+    let knobs_for = |hold: bool| {
+        let mut k = knobs();
+        k.push(("NARAD_TEST_DEAD_AFTER_MS".to_string(), "1500".to_string()));
+        k.push((
+            "NARAD_TEST_FORCE_PROMOTE_MS".to_string(),
+            "3000".to_string(),
+        ));
+        if hold {
+            k.push(("NARAD_TEST_MOVE_HOLD_MS".to_string(), "8000".to_string()));
+        }
+        k
+    };
+    let mut c = Cluster::spawn("scaleforce", 3, |_| knobs_for(false));
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":8}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let want = fill(&c, "jobs", 8, 100);
+    let j = c.add_joiner(knobs_for(true));
+    c.wait_ready(Duration::from_secs(60));
+    let mut n4 = c.nodes[j].admin();
+    let mut copying = Vec::new();
+    let started = within(Duration::from_secs(30), || {
+        copying = workers(&mut n4);
+        !copying.is_empty()
+    });
+    assert!(started.is_some(), "a move runs");
+    // Wait for the catch-up to finish (the hold follows), then kill the source.
+    std::thread::sleep(Duration::from_secs(2));
+    let source = copying[0].2.clone();
+    let s = c
+        .nodes
+        .iter()
+        .position(|n| n.id == source)
+        .expect("source node");
+    c.nodes[s].kill9();
+    // Ask a node that stays up from now on.
+    let live = (s + 1) % 3;
+    let mut a = c.nodes[live].admin();
+    let forced = within(Duration::from_secs(60), || {
+        c.nodes[j].log_text().contains("outcome=force-promoted")
+    });
+    assert!(
+        forced.is_some(),
+        "force-promoted: {}\n{}",
+        n4.get("/v1/cluster/moves?detail=true").text(),
+        c.nodes[j].log_text()
+    );
+    let doc = n4.get("/metrics").text();
+    assert!(
+        doc.contains("narad_moves_total{outcome=\"force_promoted\"} 1"),
+        "counted"
+    );
+    c.start_node(s);
+    c.wait_ready(Duration::from_secs(60));
+    let reclaimed = within(Duration::from_secs(30), || {
+        c.nodes[s]
+            .log_text()
+            .contains("reclaimed the copy of a partition that moved away")
+    });
+    assert!(
+        reclaimed.is_some(),
+        "the restarted source reclaims its stale copy"
+    );
+    let got = drain_until(&c, live, "jobs", &want);
+    let missing = want.difference(&got).count();
+    assert_eq!(missing, 0, "{missing} of {} lost", want.len());
 }

@@ -360,7 +360,14 @@ impl Node {
                 .await
             {
                 Ok(Ended::Flipped) => break "flipped",
-                Ok(Ended::Gone) => continue,
+                Ok(Ended::Gone) => {
+                    tracing::info!(
+                        topic = name,
+                        partition = p,
+                        "partition move attempt abandoned: the move was aborted or replaced"
+                    );
+                    continue;
+                }
                 Err(e) => {
                     tracing::warn!(topic = name, partition = p, attempt, error = %e, "partition move attempt failed");
                     let mut s = lock(&status);
@@ -404,7 +411,9 @@ impl Node {
         for _ in 0..CATCH_UP_PASSES_MAX {
             let m = self.fetch_manifest(src, key, None).await?;
             *complete = false;
-            let copied = self.copy_from(src, key, stage, &m, status).await?;
+            let Some(copied) = self.copy_from(src, key, stage, &m, status, mv).await? else {
+                return Ok(Ended::Gone);
+            };
             *complete = true;
             *last = Some(m);
             if copied <= CATCH_UP_LAG_BYTES || copied >= previous {
@@ -412,6 +421,10 @@ impl Node {
             }
             previous = copied;
             rt::sleep(CATCH_UP_PASS_GAP).await;
+        }
+        // NARAD_TEST_MOVE_HOLD_MS: a test holds a caught-up copy here (to kill the source).
+        if let Some(ms) = crate::config::test_knob("NARAD_TEST_MOVE_HOLD_MS") {
+            rt::sleep(Duration::from_millis(ms)).await;
         }
         let token = narad_io::sys::random_u64() | 1;
         lock(status).phase = "frozen";
@@ -461,7 +474,13 @@ impl Node {
     ) -> Result<Ended, String> {
         let src = MemberId::of(&mv.source);
         let m = self.fetch_manifest(src, key, Some(token)).await?;
-        self.copy_from(src, key, stage, &m, status).await?;
+        if self
+            .copy_from(src, key, stage, &m, status, mv)
+            .await?
+            .is_none()
+        {
+            return Ok(Ended::Gone);
+        }
         stage
             .seal(&m.settled)
             .await
@@ -578,7 +597,8 @@ impl Node {
     }
 
     /// Brings the stage to `m`: drops segments the source no longer has, copies what is
-    /// missing of each, paced at [`MOVE_RATE_BYTES_PER_S`]. Answers the bytes copied.
+    /// missing of each, paced at [`MOVE_RATE_BYTES_PER_S`]. Answers the bytes copied, or
+    /// `None` once the move `mv` is no longer in the metadata (aborted, or replaced).
     async fn copy_from(
         &self,
         src: MemberId,
@@ -586,7 +606,19 @@ impl Node {
         stage: &MoveStage,
         m: &MoveManifest,
         status: &Arc<Mutex<MoveStatus>>,
-    ) -> Result<u64, String> {
+        mv: &narad_raft::MoveMeta,
+    ) -> Result<Option<u64>, String> {
+        // The move this attempt copies for is still the one in the metadata.
+        let current = || {
+            self.meta().topics.values().any(|t| {
+                t.id == key.topic
+                    && t.moves.get(&key.partition.0).is_some_and(|x| {
+                        x.target == mv.target
+                            && x.source == mv.source
+                            && x.started_ms == mv.started_ms
+                    })
+            })
+        };
         let io = |e: std::io::Error| format!("staging the copy: {e}");
         let held = stage.held().await.map_err(io)?;
         for base in held.keys() {
@@ -596,6 +628,11 @@ impl Node {
         }
         let mut copied = 0u64;
         let began = Instant::now();
+        // NARAD_TEST_MOVE_RATE_BYTES_PER_S slows copies down so that tests can act mid-move.
+        let rate = crate::config::test_knob("NARAD_TEST_MOVE_RATE_BYTES_PER_S")
+            .unwrap_or(MOVE_RATE_BYTES_PER_S)
+            .max(1);
+        let chunk = (MOVE_CHUNK_BYTES as u64).min(rate);
         for &(base, size) in &m.segments {
             let mut have = held.get(&base).copied().unwrap_or(0);
             if have > size {
@@ -604,12 +641,15 @@ impl Node {
                 have = 0;
             }
             while have < size {
+                if !current() {
+                    return Ok(None);
+                }
                 let ask = ChunkAsk {
                     topic: key.topic.0,
                     partition: key.partition.0,
                     base: base.0,
                     pos: have,
-                    max: (size - have).min(MOVE_CHUNK_BYTES as u64) as u32,
+                    max: (size - have).min(chunk) as u32,
                 };
                 let body = serde_json::to_vec(&ask).map_err(|e| e.to_string())?;
                 let bytes = self.call_member(src, ops::MOVE_CHUNK, &body).await?;
@@ -621,13 +661,13 @@ impl Node {
                 have += n;
                 copied += n;
                 lock(status).copied_bytes += n;
-                let due = Duration::from_secs_f64(copied as f64 / MOVE_RATE_BYTES_PER_S as f64);
+                let due = Duration::from_secs_f64(copied as f64 / rate as f64);
                 if let Some(wait) = due.checked_sub(began.elapsed()) {
                     rt::sleep(wait).await;
                 }
             }
         }
-        Ok(copied)
+        Ok(Some(copied))
     }
 
     /// `MOVE_MANIFEST` from a destination: run on the owner shard of the partition.
