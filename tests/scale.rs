@@ -415,9 +415,8 @@ fn a_dead_source_past_the_force_promote_time_lets_a_complete_copy_take_over() {
         .position(|n| n.id == source)
         .expect("source node");
     c.nodes[s].kill9();
-    // Ask a node that stays up from now on.
+    // A node that stays up drains at the end.
     let live = (s + 1) % 3;
-    let mut a = c.nodes[live].admin();
     let forced = within(Duration::from_secs(60), || {
         c.nodes[j].log_text().contains("outcome=force-promoted")
     });
