@@ -104,6 +104,12 @@ FAULT_KINDS = ["kill", "pause", "startkill", "diskfull", "partition"]
 CRASH_FAULTS = {"kill", "startkill"}
 
 
+# Scale rounds (--scale): how long a decommission request is retried (no leader during a fault),
+# and how long, after healing, the joiner may take to leave the member list.
+DECOMMISSION_ASK_S = 10.0
+SCALE_SETTLE_S = 60.0
+
+
 def now_mono() -> float:
     return time.monotonic()
 
@@ -362,8 +368,14 @@ class Cluster:
     the thread that forked)."""
 
     def __init__(self, binary: str, root: str, n: int, port_rng: random.Random, use_tmpfs: bool,
-                 netns: Netns | None = None):
+                 netns: Netns | None = None, joiners: int = 0):
         self.binary = binary
+        # The last `joiners` nodes are outside the peer list: they join the running cluster
+        # (--scale) and are not started with the others.
+        self.joiners = joiners
+        # Nodes the workload may send requests to: 0..active-1 (the peers, plus a joiner from
+        # its join until its decommission starts).
+        self.active = n - joiners
         self.net = netns
         self.root = root
         self.secret = "harness-cluster-secret-" + str(port_rng.randrange(1 << 30))
@@ -435,9 +447,16 @@ class Cluster:
             }
         )
         if len(self.nodes) > 1:
+            peers = self.nodes[: len(self.nodes) - self.joiners]
             env["NARAD_CLUSTER_PEERS"] = ",".join(
-                f"{m.id}@{m.host}:{m.cluster_port}" for m in self.nodes
+                f"{m.id}@{m.host}:{m.cluster_port}" for m in peers
             )
+            if node not in peers:
+                env["NARAD_CLUSTER_ADVERTISE_ADDR"] = f"{node.host}:{node.cluster_port}"
+            if self.joiners:
+                # Scale rounds: a leader plans moves (and promotes the joiner) 2 s after its
+                # election instead of 12 s, so that a 20 s round sees moves and a decommission.
+                env["NARAD_TEST_PROMOTE_AFTER_MS"] = "2000"
             env["NARAD_CLUSTER_SECRET"] = self.secret
             if self.dead_after_ms:
                 # Members are marked dead this long after their last heartbeat (the broker's
@@ -671,7 +690,7 @@ class Ctx:
         self.errors: list[str] = []
 
     def n(self) -> int:
-        return len(self.cluster.nodes)
+        return self.cluster.active
 
 
 def _record(ctx: Ctx, t0: float, node: int, op: str, topic: str, status, err,
@@ -1084,7 +1103,74 @@ def run_fault(ctx: Ctx, f: dict) -> str | None:
         if why:
             h.add({**base, "t": h.t(), "what": "skipped", "reason": why})
         return None
+    if kind == "join":
+        # Scale out: the node outside the peer list starts and joins; once ready the workload
+        # uses it too, and the leader's planner moves partitions to it under the faults.
+        h.add({**base, "t": h.t(), "what": "spawn"})
+        cl.spawn(node)
+        err = cl.wait_ready(node)
+        h.add({**base, "t": h.t(), "what": "ready" if err is None else "not_ready", "error": err})
+        if err is None:
+            cl.active = len(cl.nodes)
+        return None
+    if kind == "decommission":
+        # Scale in: the joiner is decommissioned through a peer (the workload stops sending it
+        # requests: it refuses client produce from now on); its partitions move back.
+        if node.generation == 0:
+            h.add({**base, "t": h.t(), "what": "skipped", "reason": "never joined"})
+            return None
+        cl.active = len(cl.nodes) - cl.joiners
+        c = Client(cl)
+        deadline = now_mono() + DECOMMISSION_ASK_S
+        k = 0
+        while now_mono() < deadline:
+            via = k % cl.active
+            k += 1
+            t0 = h.t()
+            st, data, err = c.call(via, "POST", f"/v1/cluster/members/{node.id}/decommission", b"")
+            _record(ctx, t0, via, "decommission", "-", st, err, data)
+            if st == 204:
+                h.add({**base, "t": h.t(), "what": "decommission", "via": via})
+                return None
+            time.sleep(0.5)
+        h.add({**base, "t": h.t(), "what": "skipped", "reason": "decommission not accepted"})
+        return None
     raise ValueError(f"unknown fault kind {kind}")
+
+
+def wait_decommissioned(ctx: Ctx) -> dict:
+    """Scale rounds after healing: waits (at most SCALE_SETTLE_S) until the joiner is no longer a
+    member; then the moves every node finished (`narad_moves_total`). The joiner keeps running:
+    while it still owns partitions it serves them to the others."""
+    cl = ctx.cluster
+    joiner = cl.nodes[-1]
+    c = Client(cl)
+    out = {"joined": joiner.generation > 0, "decommissioned": False, "moves_completed": 0,
+           "moves_force_promoted": 0}
+    deadline = now_mono() + SCALE_SETTLE_S
+    while joiner.generation > 0 and now_mono() < deadline:
+        st, data, _ = c.call(0, "GET", "/v1/cluster/members", timeout=2.0)
+        if st == 200:
+            try:
+                ids = [m.get("id") for m in json.loads(data).get("members", [])]
+            except ValueError:
+                ids = None
+            if ids is not None and joiner.id not in ids:
+                out["decommissioned"] = True
+                break
+        time.sleep(0.5)
+    for i, node in enumerate(cl.nodes):
+        if node.generation == 0:
+            continue
+        st, data, _ = c.call(i, "GET", "/metrics", timeout=2.0)
+        if st != 200:
+            continue
+        for line in data.decode("utf-8", "replace").splitlines():
+            for label, key in (("completed", "moves_completed"), ("force_promoted", "moves_force_promoted")):
+                if line.startswith(f'narad_moves_total{{outcome="{label}"}} '):
+                    out[key] += int(float(line.split()[1]))
+    ctx.hist.add({"type": "scale", "t": ctx.hist.t(), **out})
+    return out
 
 
 # --- Checker ---------------------------------------------------------------------------------
@@ -1419,6 +1505,8 @@ def heal(ctx: Ctx) -> str | None:
     if cl.net is not None:
         cl.net.heal()
     for node in cl.nodes:
+        if node.generation == 0:
+            continue  # a joiner that never joined
         base = {"type": "fault", "kind": "heal", "node": node.index}
         if node.paused and node.alive():
             os.kill(node.proc.pid, signal.SIGCONT)
@@ -1512,16 +1600,26 @@ def run_round(args, r: int) -> dict:
     kinds = [k for k in args.faults if k]
     schedule = make_schedule(rng, args.duration, args.nodes, kinds, args.partition_s,
                              args.partition_shapes)
+    joiners = 1 if getattr(args, "scale", False) else 0
+    total = args.nodes + joiners
+    if joiners:
+        # Not drawn from the seed's generator: a seed's faults are the same with or without
+        # --scale. The joiner (the last node) joins early and is decommissioned past the middle.
+        schedule = sorted(schedule + [
+            {"at": round(args.duration * 0.15, 3), "kind": "join", "node": args.nodes},
+            {"at": round(args.duration * 0.55, 3), "kind": "decommission", "node": args.nodes},
+        ], key=lambda f: f["at"])
     net = None
     if args.netns_use:
-        net = Netns(args.nodes, f"r{r}")
+        net = Netns(total, f"r{r}")
         try:
             net.build()
         except (RuntimeError, OSError, subprocess.SubprocessError) as e:
             net.teardown()
             return {"round": r, "seed": seed, "dir": root, "schedule": schedule,
                     "error": f"could not build the network namespaces: {e}", "run_s": 0.0}
-    cluster = Cluster(args.binary, root, args.nodes, random.Random(), "diskfull" in kinds, net)
+    cluster = Cluster(args.binary, root, total, random.Random(), "diskfull" in kinds, net,
+                      joiners=joiners)
     cluster.netns_reason = args.netns_reason
     cluster.dead_after_ms = max(0, getattr(args, "dead_after_ms", 0))
     _LIVE.append(cluster)
@@ -1536,9 +1634,10 @@ def run_round(args, r: int) -> dict:
                   "schedule": schedule,
                   "netns": None if net is None else {"namespaces": net.ns, "addrs": net.addrs,
                                                      "bridge": net.bridge, "host": net.host_addr}})
-        for node in cluster.nodes:
+        peers = cluster.nodes[: total - joiners]
+        for node in peers:
             cluster.spawn(node)
-        for node in cluster.nodes:
+        for node in peers:
             err = cluster.wait_ready(node)
             if err:
                 res["error"] = err
@@ -1579,6 +1678,8 @@ def run_round(args, r: int) -> dict:
         err = heal(ctx)
         if err:
             res.setdefault("error", err)
+        if joiners and "error" not in res:
+            res["scale"] = wait_decommissioned(ctx)
         join_by = now_mono() + JOIN_S_MAX
         for th in threads:
             th.join(max(0.0, join_by - now_mono()))
@@ -1600,7 +1701,7 @@ def run_round(args, r: int) -> dict:
         hist.close()
         res["run_s"] = round(now_mono() - t_start, 1)
     res["panics_logged"] = panics_in_logs(cluster)
-    res.update(check(hist.events, args.nodes))
+    res.update(check(hist.events, total))
     if res.get("drain_timed_out"):
         res.setdefault("notes", []).append("drain ended at its time limit, not quiet")
     return res
@@ -1630,9 +1731,20 @@ COLUMNS = [
     ("kill->202", lambda r: _max_s([k["to_next_202_s"] for k in r.get("kill_to_202", [])])),
     ("cut p/c/r%", lambda r: _side(r, "cut")),
     ("rest p/c/r%", lambda r: _side(r, "rest")),
+    ("moves", lambda r: _scale(r)),
     ("secs", lambda r: str(r.get("run_s", "-"))),
     ("result", lambda r: r["result"]),
 ]
+
+
+def _scale(r):
+    """Scale rounds: moves finished (+ force-promoted) and whether the joiner left."""
+    s = r.get("scale")
+    if not s:
+        return "-"
+    forced = f"+{s['moves_force_promoted']}f" if s["moves_force_promoted"] else ""
+    where = "out" if s["decommissioned"] else ("in" if s["joined"] else "never")
+    return f"{s['moves_completed']}{forced} {where}"
 
 
 def _pct(a, b):
@@ -1687,6 +1799,10 @@ def main(argv=None) -> int:
                     help="cluster: members are marked dead this long after their last heartbeat "
                          "(NARAD_TEST_DEAD_AFTER_MS; 0 = the broker's 30 s), so that pauses "
                          "(0.5-4 s) can outlast it")
+    ap.add_argument("--scale", action="store_true",
+                    help="cluster: one more node outside the peer list joins early in each round "
+                         "(partitions move to it under the faults) and is decommissioned past "
+                         "the middle (they move back)")
     ap.add_argument("--keep", action="store_true", help="keep data directories of passing rounds")
     ap.add_argument("--strict", action="store_true",
                     help="also fail on acks redelivered outside the crash seam and on nodes that exited")
