@@ -347,6 +347,8 @@ class Node:
         # Set when the harness killed the process, so an exit of its own is told apart.
         self.killed = False
         self.exit_seen = False
+        # A decommission of it was accepted (--scale): it stays up but never ready again.
+        self.decommissioned = False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -1121,6 +1123,8 @@ def run_fault(ctx: Ctx, f: dict) -> str | None:
             return None
         cl.active = len(cl.nodes) - cl.joiners
         c = Client(cl)
+        # Who owns what now (partitions moved to the joiner): for the checker's move seam.
+        record_owners(ctx, c, "owners_seen")
         deadline = now_mono() + DECOMMISSION_ASK_S
         k = 0
         while now_mono() < deadline:
@@ -1130,6 +1134,7 @@ def run_fault(ctx: Ctx, f: dict) -> str | None:
             st, data, err = c.call(via, "POST", f"/v1/cluster/members/{node.id}/decommission", b"")
             _record(ctx, t0, via, "decommission", "-", st, err, data)
             if st == 204:
+                node.decommissioned = True
                 h.add({**base, "t": h.t(), "what": "decommission", "via": via})
                 return None
             time.sleep(0.5)
@@ -1145,6 +1150,7 @@ def wait_decommissioned(ctx: Ctx) -> dict:
     cl = ctx.cluster
     joiner = cl.nodes[-1]
     c = Client(cl)
+    record_owners(ctx, c, "owners_seen")
     out = {"joined": joiner.generation > 0, "decommissioned": False, "moves_completed": 0,
            "moves_force_promoted": 0}
     deadline = now_mono() + SCALE_SETTLE_S
@@ -1275,6 +1281,15 @@ def check(events: list[dict], n_nodes: int) -> dict:
             for p, o in enumerate(e.get("owners", [])):
                 if isinstance(o, str) and o.startswith("n") and o[1:].isdigit():
                     owner_of[(e["topic"], p)] = int(o[1:]) - 1
+    # (topic, partition) whose owner changed during the round (a scale round's moves): an ack
+    # racing the flip is lost with the old owner's leases and the new owner delivers the
+    # message again (CLUSTER.md §9.3 step 5).
+    seen_owners: dict[tuple, set] = {}
+    for e in events:
+        if e.get("type") in ("owners", "owners_seen"):
+            for p, o in enumerate(e.get("owners", [])):
+                seen_owners.setdefault((e["topic"], p), set()).add(o)
+    moved = {k for k, v in seen_owners.items() if len(v) > 1}
     acked_again = []
     for d in deliveries:
         k = (d[3], d[4], d[5])
@@ -1289,7 +1304,8 @@ def check(events: list[dict], n_nodes: int) -> dict:
         after = [c for c in crashes if ta < c[0] <= d[0]]
         acked_again.append({"topic": d[3], "partition": d[4], "offset": d[5], "id": d[6],
                             "acked_at": ta, "delivered_at": d[0], "node": d[2],
-                            "seam": f"crash of n{seam[0][1] + 1} at {seam[0][0]:.3f}" if seam else None,
+                            "seam": f"crash of n{seam[0][1] + 1} at {seam[0][0]:.3f}" if seam
+                            else ("partition moved" if (d[3], d[4]) in moved else None),
                             "crash_after_s": round(after[0][0] - ta, 3) if after else None})
     unexplained = [a for a in acked_again if a["seam"] is None]
 
@@ -1481,7 +1497,7 @@ def setup_topics(ctx: Ctx) -> str | None:
     return None
 
 
-def record_owners(ctx: Ctx, cl: Client) -> None:
+def record_owners(ctx: Ctx, cl: Client, kind: str = "owners") -> None:
     """Records each topic's owner node per partition (a describe's `partition_stats`), for the
     checker's crash seam: an ack can come undone only by a crash of its partition's owner."""
     for t in MAIN_TOPICS + [CHILD_TOPIC]:
@@ -1495,7 +1511,7 @@ def record_owners(ctx: Ctx, cl: Client) -> None:
         by_partition = {p.get("partition", i): p.get("owner_node") for i, p in enumerate(stats)}
         owners = [by_partition.get(i) for i in range(len(stats))]
         if owners and all(isinstance(o, str) and o for o in owners):
-            ctx.hist.add({"type": "owners", "t": ctx.hist.t(), "topic": t, "owners": owners})
+            ctx.hist.add({"type": kind, "t": ctx.hist.t(), "topic": t, "owners": owners})
 
 
 def heal(ctx: Ctx) -> str | None:
@@ -1518,6 +1534,8 @@ def heal(ctx: Ctx) -> str | None:
         if not node.alive():
             h.add({**base, "t": h.t(), "what": "spawn"})
             cl.spawn(node)
+        if node.decommissioned:
+            continue  # out of the cluster (or on its way): never ready again
         err = cl.wait_ready(node)
         if err:
             return err
@@ -1658,17 +1676,31 @@ def run_round(args, r: int) -> dict:
             th.start()
             threads.append(th)
         w0 = now_mono()
+        # The decommission is HTTP only: it runs on its own thread at its time, so that it
+        # overlaps whatever fault the main thread is running then (a spawn must stay here).
+        side = [f for f in schedule if f["kind"] == "decommission"]
+        schedule = [f for f in schedule if f["kind"] != "decommission"]
+        side_threads = []
+        for f in side:
+            def later(f=f):
+                if not ctx.stop.wait(max(0.0, f["at"] - (now_mono() - w0))):
+                    run_fault(ctx, f)
+            th = threading.Thread(target=later, daemon=True, name="decommission")
+            th.start()
+            side_threads.append(th)
         for f in schedule:
             delay = f["at"] - (now_mono() - w0)
             if delay > 0:
                 time.sleep(delay)
-            if now_mono() - w0 > args.duration:
+            if now_mono() - w0 > args.duration and f["kind"] != "join":
                 break
             note_exits(ctx)
             err = run_fault(ctx, f)
             if err:
                 res["error"] = err
                 break
+        for th in side_threads:
+            th.join(max(0.0, args.duration - (now_mono() - w0)) + DECOMMISSION_ASK_S + 5.0)
         rest = args.duration - (now_mono() - w0)
         if rest > 0 and "error" not in res:
             time.sleep(rest)
