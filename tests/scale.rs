@@ -530,3 +530,96 @@ fn a_dead_source_past_the_force_promote_time_lets_a_complete_copy_take_over() {
     let missing = want.difference(&got).count();
     assert_eq!(missing, 0, "{missing} of {} lost", want.len());
 }
+
+#[test]
+fn decommission_refuses_what_could_never_finish_cancels_and_hands_leadership_over() {
+    // Proves CLUSTER.md §10 steps 1, 3, 5 and 6: on 3 voters a decommission is refused up front
+    // (409 below_min_voters; the dry run says why); with a 4th node, a decommission can be
+    // cancelled (the node takes produce again); and decommissioning the Raft leader hands
+    // leadership to another node before it leaves, while the members listing shows what
+    // blocks it meanwhile. Nothing answered 202 is lost.
+    let mut c = Cluster::spawn("scaledecom", 3, |_| knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"jobs","partitions":6}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Members are listed once their first heartbeat is recorded.
+    let listed = within(Duration::from_secs(10), || {
+        members(&mut a)["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 3)
+    });
+    assert!(listed.is_some(), "{}", members(&mut a));
+    let r = a.post("/v1/cluster/members/n2/decommission", "");
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("below_min_voters"), "{}", r.text());
+    let dry = a.post("/v1/cluster/members/n2/decommission?dry_run=true", "");
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    assert_eq!(dry.json()["would_decommission"], false, "{}", dry.text());
+    assert_eq!(
+        a.post("/v1/cluster/members/nobody/decommission", "").status,
+        404
+    );
+    let mut want = BTreeSet::new();
+    for i in 0..60 {
+        let r = a.post("/v1/topics/jobs/produce", &format!(r#""m-{i}""#));
+        assert_eq!(r.status, 202, "{}", r.text());
+        want.insert(format!("m-{i}"));
+    }
+
+    let j = c.add_joiner(knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let four = within(Duration::from_secs(30), || {
+        members(&mut a)["members"]
+            .as_array()
+            .is_some_and(|m| m.iter().filter(|x| x["voter"] == true).count() == 4)
+    });
+    assert!(four.is_some(), "{}", members(&mut a));
+    // Cancel: n4 drains, then takes produce again.
+    let r = a.post("/v1/cluster/members/n4/decommission", "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let mut n4 = c.nodes[j].admin();
+    let draining = within(Duration::from_secs(10), || {
+        n4.post("/v1/topics/jobs/produce", r#""refused""#).status == 503
+    });
+    assert!(draining.is_some());
+    let r = a.req("DELETE", "/v1/cluster/members/n4/decommission", "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let back = within(Duration::from_secs(10), || {
+        let r = n4.post("/v1/topics/jobs/produce", r#""after-cancel""#);
+        r.status == 202
+    });
+    assert!(back.is_some(), "n4 takes produce again after the cancel");
+    want.insert("after-cancel".to_string());
+
+    // The leader leaves: it sheds its partitions, hands leadership over, and is removed.
+    let leader = c.leader().expect("a leader");
+    let id = c.nodes[leader].id.clone();
+    let other = (0..4).find(|&i| i != leader).expect("another node");
+    let mut b = c.nodes[other].admin();
+    let r = b.post(&format!("/v1/cluster/members/{id}/decommission"), "");
+    assert_eq!(r.status, 204, "{}", r.text());
+    let gone = within(Duration::from_secs(90), || {
+        members(&mut b)["members"]
+            .as_array()
+            .is_some_and(|m| m.len() == 3 && m.iter().all(|x| x["id"] != id.as_str()))
+    });
+    assert!(
+        gone.is_some(),
+        "{id} removed: {}\n{}",
+        members(&mut b),
+        c.nodes[leader].log_text()
+    );
+    let new_leader = c.leader().expect("a new leader");
+    assert_ne!(new_leader, leader, "leadership moved away first");
+    assert!(
+        c.nodes[leader]
+            .log_text()
+            .contains("metadata leadership handed over"),
+        "the leader handed over before leaving"
+    );
+    let got = drain_until(&c, other, "jobs", &want);
+    let missing: Vec<_> = want.difference(&got).collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    c.nodes[leader].kill9();
+}
