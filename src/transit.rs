@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use narad_io::log::AppendRecord;
 use narad_io::rt;
-use narad_io::types::{Destination, ShardId};
+use narad_io::types::{Destination, PartitionKey, ShardId};
 
 use narad_shard::transit::HandOff;
 
-use crate::node::{Node, StoreError};
+use crate::node::{Node, OwnerError, StoreError};
 
 /// How this node's dispatchers run (test knobs).
 #[derive(Clone, Copy)]
@@ -115,7 +115,23 @@ impl HandOff for NodeHandOff {
             // accepted: place it again by the metadata of now.
             Destination::Shard(_) if !self.0.config.peers.is_empty() => self.0.append(batch).await,
             Destination::Shard(s) => self.0.append_one(s, batch).await,
-            Destination::Node(m) => self.0.commit_remote(m, batch).await,
+            Destination::Node(m) => {
+                // "Not the owner" places the records again at once only when this node's
+                // metadata agrees they belong elsewhere now (the partition moved); a refusal
+                // by a move's destination before its flip is an ordinary failed pass.
+                let keys: Vec<PartitionKey> = batch.iter().map(|r| r.key).collect();
+                match self.0.commit_remote(m, batch).await {
+                    Err(StoreError::Owner(OwnerError::NotOwner))
+                        if keys.iter().any(|k| self.0.produce_owner(*k) == Some(m)) =>
+                    {
+                        Err(StoreError::Failed(format!(
+                            "member {:x} does not own the partitions yet",
+                            m.0
+                        )))
+                    }
+                    r => r,
+                }
+            }
         }
     }
 

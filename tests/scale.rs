@@ -623,3 +623,102 @@ fn decommission_refuses_what_could_never_finish_cancels_and_hands_leadership_ove
     assert!(missing.is_empty(), "lost: {missing:?}");
     c.nodes[leader].kill9();
 }
+
+#[test]
+fn a_moved_parent_partition_keeps_feeding_its_child_from_where_it_stood() {
+    // Proves that a move carries a parent partition's fan-out cursors (CLUSTER.md §9.3 with
+    // SEMANTICS.md §10): 800 messages copied into a replica child, then a 4th node joins and
+    // parent partitions move to it; 400 more are produced. The child gets every parent message,
+    // and the moved cursors continue where they stood rather than at the attach point (which
+    // would copy the moved partitions' first 100 messages again).
+    let mut c = Cluster::spawn("scalefan", 3, |_| knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let mut a = c.nodes[0].admin();
+    let r = a.post("/v1/topics", r#"{"name":"zz-orders","partitions":8}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = a.post(
+        "/v1/topics",
+        r#"{"name":"orders-copy","partitions":8,"parent":"zz-orders"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let produce = |a: &mut common::cluster::Admin, from: usize, to: usize| {
+        for b in (from..to).step_by(100) {
+            let body = format!(
+                r#"{{"messages":[{}]}}"#,
+                (b..b + 100)
+                    .map(|i| format!(r#"{{"payload":"m-{i}"}}"#))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let r = a.post("/v1/topics/zz-orders/produce/batch", &body);
+            assert_eq!(r.status, 202, "{}", r.text());
+        }
+    };
+    let child_total = |a: &mut common::cluster::Admin| -> u64 {
+        a.get("/v1/topics/orders-copy").json()["partition_stats"]
+            .as_array()
+            .map_or(0, |s| {
+                s.iter()
+                    .map(|p| p["high_watermark"].as_u64().unwrap_or(0))
+                    .sum()
+            })
+    };
+    produce(&mut a, 0, 800);
+    let copied = within(Duration::from_secs(30), || child_total(&mut a) >= 800);
+    assert!(
+        copied.is_some(),
+        "the child caught up: {}",
+        child_total(&mut a)
+    );
+    c.add_joiner(knobs());
+    c.wait_ready(Duration::from_secs(60));
+    let moved = within(Duration::from_secs(60), || {
+        owned(&mut a, "n4").is_some_and(|n| n >= 2) && moves_in_flight(&mut a) == 0
+    });
+    assert!(moved.is_some(), "{}", members(&mut a));
+    // The planner gives up each donor's newest assignments first: parent partitions (the
+    // parent's name sorts after the child's).
+    let parent = a.get("/v1/topics/zz-orders").json();
+    let on_n4 = parent["partition_stats"]
+        .as_array()
+        .map_or(0, |s| s.iter().filter(|p| p["owner_node"] == "n4").count());
+    assert!(on_n4 >= 2, "parent partitions moved: {parent}");
+    produce(&mut a, 800, 1200);
+    let want: BTreeSet<String> = (0..1200).map(|i| format!("m-{i}")).collect();
+    let settled = within(Duration::from_secs(30), || child_total(&mut a) >= 1200);
+    assert!(settled.is_some(), "child: {}", child_total(&mut a));
+    // Count what the child holds: every parent message, and few copied twice.
+    let mut seen = std::collections::BTreeMap::<String, u32>::new();
+    let mut admin = c.nodes[1].admin();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(60) {
+        let r = admin.get("/v1/topics/orders-copy/consume?wait=300ms");
+        if r.status == 204 {
+            if want.iter().all(|w| seen.contains_key(w)) {
+                break;
+            }
+            continue;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = r.json();
+        *seen
+            .entry(m["payload"].as_str().unwrap_or("").to_string())
+            .or_default() += 1;
+        let h = m["receipt_handle"].as_str().expect("handle");
+        admin.post(
+            &format!("/v1/topics/orders-copy/ack?receipt_handle={h}"),
+            "",
+        );
+    }
+    let missing: Vec<_> = want
+        .iter()
+        .filter(|w| !seen.contains_key(*w))
+        .take(10)
+        .collect();
+    assert!(missing.is_empty(), "the child misses {missing:?}");
+    let twice: u32 = seen.values().map(|n| n - 1).sum();
+    assert!(
+        twice < 50,
+        "{twice} parent messages copied twice: the moved cursors restarted"
+    );
+}

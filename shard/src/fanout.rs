@@ -445,6 +445,33 @@ impl Fanout {
         }
     }
 
+    /// Where the cursors of parent partition `parent` on this shard stand: (child, attach epoch,
+    /// next offset to copy). A partition move carries them to the new owner.
+    pub fn positions(&self, parent: PartitionKey) -> Vec<(TopicId, u64, Offset)> {
+        self.cursors
+            .borrow()
+            .values()
+            .filter(|c| c.id.parent == parent)
+            .map(|c| (c.id.child, c.id.epoch, c.next.get()))
+            .collect()
+    }
+
+    /// Positions for the cursors of a parent partition this shard is about to own (a moved
+    /// partition's, from its old owner): the next [`Fanout::reconcile`] starts them there instead
+    /// of at the attach point. Never moves a known position back.
+    pub fn seed(&self, parent: PartitionKey, positions: &[(TopicId, u64, Offset)]) {
+        let mut loaded = self.loaded.borrow_mut();
+        for &(child, epoch, next) in positions {
+            let id = CursorId {
+                parent,
+                child,
+                epoch,
+            };
+            let e = loaded.entry(id).or_insert(next);
+            *e = (*e).max(next);
+        }
+    }
+
     /// Lag per child of `parent` over the cursors on this shard.
     pub fn lag(&self, parent: TopicId) -> Vec<ChildLag> {
         let mut out: Vec<ChildLag> = Vec::new();

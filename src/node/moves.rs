@@ -76,20 +76,36 @@ struct ManifestWire {
     next: u64,
     frontier: u64,
     ahead: Vec<u64>,
+    /// The partition's fan-out cursors on the source: (child topic id, attach epoch, next).
+    #[serde(default)]
+    cursors: Vec<(u64, u64, u64)>,
+}
+
+/// What a destination copies: the partition's storage and its fan-out cursor positions.
+#[derive(Clone, Debug, Default)]
+struct Manifest {
+    log: MoveManifest,
+    cursors: Vec<(TopicId, u64, Offset)>,
 }
 
 impl ManifestWire {
-    fn of(m: &MoveManifest) -> ManifestWire {
+    fn of(m: &MoveManifest, cursors: &[(TopicId, u64, Offset)]) -> ManifestWire {
         ManifestWire {
             segments: m.segments.iter().map(|(b, n)| (b.0, *n)).collect(),
             next: m.next.0,
             frontier: m.settled.frontier.0,
             ahead: m.settled.ahead.iter().map(|o| o.0).collect(),
+            cursors: cursors.iter().map(|(c, e, n)| (c.0, *e, n.0)).collect(),
         }
     }
 
-    fn manifest(self) -> MoveManifest {
-        MoveManifest {
+    fn manifest(self) -> Manifest {
+        let cursors = self
+            .cursors
+            .iter()
+            .map(|&(c, e, n)| (TopicId(c), e, Offset(n)))
+            .collect();
+        let log = MoveManifest {
             segments: self
                 .segments
                 .into_iter()
@@ -100,7 +116,8 @@ impl ManifestWire {
                 frontier: Offset(self.frontier),
                 ahead: self.ahead.into_iter().map(Offset).collect(),
             },
-        }
+        };
+        Manifest { log, cursors }
     }
 }
 
@@ -299,7 +316,7 @@ impl Node {
         tracing::info!(topic = name, partition = p, "partition move started");
         let started = Instant::now();
         // The source's last manifest and whether the stage holds all of it (force-promote).
-        let mut last: Option<MoveManifest> = None;
+        let mut last: Option<Manifest> = None;
         let mut complete = false;
         let mut dead_since: Option<Instant> = None;
         let force_after = Duration::from_millis(
@@ -402,7 +419,7 @@ impl Node {
         mv: &narad_raft::MoveMeta,
         stage: &MoveStage,
         status: &Arc<Mutex<MoveStatus>>,
-        last: &mut Option<MoveManifest>,
+        last: &mut Option<Manifest>,
         complete: &mut bool,
     ) -> Result<Ended, String> {
         let p = key.partition.0;
@@ -482,7 +499,7 @@ impl Node {
             return Ok(Ended::Gone);
         }
         stage
-            .seal(&m.settled)
+            .seal(&m.log.settled)
             .await
             .map_err(|e| format!("sealing the copy: {e}"))?;
         lock(status).phase = "flip_pending";
@@ -500,7 +517,7 @@ impl Node {
         key: PartitionKey,
         mv: &narad_raft::MoveMeta,
         stage: &MoveStage,
-        m: &MoveManifest,
+        m: &Manifest,
         token: Option<u64>,
     ) -> Result<Ended, String> {
         let next = self
@@ -510,12 +527,18 @@ impl Node {
             .map_err(|e| format!("installing the copy: {e}"))?;
         // The stage was renamed into place: recreate it for a later attempt.
         let _ = MoveStage::fresh(&self.config.data_dir, key).await;
-        if next < m.next {
+        if next < m.log.next {
             let _ = self.host.drop_partition(key).await;
             return Err(format!(
                 "the copy recovers to offset {} but the source's high watermark is {}",
-                next.0, m.next.0
+                next.0, m.log.next.0
             ));
+        }
+        // The fan-out cursors of a parent partition continue where the source's stood (they
+        // start once the flip makes this node the owner); without them they would restart at
+        // the attach point: duplicates in the children, never gaps, either way.
+        if let Some(f) = self.fanout.borrow().as_ref() {
+            f.seed(key, &m.cursors);
         }
         let flip = self
             .propose(MetaCommand::FlipOwner {
@@ -550,17 +573,17 @@ impl Node {
         key: PartitionKey,
         mv: &narad_raft::MoveMeta,
         stage: &MoveStage,
-        m: &MoveManifest,
+        m: &Manifest,
     ) -> Result<Ended, String> {
         tracing::warn!(
             topic = name,
             partition = key.partition.0,
             source = mv.source,
-            high_watermark = m.next.0,
+            high_watermark = m.log.next.0,
             "source dead past the force-promote time: promoting this copy"
         );
         stage
-            .seal(&m.settled)
+            .seal(&m.log.settled)
             .await
             .map_err(|e| format!("sealing the copy: {e}"))?;
         self.install_and_flip(name, id, key, mv, stage, m, None)
@@ -572,7 +595,7 @@ impl Node {
         src: MemberId,
         key: PartitionKey,
         token: Option<u64>,
-    ) -> Result<MoveManifest, String> {
+    ) -> Result<Manifest, String> {
         let ask = ManifestAsk {
             topic: key.topic.0,
             partition: key.partition.0,
@@ -604,7 +627,7 @@ impl Node {
         src: MemberId,
         key: PartitionKey,
         stage: &MoveStage,
-        m: &MoveManifest,
+        m: &Manifest,
         status: &Arc<Mutex<MoveStatus>>,
         mv: &narad_raft::MoveMeta,
     ) -> Result<Option<u64>, String> {
@@ -622,7 +645,7 @@ impl Node {
         let io = |e: std::io::Error| format!("staging the copy: {e}");
         let held = stage.held().await.map_err(io)?;
         for base in held.keys() {
-            if !m.segments.iter().any(|(b, _)| b == base) {
+            if !m.log.segments.iter().any(|(b, _)| b == base) {
                 stage.remove(*base).await.map_err(io)?;
             }
         }
@@ -633,7 +656,7 @@ impl Node {
             .unwrap_or(MOVE_RATE_BYTES_PER_S)
             .max(1);
         let chunk = (MOVE_CHUNK_BYTES as u64).min(rate);
-        for &(base, size) in &m.segments {
+        for &(base, size) in &m.log.segments {
             let mut have = held.get(&base).copied().unwrap_or(0);
             if have > size {
                 // The source cut this segment back (a torn tail at its restart): copy it anew.
@@ -728,7 +751,13 @@ impl Node {
             }
         }
         let m = self.host.log().move_manifest(key);
-        serde_json::to_vec(&ManifestWire::of(&m)).map_err(|e| e.to_string())
+        let cursors = self
+            .fanout
+            .borrow()
+            .as_ref()
+            .map(|f| f.positions(key))
+            .unwrap_or_default();
+        serde_json::to_vec(&ManifestWire::of(&m, &cursors)).map_err(|e| e.to_string())
     }
 
     /// `MOVE_CHUNK` from a destination: bytes of one segment, from the owner shard.

@@ -183,8 +183,15 @@ impl Node {
             };
             let n = t.partitions;
             let p = r.key.partition.0;
+            // Where a record of partition q goes now: its owner, or for a partition frozen
+            // for a move, the move's destination (`produce_owner`; None: this node).
             let target = (0..n).map(|k| (p + k) % n).find(|&q| {
-                let owner = t.owner_of(q).and_then(|o| self.member_of(o));
+                let owner = self
+                    .produce_owner(PartitionKey {
+                        topic: t.id,
+                        partition: narad_io::types::PartitionId(q),
+                    })
+                    .or(me);
                 owner != Some(from)
                     && (owner == me
                         || owner.is_none_or(|o| !stuck.contains(&o) && !self.member_dead(o)))
