@@ -151,15 +151,15 @@ enum Ended {
 }
 
 impl Node {
-    /// Whether this node is being decommissioned (CLUSTER.md §10): it takes no client produce.
+    /// Whether this node is being decommissioned, or was removed by one (CLUSTER.md §10): it
+    /// takes no client produce.
     pub fn draining_here(&self) -> bool {
-        self.links.is_some()
-            && self
-                .meta
-                .borrow()
-                .members
-                .get(&self.config.node_id)
-                .is_some_and(|m| m.draining)
+        if self.links.is_none() {
+            return false;
+        }
+        let meta = self.meta.borrow();
+        let me = &self.config.node_id;
+        meta.tombstones.contains_key(me) || meta.members.get(me).is_some_and(|m| m.draining)
     }
 
     /// Whether this node commits appends of `key` now: it owns the partition and it is not

@@ -1151,10 +1151,11 @@ def wait_decommissioned(ctx: Ctx) -> dict:
     joiner = cl.nodes[-1]
     c = Client(cl)
     record_owners(ctx, c, "owners_seen")
-    out = {"joined": joiner.generation > 0, "decommissioned": False, "moves_completed": 0,
+    out = {"joined": joiner.generation > 0, "decommission_sent": joiner.decommissioned,
+           "decommissioned": False, "moves_completed": 0,
            "moves_force_promoted": 0}
     deadline = now_mono() + SCALE_SETTLE_S
-    while joiner.generation > 0 and now_mono() < deadline:
+    while joiner.decommissioned and now_mono() < deadline:
         st, data, _ = c.call(0, "GET", "/v1/cluster/members", timeout=2.0)
         if st == 200:
             try:
