@@ -73,7 +73,19 @@ pub fn plan(state: &MetaState) -> Vec<PlannedMove> {
                 return out;
             }
             deficit.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
-            let Some(d) = deficit.first_mut().filter(|d| d.1 > 0) else {
+            // Anti-affinity (a preference, CLUSTER.md §9.2): a child partition goes to a
+            // receiver other than the owner of its parent's partition of the same index when one
+            // has room.
+            let parent_owner = t
+                .parent
+                .as_deref()
+                .and_then(|name| state.topics.get(name))
+                .and_then(|pt| (*p < pt.partitions).then(|| pt.owner_of(*p)).flatten());
+            let pick = deficit
+                .iter()
+                .position(|d| d.1 > 0 && Some(d.0) != parent_owner)
+                .or_else(|| deficit.iter().position(|d| d.1 > 0));
+            let Some(d) = pick.map(|i| &mut deficit[i]) else {
                 return out;
             };
             d.1 -= 1;
@@ -466,6 +478,34 @@ mod tests {
             m.draining = true;
         }
         assert!(plan(&s).is_empty());
+    }
+
+    #[test]
+    fn a_child_partition_moves_away_from_its_parent_partition_when_it_can() {
+        // a owns 7 partitions, x 1, y none: x and y each need 2 (x sorts first on the tie). The
+        // first to move is child partition 3, whose parent partition 3 x owns: it goes to y.
+        let mut parent = topic("j", 1, 4, &["a", "a", "a", "x"]);
+        parent.children = vec!["k".into()];
+        let mut child = topic("k", 2, 4, &["a"]);
+        child.parent = Some("j".into());
+        child.attach_epoch = Some("0000000000000001".into());
+        child.attach_offsets = vec![0; 4];
+        let s = state(&["a", "x", "y"], vec![parent, child]);
+        let plan = plan(&s);
+        let k3 = plan
+            .iter()
+            .find(|m| m.topic == "k" && m.partition == 3)
+            .expect("child partition 3 moves");
+        assert_eq!(
+            k3.target, "y",
+            "away from parent partition 3's owner: {plan:?}"
+        );
+        // Balance still wins: x gets its two.
+        assert_eq!(
+            plan.iter().filter(|m| m.target == "x").count(),
+            2,
+            "{plan:?}"
+        );
     }
 
     #[test]
