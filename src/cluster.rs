@@ -61,6 +61,7 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         ops::TOPIC_WAIT => served(node.serve_topic_wait(req.body()).await),
         ops::MOVE_MANIFEST => served(node.serve_move_manifest(req.body()).await),
         ops::MOVE_CHUNK => served(node.serve_move_chunk(req.body()).await),
+        ops::NODE_STATUS => served(Ok(node.node_status().to_string().into_bytes())),
         _ => Outcome::Unsupported,
     }
 }

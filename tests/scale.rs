@@ -583,6 +583,22 @@ fn decommission_refuses_what_could_never_finish_cancels_and_hands_leadership_ove
         n4.post("/v1/topics/jobs/produce", r#""refused""#).status == 503
     });
     assert!(draining.is_some());
+    // The detailed listing asks every member for its own status; a draining member also says
+    // what blocks its decommission (the leader's view; it owns partitions still, or not yet).
+    let detail = a.get("/v1/cluster/members?detail=true").json();
+    let list = detail["members"].as_array().expect("members");
+    assert_eq!(list.len(), 4, "{detail}");
+    for m in list {
+        let st = &m["node_status"];
+        assert_eq!(st["node"], m["id"], "{detail}");
+        assert!(st["produce_in_flight"].is_u64(), "{detail}");
+        assert!(st["dispatch_backlog"].is_u64(), "{detail}");
+        assert!(st["moves"].is_array(), "{detail}");
+    }
+    let n4v = list.iter().find(|m| m["id"] == "n4").expect("n4");
+    assert_eq!(n4v["draining"], true, "{detail}");
+    assert_eq!(n4v["node_status"]["draining"], true, "{detail}");
+    assert!(n4v["decommission_blocked"].is_array(), "{detail}");
     let r = a.req("DELETE", "/v1/cluster/members/n4/decommission", "");
     assert_eq!(r.status, 204, "{}", r.text());
     let back = within(Duration::from_secs(10), || {

@@ -191,13 +191,35 @@ fn move_view(
     v
 }
 
+/// Budget of `detail=true`: every member is asked for its own status at once (API.md §12.1).
+const MEMBER_STATUS_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// `GET /v1/cluster/members[?detail=true]` (§12.1).
-pub fn members(node: &Rc<Node>, req: &Request) -> Response {
+pub async fn members(node: &Rc<Node>, req: &Request) -> Response {
     let detail = tri!(parse_bool("detail", &Params::new(&req.query)));
     if !node.config.peers.is_empty() {
         // A cluster answers from its replica, ready or not: an operator looks here when a node
         // is cut off.
-        return json_response(200, &json!({ "members": cluster_member_views(node) }));
+        let mut views = cluster_member_views(node);
+        if detail == Some(true) {
+            let asks: Vec<_> = views
+                .iter()
+                .map(|v| {
+                    let id = v["id"].as_str().unwrap_or("").to_string();
+                    let n = node.clone();
+                    narad_io::rt::spawn(
+                        async move { n.member_status(&id, MEMBER_STATUS_BUDGET).await },
+                    )
+                })
+                .collect();
+            for (v, ask) in views.iter_mut().zip(asks) {
+                match ask.await {
+                    Ok(status) => v["node_status"] = status,
+                    Err(e) => v["status_error"] = json!(e),
+                }
+            }
+        }
+        return json_response(200, &json!({ "members": views }));
     }
     if let Some(r) = unavailable(node) {
         return r;

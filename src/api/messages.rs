@@ -214,6 +214,7 @@ fn draining_refusal(node: &Node) -> Option<Response> {
 }
 
 pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
+    let _in_flight = node.produce_started();
     let (key, pinned) = tri!(produce_query(&req.query, false));
     if let Some(r) = draining_refusal(node) {
         return r;
@@ -263,6 +264,7 @@ pub async fn produce(node: &Rc<Node>, req: Request, topic: &str) -> Response {
 }
 
 pub async fn produce_batch(node: &Rc<Node>, req: &mut Request, topic: &str) -> Response {
+    let _in_flight = node.produce_started();
     tri!(produce_query(&req.query, true));
     if let Some(r) = draining_refusal(node) {
         return r;

@@ -645,7 +645,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::UserDelete => users::delete(node, &caller, t).await,
         Route::UserGrants => users::set_grants(node, &req, &caller, t).await,
         Route::UserPassword => users::set_password(node, &req, &caller, t).await,
-        Route::ClusterMembers => cluster::members(node, &req),
+        Route::ClusterMembers => cluster::members(node, &req).await,
         Route::ClusterMoves => cluster::moves(node, &req),
         Route::ClusterDecommission => cluster::decommission(node, &req, &caller, t).await,
         Route::ClusterDecommissionCancel => {

@@ -351,6 +351,17 @@ pub struct NodeWide {
     move_tally: Mutex<moves::MoveTally>,
     /// What blocks each decommission at the leader's last look (empty when not leading).
     decommission_blocked: Mutex<Vec<members::Blocked>>,
+    /// Produce requests being handled by this node's shards (`node_status.produce_in_flight`).
+    produce_in_flight: AtomicU64,
+}
+
+/// Counts one produce request as in flight on its node until dropped.
+pub struct ProduceInFlight(Arc<NodeWide>);
+
+impl Drop for ProduceInFlight {
+    fn drop(&mut self) {
+        self.0.produce_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl NodeWide {

@@ -151,6 +151,61 @@ enum Ended {
 }
 
 impl Node {
+    /// Counts a produce request in flight on this node until the guard drops.
+    pub fn produce_started(&self) -> ProduceInFlight {
+        self.wide.produce_in_flight.fetch_add(1, Ordering::Relaxed);
+        ProduceInFlight(self.wide.clone())
+    }
+
+    /// This node's own status (API.md §12.1 `node_status`): draining, produce requests in
+    /// flight, records not yet handed to their owners, and the moves it runs.
+    pub fn node_status(&self) -> serde_json::Value {
+        let moves: Vec<serde_json::Value> = self
+            .move_statuses()
+            .into_iter()
+            .map(|w| {
+                serde_json::json!({
+                    "topic": w.topic,
+                    "partition": w.partition,
+                    "source": w.source,
+                    "target": w.target,
+                    "phase": w.phase,
+                    "attempts": w.attempts,
+                    "copied_bytes": w.copied_bytes,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "node": self.config.node_id,
+            "draining": self.draining_here(),
+            "produce_in_flight": self.wide.produce_in_flight.load(Ordering::Relaxed),
+            "dispatch_backlog": self.wide.transit.backlog(),
+            "quarantine": {"copies": 0, "bytes": 0, "list": []},
+            "moves": moves,
+        })
+    }
+
+    /// Member `id`'s own status, asked over the cluster port within `within`.
+    pub async fn member_status(
+        &self,
+        id: &str,
+        within: Duration,
+    ) -> Result<serde_json::Value, String> {
+        if id == self.config.node_id {
+            return Ok(self.node_status());
+        }
+        let (Some(links), Some((_, addr))) = (&self.links, self.member_addr(MemberId::of(id)))
+        else {
+            return Err(format!("no cluster address for {id}"));
+        };
+        let body = links
+            .to(&addr)
+            .call(ops::NODE_STATUS, b"", within)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::from_slice(&body).map_err(|e| format!("bad status answer: {e}"))
+    }
+
     /// Whether this node is being decommissioned, or was removed by one (CLUSTER.md §10): it
     /// takes no client produce.
     pub fn draining_here(&self) -> bool {

@@ -107,7 +107,7 @@ CRASH_FAULTS = {"kill", "startkill"}
 # Scale rounds (--scale): how long a decommission request is retried (no leader during a fault),
 # and how long, after healing, the joiner may take to leave the member list.
 DECOMMISSION_ASK_S = 10.0
-SCALE_SETTLE_S = 60.0
+SCALE_SETTLE_S = 90.0
 
 
 def now_mono() -> float:

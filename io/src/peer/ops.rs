@@ -44,6 +44,9 @@ pub const MOVE_MANIFEST: u8 = 14;
 /// Bytes of one segment of a moving partition (JSON ask: topic, partition, base, pos, max;
 /// answer: the raw bytes, at most 1 MiB).
 pub const MOVE_CHUNK: u8 = 15;
+/// The receiver's own status for `GET /v1/cluster/members?detail=true` (empty body; answer:
+/// JSON `{node, draining, produce_in_flight, dispatch_backlog, quarantine, moves}`).
+pub const NODE_STATUS: u8 = 16;
 
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
@@ -63,6 +66,7 @@ pub fn name(op: u8) -> &'static str {
         LINK_PING => "link_ping",
         MOVE_MANIFEST => "move_manifest",
         MOVE_CHUNK => "move_chunk",
+        NODE_STATUS => "node_status",
         _ => "unknown",
     }
 }
