@@ -418,6 +418,7 @@ impl Node {
             }
             dead_since = None;
             lock(&status).phase = "copying";
+
             match self
                 .move_once(
                     &name,
@@ -480,8 +481,18 @@ impl Node {
         let p = key.partition.0;
         let src = MemberId::of(&mv.source);
         let mut previous = u64::MAX;
-        for _ in 0..CATCH_UP_PASSES_MAX {
+        for pass in 0..CATCH_UP_PASSES_MAX {
             let m = self.fetch_manifest(src, key, None).await?;
+            if pass == 0 && last.is_some() {
+                // A later attempt, with the source reachable again, copies from scratch: the
+                // source may have restarted since and rewritten a segment's tail (a cut torn
+                // tail replayed from its WAL), so bytes copied before need not match it now.
+                stage
+                    .clear()
+                    .await
+                    .map_err(|e| format!("staging the copy: {e}"))?;
+                *last = None;
+            }
             *complete = false;
             let Some(copied) = self.copy_from(src, key, stage, &m, status, mv).await? else {
                 return Ok(Ended::Gone);

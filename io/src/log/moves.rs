@@ -198,6 +198,20 @@ impl MoveStage {
         &self.dir
     }
 
+    /// Empties the stage (a copy starts over).
+    pub async fn clear(&self) -> std::io::Result<()> {
+        let d = self.dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || -> std::io::Result<()> {
+                match std::fs::remove_dir_all(&d) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+                std::fs::create_dir_all(&d)
+            })
+            .await
+    }
+
     /// Bytes held of each staged segment, by first offset.
     pub async fn held(&self) -> std::io::Result<BTreeMap<Offset, u64>> {
         let dir = self.dir.clone();
