@@ -344,9 +344,9 @@ settings! {
             env "NARAD_SECURITY_ALLOW_LEGACY_CLUSTER_AUTH";
     }
 
-    /// The `remotes.*` settings (OPERATIONS.md §4.2): parsed, validated and kept so that a
-    /// configuration written for the original loads. This build has no remote plane (remote
-    /// children are answered 501), so nothing reads them yet.
+    /// The `remotes.*` settings (OPERATIONS.md §4.2): the registry checks URLs against the
+    /// allowed ports and hosts and needs `api_hop_encrypted` for a password; the address guard
+    /// and the held-bytes bound belong to shipping (not built yet).
     #[derive(Clone, Debug, PartialEq, Eq)]
     pub struct RemotesConfig in remotes {
         /// Exact host names or `*.suffix` patterns.

@@ -59,6 +59,9 @@ pub fn apply(
             | MetaCommand::EndMove { .. }
             | MetaCommand::SetDraining { .. }
             | MetaCommand::RemoveMember { .. }
+            | MetaCommand::CreateRemote(_)
+            | MetaCommand::UpdateRemote { .. }
+            | MetaCommand::DeleteRemote { .. }
     );
     let out = match cmd {
         MetaCommand::CreateTopic(t) => create_topic(state, t),
@@ -203,6 +206,48 @@ pub fn apply(
             None => Err(MetaError::not_found(format!("member {id:?} not found"))),
         },
         MetaCommand::RemoveMember { id, at_ms } => crate::moves::remove_member(state, &id, at_ms),
+        MetaCommand::CreateRemote(r) => {
+            if state.remotes.contains_key(&r.name) {
+                Err(MetaError::conflict(format!(
+                    "remote {:?} already exists",
+                    r.name
+                )))
+            } else if state.remotes.len() >= REMOTES_MAX {
+                Err(MetaError::conflict(format!(
+                    "a cluster holds at most {REMOTES_MAX} remotes"
+                )))
+            } else {
+                let mut r = r;
+                r.revision = 1;
+                state.remotes.insert(r.name.clone(), r.clone());
+                Ok(MetaResponse::Remote(r))
+            }
+        }
+        MetaCommand::UpdateRemote {
+            remote,
+            base_revision,
+        } => match state.remotes.get_mut(&remote.name) {
+            None => Err(MetaError::not_found(format!(
+                "remote {:?} not found",
+                remote.name
+            ))),
+            Some(cur) if cur.id != remote.id || cur.revision != base_revision => {
+                Err(MetaError::conflict(format!(
+                    "remote {:?} was changed concurrently (or recreated); read it again",
+                    remote.name
+                )))
+            }
+            Some(cur) => {
+                let mut r = remote;
+                r.revision = base_revision + 1;
+                *cur = r.clone();
+                Ok(MetaResponse::Remote(r))
+            }
+        },
+        MetaCommand::DeleteRemote { name } => match state.remotes.remove(&name) {
+            Some(_) => Ok(MetaResponse::Done),
+            None => Err(MetaError::not_found(format!("remote {name:?} not found"))),
+        },
     };
     finish(state, out, touches_topics, touches_users)
 }

@@ -68,6 +68,52 @@ pub struct MetaState {
     /// clock (Unix ms) at removal: a tombstoned id never registers again.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tombstones: BTreeMap<String, u64>,
+    /// Registered remote clusters by name (API.md §14), their passwords sealed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub remotes: BTreeMap<String, RemoteMeta>,
+}
+
+/// Remotes a cluster holds at most (API.md §14).
+pub const REMOTES_MAX: usize = 64;
+
+/// A registered remote cluster (API.md §14.1). The password is only ever held sealed
+/// (AES-256-GCM under a key derived from the cluster secret, by the proposer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteMeta {
+    pub name: String,
+    /// 16 hex characters, fresh on every create.
+    pub id: String,
+    /// Canonical `https://host[:port][/path]`.
+    pub url: String,
+    pub username: String,
+    /// Hex of nonce and ciphertext with its tag.
+    pub sealed_password: String,
+    /// Which key sealed it (16 hex characters derived from the key, never the key).
+    pub key_version: String,
+    /// A keyed digest of the password: compares credentials without showing them.
+    pub fingerprint: String,
+    pub password_set_at_ms: u64,
+    pub password_set_by: String,
+    /// Bumped on every change of url, username, password or CA.
+    pub credential_version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    pub limits: RemoteLimits,
+    /// Bumped on every change (the compare-and-swap of a PATCH).
+    pub revision: u64,
+    pub created_at_ms: u64,
+    pub created_by: String,
+}
+
+/// A remote's limits (API.md §14.1), defaults filled in by the proposer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLimits {
+    pub max_in_flight: u64,
+    pub request_timeout_ms: u64,
+    pub idle_conn_timeout_ms: u64,
+    pub conn_max_age_ms: u64,
+    pub check_interval_ms: u64,
+    pub compression: String,
 }
 
 /// A member of the cluster as the leader last heard it (CLUSTER.md §6).
@@ -427,6 +473,18 @@ pub enum MetaCommand {
         id: String,
         at_ms: u64,
     },
+    /// Registers a remote (API.md §14.1): refused when the name is taken or 64 exist.
+    CreateRemote(RemoteMeta),
+    /// Replaces remote `remote.name` if its revision is still `base_revision` and its id
+    /// `remote.id` (a PATCH, API.md §14.4); apply sets the new revision.
+    UpdateRemote {
+        remote: RemoteMeta,
+        base_revision: u64,
+    },
+    /// Removes a remote (API.md §14.5).
+    DeleteRemote {
+        name: String,
+    },
 }
 
 /// One move the planner chose: partition `partition` of incarnation `id` from `source` to
@@ -482,6 +540,9 @@ impl std::fmt::Display for MetaCommand {
                 write!(f, "SetDraining({id} {draining})")
             }
             MetaCommand::RemoveMember { id, .. } => write!(f, "RemoveMember({id})"),
+            MetaCommand::CreateRemote(r) => write!(f, "CreateRemote({})", r.name),
+            MetaCommand::UpdateRemote { remote, .. } => write!(f, "UpdateRemote({})", remote.name),
+            MetaCommand::DeleteRemote { name } => write!(f, "DeleteRemote({name})"),
         }
     }
 }
@@ -499,6 +560,8 @@ pub enum MetaResponse {
     Unchanged(TopicMeta),
     /// A Raft server was removed from the configuration; `voter`: it was a voter.
     Forgot { id: String, voter: bool },
+    /// The remote after the change.
+    Remote(RemoteMeta),
 }
 
 /// The class of an expected apply error: what went wrong, for the caller to answer (the API

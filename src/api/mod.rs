@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod messages;
 pub mod openapi;
 pub mod params;
+pub mod remotes;
 pub mod topics;
 pub mod users;
 
@@ -652,12 +653,12 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
             cluster::cancel_decommission(node, &req, &caller, t).await
         }
         Route::ClusterForget => cluster::forget(node, &caller, t).await,
-        Route::RemotesCreate
-        | Route::RemotesList
-        | Route::RemoteGet
-        | Route::RemotePatch
-        | Route::RemoteDelete
-        | Route::RemoteTest
+        Route::RemotesCreate => remotes::create(node, &req, &caller).await,
+        Route::RemotesList => remotes::list(node, &req, &caller),
+        Route::RemoteGet => remotes::get(node, &req, &caller, t),
+        Route::RemotePatch => remotes::patch(node, &req, &caller, t).await,
+        Route::RemoteDelete => remotes::delete(node, &req, &caller, t).await,
+        Route::RemoteTest
         | Route::RemotesReencrypt
         | Route::ChildPause
         | Route::ChildResume

@@ -21,6 +21,7 @@
 
 pub mod caps;
 pub mod rbac;
+pub mod seal;
 pub mod seed;
 pub mod throttle;
 pub mod verify;

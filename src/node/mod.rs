@@ -353,6 +353,8 @@ pub struct NodeWide {
     decommission_blocked: Mutex<Vec<members::Blocked>>,
     /// Produce requests being handled by this node's shards (`node_status.produce_in_flight`).
     produce_in_flight: AtomicU64,
+    /// When this node's last remote-registry writes were taken (API.md §14: 10 a minute).
+    remote_writes: Mutex<std::collections::VecDeque<std::time::Instant>>,
 }
 
 /// Counts one produce request as in flight on its node until dropped.
@@ -361,6 +363,29 @@ pub struct ProduceInFlight(Arc<NodeWide>);
 impl Drop for ProduceInFlight {
     fn drop(&mut self) {
         self.0.produce_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Node {
+    /// Takes one of the node's `per_minute` remote-registry writes, or says in how many
+    /// seconds one frees.
+    pub fn remote_write_slot(&self, per_minute: usize) -> Result<(), u64> {
+        let mut w = self
+            .wide
+            .remote_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let minute = std::time::Duration::from_secs(60);
+        while w.front().is_some_and(|t| now.duration_since(*t) >= minute) {
+            w.pop_front();
+        }
+        if w.len() >= per_minute {
+            let oldest = *w.front().expect("full");
+            return Err((minute - now.duration_since(oldest)).as_secs() + 1);
+        }
+        w.push_back(now);
+        Ok(())
     }
 }
 
