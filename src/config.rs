@@ -197,6 +197,10 @@ settings! {
             => TEXT, file "cluster.initial_members", env "NARAD_CLUSTER_INITIAL_MEMBERS";
         /// `NARAD_CLUSTER_SECRET` (environment only): what nodes prove to each other.
         pub cluster_secret: SecretText = SecretText::default() => SECRET, env CLUSTER_SECRET_ENV;
+        /// `NARAD_CLUSTER_SECRET_PREVIOUS` (environment only): the secret before a rotation,
+        /// whose key still opens remote passwords until they are re-encrypted.
+        pub cluster_secret_previous: SecretText = SecretText::default()
+            => SECRET, env "NARAD_CLUSTER_SECRET_PREVIOUS";
         /// `cluster.raft_snapshot_threshold`: the metadata group snapshots after this many entries.
         pub raft_snapshot_threshold: u64 = 8192
             => U64, file "cluster.raft_snapshot_threshold",

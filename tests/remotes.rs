@@ -219,3 +219,65 @@ fn registry_writes_are_limited_to_ten_a_minute_per_node() {
     assert_eq!(&statuses[..10], &[201; 10], "{statuses:?}");
     assert_eq!(statuses[10], 429, "{statuses:?}");
 }
+
+#[test]
+fn a_secret_rotation_then_reencrypt_keeps_the_credentials_readable() {
+    // Proves API.md §14.7 (F080): remotes sealed under secret A; the node restarted with secret
+    // B and NARAD_CLUSTER_SECRET_PREVIOUS=A sees them stale until re-encrypted, then ready; a
+    // node with neither key can only report them as failed (key_unknown).
+    let dir = TempDir::new("remotes-rotate");
+    let data = dir.0.join("data");
+    let s = Server::start_secure(data.clone(), env(SECRET, true));
+    let mut c = s.client();
+    let body = format!(
+        r#"{{"name":"b","url":"https://b.example","username":"replicator","password":"{PASSWORD}"}}"#
+    );
+    assert_eq!(call(&mut c, "POST", "/v1/remotes", &body).status, 201);
+    let old_key =
+        call(&mut c, "GET", "/v1/remotes/b", "").json()["password"]["key_version"].clone();
+    drop(c);
+    drop(s);
+
+    const NEW: &str = "the-rotated-cluster-secret-value";
+    let mut e = env(NEW, true);
+    e.push((
+        "NARAD_CLUSTER_SECRET_PREVIOUS".to_string(),
+        SECRET.to_string(),
+    ));
+    let s = Server::start_secure(data.clone(), e);
+    let mut c = s.client();
+    let l = call(&mut c, "GET", "/v1/remotes", "").json();
+    assert_eq!(l["remotes"][0]["nodes"][0]["state"], "stale", "{l}");
+    assert_eq!(
+        call(
+            &mut c,
+            "POST",
+            "/v1/cluster/reencrypt-remotes",
+            r#"{"x":1}"#
+        )
+        .status,
+        400
+    );
+    let r = call(&mut c, "POST", "/v1/cluster/reencrypt-remotes", "{}");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["reencrypted"], serde_json::json!(["b"]), "{v}");
+    assert_ne!(v["key_version"], old_key);
+    let l = call(&mut c, "GET", "/v1/remotes", "").json();
+    assert_eq!(l["remotes"][0]["nodes"][0]["state"], "ready", "{l}");
+    assert_eq!(l["remotes"][0]["password"]["key_version"], v["key_version"]);
+    let again = call(&mut c, "POST", "/v1/cluster/reencrypt-remotes", "").json();
+    assert_eq!(
+        again["already_current"],
+        serde_json::json!(["b"]),
+        "{again}"
+    );
+    drop(c);
+    drop(s);
+
+    let s = Server::start_secure(data, env("a-third-secret-nobody-sealed-with", true));
+    let mut c = s.client();
+    let v = call(&mut c, "POST", "/v1/cluster/reencrypt-remotes", "").json();
+    assert_eq!(v["failed"][0]["name"], "b", "{v}");
+    assert_eq!(v["failed"][0]["reason"], "key_unknown", "{v}");
+}

@@ -862,7 +862,7 @@ fn remote_child_attach_answers_by_security_and_plane() {
         ("PATCH", "/v1/remotes/b", "{}", 404),
         ("DELETE", "/v1/remotes/b", "", 404),
         ("POST", "/v1/remotes/b/test", r#"{"topic":"t"}"#, 501),
-        ("POST", "/v1/cluster/reencrypt-remotes", "", 501),
+        ("POST", "/v1/cluster/reencrypt-remotes", "", 412),
         ("POST", "/v1/topics/rp/children/rp-to-b/pause", "", 501),
         ("POST", "/v1/topics/rp/children/rp-to-b/resume", "", 501),
         (

@@ -658,11 +658,10 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::RemoteGet => remotes::get(node, &req, &caller, t),
         Route::RemotePatch => remotes::patch(node, &req, &caller, t).await,
         Route::RemoteDelete => remotes::delete(node, &req, &caller, t).await,
-        Route::RemoteTest
-        | Route::RemotesReencrypt
-        | Route::ChildPause
-        | Route::ChildResume
-        | Route::ChildSkip => children::remote_plane(node, &caller, r, t, second.as_deref()),
+        Route::RemotesReencrypt => remotes::reencrypt(node, &req, &caller).await,
+        Route::RemoteTest | Route::ChildPause | Route::ChildResume | Route::ChildSkip => {
+            children::remote_plane(node, &caller, r, t, second.as_deref())
+        }
         Route::ClusterMoveAbort => match second {
             Some(p) => cluster::abort_move(node, &req, &caller, t, &p).await,
             None => Response::text(404, "404 page not found\n"),

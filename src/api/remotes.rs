@@ -680,3 +680,69 @@ mod tests {
         assert!(check_ca(&cert.repeat(17)).is_err());
     }
 }
+
+/// `POST /v1/cluster/reencrypt-remotes` (§14.7): after a rotation of the cluster secret, every
+/// password sealed under the previous secret's key (`NARAD_CLUSTER_SECRET_PREVIOUS`) is opened
+/// and sealed again under the current one, one compare-and-swap per remote.
+pub async fn reencrypt(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
+    let r = reencrypt_inner(node, req, c).await;
+    audited("remote.reencrypt", c, "", headers(r, true))
+}
+
+async fn reencrypt_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
+    if let Some(r) = refused(node, c) {
+        return r;
+    }
+    let empty = req.body.iter().all(u8::is_ascii_whitespace);
+    if !empty
+        && !matches!(serde_json::from_slice::<Value>(&req.body), Ok(Value::Object(m)) if m.is_empty())
+    {
+        return error(400, "the body must be empty or {}");
+    }
+    let key = match key(node) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let previous = RemoteKey::derive(node.config.cluster_secret_previous.0.as_bytes());
+    if let Err(r) = write_budget(node) {
+        return r;
+    }
+    let (mut done, mut current, mut failed) = (Vec::new(), Vec::new(), Vec::new());
+    let remotes: Vec<RemoteMeta> = node.meta().remotes.values().cloned().collect();
+    for r in remotes {
+        if r.key_version == key.version() {
+            current.push(r.name.clone());
+            continue;
+        }
+        let Some(prev) = previous.as_ref().filter(|p| p.version() == r.key_version) else {
+            failed.push(json!({"name": r.name, "reason": "key_unknown"}));
+            continue;
+        };
+        let Ok(password) = prev.open(&r.name, &r.key_version, &r.sealed_password) else {
+            failed.push(json!({"name": r.name, "reason": "open_failed"}));
+            continue;
+        };
+        let mut next = r.clone();
+        next.sealed_password = key.seal(&r.name, &password);
+        next.key_version = key.version().to_string();
+        next.fingerprint = key.fingerprint(&password);
+        let cmd = MetaCommand::UpdateRemote {
+            remote: next,
+            base_revision: r.revision,
+        };
+        match node.propose(cmd).await {
+            Ok(_) => done.push(r.name.clone()),
+            Err(e) => failed
+                .push(json!({"name": r.name, "reason": "write_failed", "error": e.to_string()})),
+        }
+    }
+    json_response(
+        200,
+        &json!({
+            "key_version": key.version(),
+            "reencrypted": done,
+            "already_current": current,
+            "failed": failed,
+        }),
+    )
+}
