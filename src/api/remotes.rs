@@ -620,67 +620,6 @@ async fn delete_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) ->
     answer(node.propose(cmd).await, 204)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_checked_and_made_canonical() {
-        let ports = [443u16, 8443];
-        let ok = |u: &str| canonical_url(u, &ports, &[]);
-        assert_eq!(
-            ok("HTTPS://Narad.Example.COM./").unwrap(),
-            "https://narad.example.com"
-        );
-        assert_eq!(
-            ok("https://b.example:443/api/").unwrap(),
-            "https://b.example/api"
-        );
-        assert_eq!(
-            ok("https://b.example:8443").unwrap(),
-            "https://b.example:8443"
-        );
-        assert_eq!(ok("https://[::1]:8443").unwrap(), "https://[::1]:8443");
-        for bad in [
-            "http://b.example",
-            "https://user@b.example",
-            "https://b.example/?q=1",
-            "https://b.example/#f",
-            "https://b.example:0",
-            "https://b.example:99999",
-            "https://-b.example",
-            "https://",
-            "ftp://b.example",
-        ] {
-            assert!(ok(bad).is_err(), "{bad}");
-        }
-        let e = ok("https://b.example:9000").unwrap_err();
-        assert!(e.contains("remotes.allowed_ports"), "{e}");
-        let hosts = vec!["*.example.com".to_string(), "c.test".to_string()];
-        assert!(canonical_url("https://a.example.com", &ports, &hosts).is_ok());
-        assert!(canonical_url("https://c.test", &ports, &hosts).is_ok());
-        assert!(canonical_url("https://example.com.evil", &ports, &hosts).is_err());
-        assert!(canonical_url(&format!("https://a.b/{}", "x".repeat(2048)), &ports, &[]).is_err());
-    }
-
-    #[test]
-    fn names_usernames_limits_and_bundles() {
-        assert!(valid_name("b") && valid_name("dr-eu-1"));
-        assert!(!valid_name("B") && !valid_name("1b") && !valid_name(&"b".repeat(64)));
-        assert!(valid_username("replicator.eu_1-a") && !valid_username("a b"));
-        let mut l = default_limits();
-        apply_limits(&mut l, &json!({"max_in_flight": 32, "compression": "zstd"})).unwrap();
-        assert_eq!((l.max_in_flight, l.compression.as_str()), (32, "zstd"));
-        assert!(apply_limits(&mut l, &json!({"max_in_flight": 0})).is_err());
-        assert!(apply_limits(&mut l, &json!({"request_timeout_ms": 200000})).is_err());
-        assert!(apply_limits(&mut l, &json!({"nope": 1})).is_err());
-        let cert = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
-        assert!(check_ca(cert).is_ok());
-        assert!(check_ca("").is_err());
-        assert!(check_ca(&cert.repeat(17)).is_err());
-    }
-}
-
 /// `POST /v1/cluster/reencrypt-remotes` (§14.7): after a rotation of the cluster secret, every
 /// password sealed under the previous secret's key (`NARAD_CLUSTER_SECRET_PREVIOUS`) is opened
 /// and sealed again under the current one, one compare-and-swap per remote.
@@ -745,4 +684,65 @@ async fn reencrypt_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response
             "failed": failed,
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_and_made_canonical() {
+        let ports = [443u16, 8443];
+        let ok = |u: &str| canonical_url(u, &ports, &[]);
+        assert_eq!(
+            ok("HTTPS://Narad.Example.COM./").unwrap(),
+            "https://narad.example.com"
+        );
+        assert_eq!(
+            ok("https://b.example:443/api/").unwrap(),
+            "https://b.example/api"
+        );
+        assert_eq!(
+            ok("https://b.example:8443").unwrap(),
+            "https://b.example:8443"
+        );
+        assert_eq!(ok("https://[::1]:8443").unwrap(), "https://[::1]:8443");
+        for bad in [
+            "http://b.example",
+            "https://user@b.example",
+            "https://b.example/?q=1",
+            "https://b.example/#f",
+            "https://b.example:0",
+            "https://b.example:99999",
+            "https://-b.example",
+            "https://",
+            "ftp://b.example",
+        ] {
+            assert!(ok(bad).is_err(), "{bad}");
+        }
+        let e = ok("https://b.example:9000").unwrap_err();
+        assert!(e.contains("remotes.allowed_ports"), "{e}");
+        let hosts = vec!["*.example.com".to_string(), "c.test".to_string()];
+        assert!(canonical_url("https://a.example.com", &ports, &hosts).is_ok());
+        assert!(canonical_url("https://c.test", &ports, &hosts).is_ok());
+        assert!(canonical_url("https://example.com.evil", &ports, &hosts).is_err());
+        assert!(canonical_url(&format!("https://a.b/{}", "x".repeat(2048)), &ports, &[]).is_err());
+    }
+
+    #[test]
+    fn names_usernames_limits_and_bundles() {
+        assert!(valid_name("b") && valid_name("dr-eu-1"));
+        assert!(!valid_name("B") && !valid_name("1b") && !valid_name(&"b".repeat(64)));
+        assert!(valid_username("replicator.eu_1-a") && !valid_username("a b"));
+        let mut l = default_limits();
+        apply_limits(&mut l, &json!({"max_in_flight": 32, "compression": "zstd"})).unwrap();
+        assert_eq!((l.max_in_flight, l.compression.as_str()), (32, "zstd"));
+        assert!(apply_limits(&mut l, &json!({"max_in_flight": 0})).is_err());
+        assert!(apply_limits(&mut l, &json!({"request_timeout_ms": 200000})).is_err());
+        assert!(apply_limits(&mut l, &json!({"nope": 1})).is_err());
+        let cert = "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n";
+        assert!(check_ca(cert).is_ok());
+        assert!(check_ca("").is_err());
+        assert!(check_ca(&cert.repeat(17)).is_err());
+    }
 }
