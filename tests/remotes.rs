@@ -281,3 +281,60 @@ fn a_secret_rotation_then_reencrypt_keeps_the_credentials_readable() {
     assert_eq!(v["failed"][0]["name"], "b", "{v}");
     assert_eq!(v["failed"][0]["reason"], "key_unknown", "{v}");
 }
+
+#[test]
+fn the_cli_registers_lists_and_removes_a_remote_on_the_real_node() {
+    // The `narad remote` verbs against the real registry: add (password from stdin), ls, rm.
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = TempDir::new("remotes-cli");
+    let s = Server::start_secure(dir.0.join("data"), env(SECRET, true));
+    let cli = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_narad"))
+            .args(args)
+            .env("NARAD_ADDR", format!("http://{}", s.addr()))
+            .env("NARAD_USER", "admin")
+            .env("NARAD_PASS", ROOT_PW)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the CLI");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        let out = child.wait_with_output().expect("CLI output");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = cli(
+        &[
+            "remote",
+            "add",
+            "dr",
+            "--url",
+            "https://dr.example",
+            "--username",
+            "replicator",
+            "--remote-password-stdin",
+            "--max-in-flight",
+            "8",
+        ],
+        &format!("{PASSWORD}\n"),
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("\"dr\"") && !out.contains(PASSWORD), "{out}");
+    let (ok, out) = cli(&["remote", "ls"], "");
+    assert!(ok && out.contains("https://dr.example"), "{out}");
+    assert!(out.contains("\"max_in_flight\": 8"), "{out}");
+    let (ok, out) = cli(&["remote", "rm", "dr"], "");
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&["remote", "ls"], "");
+    assert!(ok && !out.contains("https://dr.example"), "{out}");
+}
