@@ -55,7 +55,7 @@ fn a_remote_is_registered_changed_and_deleted_and_its_password_never_shows() {
     let s = Server::start_secure(data.clone(), env(SECRET, true));
     let mut c = s.client();
     let body = format!(
-        r#"{{"name":"b","url":"HTTPS://B.Example.com.:443/","username":"replicator","password":"{PASSWORD}","limits":{{"max_in_flight":32}}}}"#
+        r#"{{"name":"b","url":"HTTPS://192.0.2.10:443/","username":"replicator","password":"{PASSWORD}","limits":{{"max_in_flight":32}}}}"#
     );
     let r = call(&mut c, "POST", "/v1/remotes", &body);
     assert_eq!(r.status, 201, "{}", r.text());
@@ -63,7 +63,7 @@ fn a_remote_is_registered_changed_and_deleted_and_its_password_never_shows() {
     assert_eq!(r.header("cache-control"), Some("no-store"));
     assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     let v = r.json();
-    assert_eq!(v["url"], "https://b.example.com", "canonical: {v}");
+    assert_eq!(v["url"], "https://192.0.2.10", "canonical: {v}");
     assert_eq!(v["username"], "replicator");
     assert_eq!(v["limits"]["max_in_flight"], 32);
     assert_eq!(v["limits"]["request_timeout_ms"], 30000, "defaults filled");
@@ -87,24 +87,39 @@ fn a_remote_is_registered_changed_and_deleted_and_its_password_never_shows() {
         &mut c,
         "POST",
         "/v1/remotes",
-        r#"{"name":"c","url":"https://c.example","username":"r","password":"short-secret-value"}"#,
+        r#"{"name":"c","url":"https://192.0.2.12","username":"r","password":"short-secret-value"}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.error().starts_with("invalid password"), "{}", r.error());
     assert!(!r.text().contains("short-secret-value"));
+    // The address guard: a host that resolves to loopback is refused, never dialled.
+    let r = call(
+        &mut c,
+        "POST",
+        "/v1/remotes",
+        &format!(
+            r#"{{"name":"lo","url":"https://127.0.0.1","username":"r","password":"{PASSWORD}"}}"#
+        ),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error().contains("remotes.allow_addresses"),
+        "{}",
+        r.error()
+    );
     for (bad, field) in [
-        (r#"{"name":"C","url":"https://c.example"}"#, "invalid name"),
-        (r#"{"name":"c","url":"http://c.example"}"#, "invalid url"),
+        (r#"{"name":"C","url":"https://192.0.2.12"}"#, "invalid name"),
+        (r#"{"name":"c","url":"http://192.0.2.12"}"#, "invalid url"),
         (
-            r#"{"name":"c","url":"https://c.example:9000"}"#,
+            r#"{"name":"c","url":"https://192.0.2.12:9000"}"#,
             "invalid url",
         ),
         (
-            r#"{"name":"c","url":"https://c.example","username":"a b"}"#,
+            r#"{"name":"c","url":"https://192.0.2.12","username":"a b"}"#,
             "invalid username",
         ),
         (
-            r#"{"name":"c","url":"https://c.example","extra":1}"#,
+            r#"{"name":"c","url":"https://192.0.2.12","extra":1}"#,
             "unknown field",
         ),
     ] {
@@ -143,18 +158,18 @@ fn a_remote_is_registered_changed_and_deleted_and_its_password_never_shows() {
         &mut c,
         "PATCH",
         "/v1/remotes/b",
-        r#"{"url":"https://b2.example:8443"}"#,
+        r#"{"url":"https://198.51.100.7:8443"}"#,
     );
     assert_eq!(r.status, 400, "{}", r.text());
     let r = call(
         &mut c,
         "PATCH",
         "/v1/remotes/b",
-        r#"{"url":"https://b2.example:8443","password":"another-password-0123456789"}"#,
+        r#"{"url":"https://198.51.100.7:8443","password":"another-password-0123456789"}"#,
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    assert_eq!(v["url"], "https://b2.example:8443");
+    assert_eq!(v["url"], "https://198.51.100.7:8443");
     assert_eq!(v["credential_version"], 2);
     assert_ne!(v["password"]["fingerprint"], fp.as_str(), "a new password");
     let r = call(
@@ -208,7 +223,7 @@ fn registry_writes_are_limited_to_ten_a_minute_per_node() {
     let mut statuses = Vec::new();
     for i in 0..11 {
         let body = format!(
-            r#"{{"name":"r{i}","url":"https://r{i}.example","username":"u","password":"{PASSWORD}"}}"#
+            r#"{{"name":"r{i}","url":"https://192.0.2.{i}0","username":"u","password":"{PASSWORD}"}}"#
         );
         let r = call(&mut c, "POST", "/v1/remotes", &body);
         if r.status == 429 {
@@ -230,7 +245,7 @@ fn a_secret_rotation_then_reencrypt_keeps_the_credentials_readable() {
     let s = Server::start_secure(data.clone(), env(SECRET, true));
     let mut c = s.client();
     let body = format!(
-        r#"{{"name":"b","url":"https://b.example","username":"replicator","password":"{PASSWORD}"}}"#
+        r#"{{"name":"b","url":"https://192.0.2.10","username":"replicator","password":"{PASSWORD}"}}"#
     );
     assert_eq!(call(&mut c, "POST", "/v1/remotes", &body).status, 201);
     let old_key =
@@ -319,7 +334,7 @@ fn the_cli_registers_lists_and_removes_a_remote_on_the_real_node() {
             "add",
             "dr",
             "--url",
-            "https://dr.example",
+            "https://198.51.100.9",
             "--username",
             "replicator",
             "--remote-password-stdin",
@@ -331,10 +346,10 @@ fn the_cli_registers_lists_and_removes_a_remote_on_the_real_node() {
     assert!(ok, "{out}");
     assert!(out.contains("\"dr\"") && !out.contains(PASSWORD), "{out}");
     let (ok, out) = cli(&["remote", "ls"], "");
-    assert!(ok && out.contains("https://dr.example"), "{out}");
+    assert!(ok && out.contains("https://198.51.100.9"), "{out}");
     assert!(out.contains("\"max_in_flight\": 8"), "{out}");
     let (ok, out) = cli(&["remote", "rm", "dr"], "");
     assert!(ok, "{out}");
     let (ok, out) = cli(&["remote", "ls"], "");
-    assert!(ok && !out.contains("https://dr.example"), "{out}");
+    assert!(ok && !out.contains("https://198.51.100.9"), "{out}");
 }

@@ -25,7 +25,7 @@ pub use mesh::{
     Mesh, MeshError, MeshSetup, MESH_CALLS_IN_FLIGHT_PER_PEER_MAX, MESH_CHANNEL_CAPACITY_DEFAULT,
 };
 pub use net::{
-    accept_out_of_resources, PeerProbe, TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT,
+    accept_out_of_resources, resolve, PeerProbe, TcpListener, TcpStream, LISTEN_BACKLOG_DEFAULT,
     RESOLVE_THREADS_MAX, RESOLVE_TIMEOUT_MS,
 };
 pub use signal::{install_termination_handler, ShutdownSignal, ShutdownWait, SignalListener};

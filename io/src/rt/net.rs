@@ -344,7 +344,7 @@ impl TcpStream {
 /// asked of the system resolver on a thread of its own, at most [`RESOLVE_THREADS_MAX`] at a time,
 /// waiting at most [`RESOLVE_TIMEOUT_MS`]. A resolver still busy at the deadline finishes on its
 /// thread and its answer is dropped.
-async fn resolve(addr: &str) -> io::Result<Vec<SocketAddr>> {
+pub async fn resolve(addr: &str) -> io::Result<Vec<SocketAddr>> {
     if let Ok(a) = addr.parse::<SocketAddr>() {
         return Ok(vec![a]);
     }
