@@ -261,9 +261,13 @@ impl Host {
         // before calling sees this append in [`Host::quiet`] until it is answered.
         let tracking = self.appending.borrow().is_some();
         let _on_its_way = tracking.then(|| {
-            let mut keys: Vec<PartitionKey> = records.iter().map(|r| r.key).collect();
-            keys.sort_unstable();
-            keys.dedup();
+            // The partitions of one append are few: a short list, not one entry per record.
+            let mut keys: Vec<PartitionKey> = Vec::new();
+            for r in &records {
+                if !keys.contains(&r.key) {
+                    keys.push(r.key);
+                }
+            }
             if let Some(m) = self.appending.borrow_mut().as_mut() {
                 for k in &keys {
                     *m.entry(*k).or_default() += 1;

@@ -311,11 +311,8 @@ async fn cluster_decommission(node: &Rc<Node>, id: &str, dry_run: bool) -> Respo
     let Some((refusals, voter)) = cluster_refusals(node, id) else {
         return unknown_member(id);
     };
-    let reasons: Vec<Value> = refusals
-        .iter()
-        .map(|(code, message)| json!({"code": code, "message": message}))
-        .collect();
     if dry_run {
+        let reasons = reasons_json(&refusals);
         let meta = node.meta();
         let (owned, _) = narad_raft::moves::member_load(&meta, id);
         let inbound: usize = meta
@@ -340,17 +337,7 @@ async fn cluster_decommission(node: &Rc<Node>, id: &str, dry_run: bool) -> Respo
         );
     }
     if !refusals.is_empty() {
-        let codes: Vec<&str> = refusals.iter().map(|(code, _)| *code).collect();
-        return json_response(
-            409,
-            &json!({
-                "error": format!(
-                    "decommission of {id} refused: it could never complete safely ({})",
-                    codes.join(", ")
-                ),
-                "reasons": reasons,
-            }),
-        );
+        return refused_decommission(id, &refusals);
     }
     set_draining(node, id, true).await
 }
@@ -416,11 +403,8 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
         return unknown_member(id);
     }
     let refusals = refusal_reasons(node);
-    let reasons: Vec<Value> = refusals
-        .iter()
-        .map(|(code, message)| json!({"code": code, "message": message}))
-        .collect();
     if dry_run {
+        let reasons = reasons_json(&refusals);
         return json_response(
             200,
             &json!({
@@ -433,6 +417,11 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
             }),
         );
     }
+    refused_decommission(id, &refusals)
+}
+
+/// The `409` of a decommission that could never complete, listing every reason (§12.3).
+fn refused_decommission(id: &str, refusals: &[(&'static str, String)]) -> Response {
     let codes: Vec<&str> = refusals.iter().map(|(code, _)| *code).collect();
     json_response(
         409,
@@ -441,9 +430,16 @@ fn decommission_check(node: &Rc<Node>, id: &str, dry_run: bool) -> Response {
                 "decommission of {id} refused: it could never complete safely ({})",
                 codes.join(", ")
             ),
-            "reasons": reasons,
+            "reasons": reasons_json(refusals),
         }),
     )
+}
+
+fn reasons_json(refusals: &[(&'static str, String)]) -> Vec<Value> {
+    refusals
+        .iter()
+        .map(|(code, message)| json!({"code": code, "message": message}))
+        .collect()
 }
 
 /// `DELETE /v1/cluster/members/{id}/decommission` (§12.4): nothing is ever draining here, so

@@ -151,10 +151,13 @@ enum Ended {
 }
 
 impl Node {
-    /// Counts a produce request in flight on this node until the guard drops.
-    pub fn produce_started(&self) -> ProduceInFlight {
+    /// Counts a produce request in flight on this node until the guard drops. Only a cluster
+    /// node reports the figure (`node_status`), so a node that is its whole cluster skips the
+    /// shared counter on its produce path.
+    pub fn produce_started(&self) -> Option<ProduceInFlight> {
+        self.links.as_ref()?;
         self.wide.produce_in_flight.fetch_add(1, Ordering::Relaxed);
-        ProduceInFlight(self.wide.clone())
+        Some(ProduceInFlight(self.wide.clone()))
     }
 
     /// This node's own status (API.md §12.1 `node_status`): draining, produce requests in
@@ -226,9 +229,12 @@ impl Node {
     /// The node an accepted record of `key` is handed to: the owner, or for a partition frozen
     /// for a move, its destination (the records wait there as transit until the flip).
     pub fn produce_owner(&self, key: PartitionKey) -> Option<MemberId> {
-        if let Some(&t) = self.frozen.borrow().get(&key) {
-            if t != self.me() {
-                return Some(t);
+        let frozen = self.frozen.borrow();
+        if !frozen.is_empty() {
+            if let Some(&t) = frozen.get(&key) {
+                if t != self.me() {
+                    return Some(t);
+                }
             }
         }
         self.remote_owner(key)

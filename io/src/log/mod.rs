@@ -730,3 +730,12 @@ impl std::future::Future for Durable {
             .map(|r| r.unwrap_or(Err(LogError::Closed)))
     }
 }
+
+/// Removes a directory tree; one that is already gone is not an error (blocking: run off the
+/// executor).
+fn remove_dir_if_present(dir: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}

@@ -111,10 +111,7 @@ impl ShardLog {
         let p = glommio::executor()
             .spawn_blocking(move || -> std::io::Result<PartitionLog> {
                 let dir = partition::partition_dir(&data_dir, key);
-                match std::fs::remove_dir_all(&dir) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
+                super::remove_dir_if_present(&dir)?;
                 let topic = partition::topic_dir(&data_dir, key.topic);
                 std::fs::create_dir_all(&topic)?;
                 std::fs::rename(&staged, &dir)?;
@@ -144,12 +141,10 @@ impl ShardLog {
             .unwrap_or_else(|| partition::partition_dir(&self.inner.cfg.data_dir, key));
         glommio::executor()
             .spawn_blocking(move || -> std::io::Result<()> {
-                match std::fs::remove_dir_all(&dir) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                    _ => match dir.parent() {
-                        Some(parent) => crate::durable::sync_dir(parent),
-                        None => Ok(()),
-                    },
+                super::remove_dir_if_present(&dir)?;
+                match dir.parent() {
+                    Some(parent) => crate::durable::sync_dir(parent),
+                    None => Ok(()),
                 }
             })
             .await?;
@@ -180,18 +175,11 @@ fn segment_name(base: Offset) -> String {
 impl MoveStage {
     /// An empty stage for `key` (anything left from an earlier attempt is removed).
     pub async fn fresh(data_dir: &Path, key: PartitionKey) -> std::io::Result<MoveStage> {
-        let dir = partition::partition_dir(&data_dir.join("moves"), key);
-        let d = dir.clone();
-        glommio::executor()
-            .spawn_blocking(move || -> std::io::Result<()> {
-                match std::fs::remove_dir_all(&d) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
-                std::fs::create_dir_all(&d)
-            })
-            .await?;
-        Ok(MoveStage { dir })
+        let stage = MoveStage {
+            dir: partition::partition_dir(&data_dir.join("moves"), key),
+        };
+        stage.clear().await?;
+        Ok(stage)
     }
 
     pub fn dir(&self) -> &Path {
@@ -203,10 +191,7 @@ impl MoveStage {
         let d = self.dir.clone();
         glommio::executor()
             .spawn_blocking(move || -> std::io::Result<()> {
-                match std::fs::remove_dir_all(&d) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
+                super::remove_dir_if_present(&d)?;
                 std::fs::create_dir_all(&d)
             })
             .await

@@ -42,10 +42,7 @@ impl ShardLog {
         let removed = glommio::executor()
             .spawn_blocking(move || -> std::io::Result<()> {
                 for d in &dirs {
-                    match std::fs::remove_dir_all(d) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-                        _ => {}
-                    }
+                    super::remove_dir_if_present(d)?;
                 }
                 // Other shards may still hold partitions of the topic: remove it only when empty.
                 if std::fs::remove_dir(&topic_dir).is_ok() {
