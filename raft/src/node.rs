@@ -242,6 +242,8 @@ const FORGET_LEADER_AGE_MIN: Duration = Duration::from_secs(12);
 /// Hops a proposal follows to find the leader before giving up (leader hints can be stale
 /// during an election).
 const FORWARD_HOPS_MAX: usize = 3;
+/// Pause between two rounds of a proposal that found no leader in reach.
+const PROPOSE_RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// How long a follower waits to apply a forwarded change before answering it (so that the
 /// proposer's next read on this node sees it).
 const FORWARD_APPLY_WAIT: Duration = Duration::from_secs(5);
@@ -427,21 +429,35 @@ impl MetaNode {
         let Some(links) = &self.links else {
             return r;
         };
-        if matches!(r, Err(ProposeError::NoLeader { leader: None })) {
-            // An election is under way: give it a moment rather than answer 503 at once.
-            if self.wait_for_leader(LEADER_WAIT_ON_PROPOSE).await {
-                r = self.propose_here(cmd.clone()).await;
-            }
-        }
-        for _ in 0..FORWARD_HOPS_MAX {
-            let leader = match &r {
-                Err(ProposeError::NoLeader { leader: Some(l) }) if *l != self.id => l.clone(),
+        // A "no leader" answer means the change was not appended anywhere, so it is safe to try
+        // again: during a hand-over this node's leader hint can name the node that just stopped
+        // (the forward is refused) or a candidate whose vote is not yet granted. Retry until
+        // LEADER_WAIT_ON_PROPOSE has passed rather than answer 503 in the middle of an election.
+        let deadline = Instant::now() + LEADER_WAIT_ON_PROPOSE;
+        let mut hops = 0;
+        loop {
+            match &r {
+                Err(ProposeError::NoLeader { leader: Some(l) })
+                    if *l != self.id && hops < FORWARD_HOPS_MAX =>
+                {
+                    hops += 1;
+                    r = match self.member_addr(l) {
+                        Some(addr) => self.forward(links, &addr, &cmd).await,
+                        None => Err(ProposeError::NoLeader { leader: None }),
+                    };
+                }
+                Err(ProposeError::NoLeader { .. }) if Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if !self.wait_for_leader(left).await {
+                        break;
+                    }
+                    // A hint that just failed may still be current: let the election move on.
+                    crate::rt::sleep(PROPOSE_RETRY_PAUSE.min(left)).await;
+                    hops = 0;
+                    r = self.propose_here(cmd.clone()).await;
+                }
                 _ => break,
-            };
-            let Some(addr) = self.member_addr(&leader) else {
-                break;
-            };
-            r = self.forward(links, &addr, &cmd).await;
+            }
         }
         if let Ok((index, _)) = &r {
             self.wait_applied(*index, FORWARD_APPLY_WAIT).await;
