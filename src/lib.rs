@@ -14,5 +14,6 @@ pub mod schema;
 pub mod scrape;
 pub mod server;
 pub mod service;
+pub mod ship;
 pub mod transit;
 pub mod wire;

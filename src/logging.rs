@@ -315,6 +315,11 @@ pub fn rfc3339_now() -> String {
     rfc3339(d.as_secs() as i64, d.subsec_millis())
 }
 
+/// RFC 3339 with milliseconds in UTC from Unix milliseconds.
+pub fn rfc3339_ms(ms: u64) -> String {
+    rfc3339((ms / 1000) as i64, (ms % 1000) as u32)
+}
+
 /// RFC 3339 in UTC from Unix seconds (the civil-from-days algorithm of H. Hinnant).
 fn rfc3339(secs: i64, millis: u32) -> String {
     let days = secs.div_euclid(86_400);

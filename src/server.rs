@@ -544,6 +544,7 @@ async fn shard_main(
         }
     }
     node.start_fanout();
+    crate::ship::install(&node);
     crate::transit::start(&node);
     spawn_housekeeping(&node, &config);
     // The probe's sockets have no SO_REUSEPORT: they must be closed before this bind (the first

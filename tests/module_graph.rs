@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "cluster",    // the cluster port: other nodes' requests
     "transit",    // hand-off of transit records to their owner shards
     "auth",       // authentication and grants (typed errors)
+    "ship",       // remote children: shipping to another cluster over HTTPS
     "scrape",     // collecting and rendering /metrics
     "api",        // the routes: the only layer that builds answers
     "service",    // glue between http and api, the metrics listener

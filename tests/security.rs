@@ -807,11 +807,10 @@ fn audit_lines_and_no_passwords_in_logs() {
 
 #[test]
 fn remote_child_attach_answers_by_security_and_plane() {
-    // Proves API.md §9.1 and §18 for a remote-child attach on this build (no remote plane): on a
-    // secured node an admin gets `501` (not `403 remotes require security`, since security is on),
-    // with or without `dry_run`; a non-admin owner of both topics gets `403 remotes require
-    // security`; with security off (dev) every caller gets that `403`. The same for every route
-    // of the remote plane (§9.4-9.6, §14), which were not routed at all before (404).
+    // Proves API.md §9.1 for a remote-child attach: on a secured node an admin naming a remote
+    // that is not registered gets `400` (with or without `dry_run`); a non-admin owner of both
+    // topics gets `403 remotes require security`; with security off (dev) every caller gets that
+    // `403`. The same `403` for every route of the remote plane (§9.4-9.6, §14).
     const NEED_SECURITY: &str = "remotes require security";
     let dir = TempDir::new("sec-remote");
     let s = secure(&dir, &[]);
@@ -826,8 +825,8 @@ fn remote_child_attach_answers_by_security_and_plane() {
         r#"{"child":"rp-to-b","remote":"b","dry_run":true,"lanes":2,"from":"earliest"}"#,
     ] {
         let r = call(&mut c, "POST", "/v1/topics/rp/children", ROOT, body);
-        assert_eq!(r.status, 501, "{body}: {}", r.text());
-        assert!(r.error().contains("no remote plane"), "{}", r.error());
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.error(), "invalid argument: unknown remote \"b\"");
     }
     assert_eq!(
         call(
@@ -863,13 +862,13 @@ fn remote_child_attach_answers_by_security_and_plane() {
         ("DELETE", "/v1/remotes/b", "", 404),
         ("POST", "/v1/remotes/b/test", r#"{"topic":"t"}"#, 501),
         ("POST", "/v1/cluster/reencrypt-remotes", "", 412),
-        ("POST", "/v1/topics/rp/children/rp-to-b/pause", "", 501),
-        ("POST", "/v1/topics/rp/children/rp-to-b/resume", "", 501),
+        ("POST", "/v1/topics/rp/children/rp-to-b/pause", "", 404),
+        ("POST", "/v1/topics/rp/children/rp-to-b/resume", "", 404),
         (
             "POST",
             "/v1/topics/rp/children/rp-to-b/skip",
             r#"{"partition":0,"offset":0}"#,
-            501,
+            404,
         ),
     ];
     for (method, path, body, status) in routes {

@@ -34,6 +34,8 @@ pub fn apply(
             | MetaCommand::DeleteTopic { .. }
             | MetaCommand::AlterTopic { .. }
             | MetaCommand::AttachChild { .. }
+            | MetaCommand::AttachRemoteChild { .. }
+            | MetaCommand::SetRemoteChild { .. }
             | MetaCommand::DetachChild { .. }
             | MetaCommand::DeleteUser { .. }
             | MetaCommand::StartMoves { .. }
@@ -48,6 +50,8 @@ pub fn apply(
             | MetaCommand::DeleteTopic { .. }
             | MetaCommand::AlterTopic { .. }
             | MetaCommand::AttachChild { .. }
+            | MetaCommand::AttachRemoteChild { .. }
+            | MetaCommand::SetRemoteChild { .. }
             | MetaCommand::DetachChild { .. }
             | MetaCommand::Heartbeat { .. }
             | MetaCommand::MarkDead { .. }
@@ -106,6 +110,17 @@ pub fn apply(
             attach_epoch,
             attach_offsets,
         ),
+        MetaCommand::AttachRemoteChild {
+            parent,
+            parent_id,
+            stub,
+        } => attach_remote_child(state, &parent, parent_id, *stub),
+        MetaCommand::SetRemoteChild {
+            parent,
+            child,
+            attach_epoch,
+            remote,
+        } => set_remote_child(state, &parent, &child, &attach_epoch, remote),
         MetaCommand::DetachChild { parent, child } => detach_child(state, &parent, &child),
         MetaCommand::CreateUser(u) => create_user(state, u),
         MetaCommand::DeleteUser { username } => delete_user(state, &username),
@@ -705,7 +720,10 @@ fn delete_topic(
         }
     }
     for c in &t.children {
-        if let Some(child) = state.topics.get_mut(c) {
+        if state.topics.get(c).is_some_and(|c| c.remote.is_some()) {
+            // A remote child's stub goes with its parent.
+            state.topics.remove(c);
+        } else if let Some(child) = state.topics.get_mut(c) {
             make_standalone(child);
         }
     }
@@ -890,6 +908,114 @@ fn attach_child(
     Ok(MetaResponse::Topic(parent.clone()))
 }
 
+/// Creates a remote child's stub and links it (API.md §9.1 with `remote`). The proposer ran the
+/// checks that need the target; these are the ones that must hold cluster-wide.
+fn attach_remote_child(
+    state: &mut MetaState,
+    parent_name: &str,
+    parent_id: narad_io::types::TopicId,
+    stub: TopicMeta,
+) -> Result<MetaResponse, MetaError> {
+    validate_topic_name(&stub.name)?;
+    let parent = state.topics.get(parent_name).ok_or_else(topic_not_found)?;
+    if parent.id != parent_id {
+        return Err(topic_changed());
+    }
+    let Some(rc) = &stub.remote else {
+        return Err(MetaError::invalid("invalid argument: remote is required"));
+    };
+    if stub.partitions != 0 || stub.parent.as_deref() != Some(parent_name) {
+        return Err(MetaError::invalid(
+            "invalid argument: a remote child's stub has no partitions and names its parent",
+        ));
+    }
+    if state.topics.contains_key(&stub.name) || state.topic_case_insensitive(&stub.name).is_some() {
+        return Err(MetaError::conflict(format!(
+            "child exists: topic {:?} already exists (a remote child is a new name)",
+            stub.name
+        )));
+    }
+    if state.topics.values().any(|o| o.id == stub.id) {
+        return Err(MetaError::conflict("topic id collision; retry"));
+    }
+    if !state.remotes.contains_key(&rc.name) {
+        return Err(MetaError::invalid(format!(
+            "invalid argument: unknown remote {:?}",
+            rc.name
+        )));
+    }
+    if parent.parent.is_some() || parent.remote.is_some() {
+        return Err(MetaError::conflict(format!(
+            "fan-out role conflict: {parent_name:?} is a child"
+        )));
+    }
+    let remote_children: Vec<&TopicMeta> = parent
+        .children
+        .iter()
+        .filter_map(|c| state.topics.get(c))
+        .filter(|c| c.remote.is_some())
+        .collect();
+    if remote_children.len() >= REMOTE_CHILDREN_MAX {
+        return Err(MetaError::conflict(format!(
+            "parent has reached the maximum of {REMOTE_CHILDREN_MAX} remote children"
+        )));
+    }
+    let same_link = |t: &TopicMeta| {
+        t.remote
+            .as_ref()
+            .is_some_and(|r| r.name == rc.name && r.topic == rc.topic)
+    };
+    if let Some(other) = state.topics.values().find(|t| same_link(t)) {
+        return Err(MetaError::conflict(format!(
+            "a link to remote topic {:?} on remote {:?} exists: {:?}",
+            rc.topic, rc.name, other.name
+        )));
+    }
+    if stub.attach_epoch.is_none() || stub.attach_offsets.len() != parent.partitions as usize {
+        return Err(MetaError::invalid(
+            "invalid argument: attach_offsets must name every parent partition",
+        ));
+    }
+    let name = stub.name.clone();
+    state.topics.insert(name.clone(), stub.clone());
+    if let Some(parent) = state.topics.get_mut(parent_name) {
+        parent.children.push(name);
+    }
+    Ok(MetaResponse::Topic(stub))
+}
+
+/// Replaces a remote child's `remote` object (pause, resume, skip) while its link is the one
+/// the proposer read (`attach_epoch`): `409` when it was re-attached meanwhile.
+fn set_remote_child(
+    state: &mut MetaState,
+    parent_name: &str,
+    child_name: &str,
+    attach_epoch: &str,
+    remote: RemoteChildMeta,
+) -> Result<MetaResponse, MetaError> {
+    let child = state
+        .topics
+        .get_mut(child_name)
+        .ok_or_else(topic_not_found)?;
+    if child.parent.as_deref() != Some(parent_name) || child.remote.is_none() {
+        return Err(MetaError::not_found(format!(
+            "not found: \"{child_name}\" is not a remote child of \"{parent_name}\""
+        )));
+    }
+    if child.attach_epoch.as_deref() != Some(attach_epoch) {
+        return Err(MetaError::conflict(
+            "the remote child was re-attached meanwhile; retry",
+        ));
+    }
+    if remote.skip.values().any(|v| v.len() > REMOTE_SKIPS_MAX) {
+        return Err(MetaError::conflict(format!(
+            "at most {REMOTE_SKIPS_MAX} skipped records per partition"
+        )));
+    }
+    child.remote = Some(remote);
+    Ok(MetaResponse::Topic(child.clone()))
+}
+
 fn detach_child(
     state: &mut MetaState,
     parent_name: &str,
@@ -904,7 +1030,10 @@ fn detach_child(
             "not found: \"{child_name}\" is not attached to \"{parent_name}\""
         )));
     }
-    if let Some(child) = state.topics.get_mut(child_name) {
+    if child.remote.is_some() {
+        // A remote child's stub holds nothing: it goes with its link.
+        state.topics.remove(child_name);
+    } else if let Some(child) = state.topics.get_mut(child_name) {
         make_standalone(child);
     }
     if let Some(parent) = state.topics.get_mut(parent_name) {

@@ -24,6 +24,7 @@ fn topic(name: &str, id: u64) -> TopicMeta {
         attach_offsets: Vec::new(),
         owners: Vec::new(),
         moves: Default::default(),
+        remote: None,
     }
 }
 

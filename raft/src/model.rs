@@ -230,7 +230,43 @@ pub struct TopicMeta {
     /// Partition moves in flight (CLUSTER.md §9.1: the assignment's `target`), by partition.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub moves: BTreeMap<u32, MoveMeta>,
+    /// Set on the stub of a remote child (SEMANTICS.md §13): `partitions` is 0, `parent` names
+    /// the local parent, and the records go to `remote.topic` on the registered remote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteChildMeta>,
 }
+
+/// What a remote child's stub says about its link (API.md §9.1 `remote` object).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteChildMeta {
+    /// The registered remote.
+    pub name: String,
+    /// The topic on the remote.
+    pub topic: String,
+    /// The target topic's incarnation id when the link was checked (a change is `target_replaced`).
+    pub target_id: String,
+    /// `attach`, `unconsumed` or `earliest`.
+    pub from: String,
+    pub lanes: u32,
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at_ms: Option<u64>,
+    /// Records skipped by an operator, per parent partition, ascending (at most
+    /// [`REMOTE_SKIPS_MAX`] per partition).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub skip: BTreeMap<u32, Vec<u64>>,
+}
+
+/// Skipped records a remote child keeps per parent partition (SEMANTICS.md §13).
+pub const REMOTE_SKIPS_MAX: usize = 4000;
+/// Remote children one parent may have (SEMANTICS.md §13 "Bounds").
+pub const REMOTE_CHILDREN_MAX: usize = 16;
 
 /// A partition on its way from `source` (its owner when the move was planned) to `target`
 /// (CLUSTER.md §9.3). The destination drives it; the flip is a compare-and-swap.
@@ -372,7 +408,24 @@ pub enum MetaCommand {
         attach_epoch: String,
         attach_offsets: Vec<u64>,
     },
-    /// Remove the link between `parent` and `child`; both stay as standalone topics.
+    /// Creates remote child `stub` of `parent` (API.md §9.1 with `remote`): the stub topic
+    /// (`partitions` 0, `remote` set) and the link, with its attach point.
+    AttachRemoteChild {
+        parent: String,
+        #[serde(with = "topic_id_hex")]
+        parent_id: TopicId,
+        stub: Box<TopicMeta>,
+    },
+    /// Pauses, resumes or records a skip on remote child `child` of `parent` (API.md §9.4–9.6):
+    /// the stub's `remote` becomes `remote` if the link's epoch is still `attach_epoch`.
+    SetRemoteChild {
+        parent: String,
+        child: String,
+        attach_epoch: String,
+        remote: RemoteChildMeta,
+    },
+    /// Remove the link between `parent` and `child`; both stay as standalone topics (a remote
+    /// child's stub is deleted).
     DetachChild {
         parent: String,
         child: String,
@@ -508,6 +561,12 @@ impl std::fmt::Display for MetaCommand {
             MetaCommand::AlterTopic { name, id, .. } => write!(f, "AlterTopic({name} {id})"),
             MetaCommand::AttachChild { parent, child, .. } => {
                 write!(f, "AttachChild({parent} <- {child})")
+            }
+            MetaCommand::AttachRemoteChild { parent, stub, .. } => {
+                write!(f, "AttachRemoteChild({parent} <- {})", stub.name)
+            }
+            MetaCommand::SetRemoteChild { parent, child, .. } => {
+                write!(f, "SetRemoteChild({parent} <- {child})")
             }
             MetaCommand::DetachChild { parent, child } => {
                 write!(f, "DetachChild({parent} <- {child})")

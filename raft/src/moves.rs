@@ -334,6 +334,7 @@ mod tests {
             attach_offsets: Vec::new(),
             owners: owners.iter().map(|s| s.to_string()).collect(),
             moves: BTreeMap::new(),
+            remote: None,
         }
     }
 

@@ -1090,6 +1090,7 @@ mod tests {
             attach_offsets: Vec::new(),
             owners: Vec::new(),
             moves: Default::default(),
+            remote: None,
         }
     }
 

@@ -114,6 +114,28 @@ pub type Sink = Rc<dyn Fn(Vec<AppendRecord>) -> SinkFuture>;
 /// The produce path's key → partition function (so a copy lands where a produce would).
 pub type KeyRoute = fn(&[u8], u32) -> u32;
 
+/// Why a remote link's records did not all ship: the first `done` records are on the target
+/// (the cursor moves past them), `code` (≥ 1) is the state the binary reports for the cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShipError {
+    pub done: usize,
+    pub code: u8,
+}
+/// Future of one shipper call.
+pub type ShipFuture = Pin<Box<dyn Future<Output = Result<(), ShipError>>>>;
+/// Ships a remote link's records to the remote (SEMANTICS.md §13): (parent partition, the
+/// stub's id, records). Ok only when the target answered `202` for every record.
+pub type Shipper = Rc<dyn Fn(PartitionKey, TopicId, Vec<AppendRecord>) -> ShipFuture>;
+
+/// What the metadata says of a remote link (a child that is a remote stub).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoteLink {
+    /// Paused by an operator: the cursors hold their positions.
+    pub paused: bool,
+    /// Parent offsets an operator skipped, per parent partition.
+    pub skip: std::collections::BTreeMap<u32, Vec<u64>>,
+}
+
 /// One attached child, as the metadata says now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
@@ -130,6 +152,8 @@ pub struct Link {
     pub delay_ms: u64,
     /// Attach point per parent partition.
     pub attach_offsets: Vec<u64>,
+    /// Set when the child is a remote stub: records go to the [`Shipper`], not the [`Sink`].
+    pub remote: Option<RemoteLink>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -154,6 +178,15 @@ struct Cursor {
     head_due_ms: Cell<Option<u64>>,
     /// The parent partition's commit notification.
     wake: Rc<Notify>,
+    /// A remote link's pause and skipped offsets (this parent partition's), `None` for a local
+    /// child.
+    remote: RefCell<Option<(bool, Vec<u64>)>>,
+    /// A remote link's state: 0 running, else the [`ShipError::code`] of the last failure.
+    state: Cell<u8>,
+    /// The parent offset the last failure stopped at (a remote link).
+    blocked_at: Cell<Option<u64>>,
+    /// When records last shipped (Unix ms; 0 never), a remote link.
+    last_ok_ms: Cell<u64>,
 }
 
 /// Counters of one shard's fan-out.
@@ -188,6 +221,30 @@ pub struct ChildLag {
     /// How long past due the oldest uncopied record of the most behind cursor is, in
     /// milliseconds (0 when every cursor is caught up or waiting for a record to become due).
     pub due_lag_ms: u64,
+    /// A remote link: the worst cursor state (0 running), and where that cursor stands
+    /// (parent partition, offset) when it is not running.
+    pub state: u8,
+    pub blocked: Option<(u32, u64)>,
+    /// A remote link: when records last shipped from any of these cursors (Unix ms, 0 never).
+    pub last_ok_ms: u64,
+}
+
+impl ChildLag {
+    /// Adds another shard's or node's cursors of the same child.
+    pub fn merge(&mut self, o: &ChildLag) {
+        self.lag_messages += o.lag_messages;
+        self.cursors += o.cursors;
+        self.due_lag_ms = self.due_lag_ms.max(o.due_lag_ms);
+        self.last_ok_ms = self.last_ok_ms.max(o.last_ok_ms);
+        let worse = o.state > self.state
+            || (o.state == self.state
+                && o.state != 0
+                && o.blocked.map(|b| b.0) < self.blocked.map(|b| b.0));
+        if worse {
+            self.state = o.state;
+            self.blocked = o.blocked;
+        }
+    }
 }
 
 enum Step {
@@ -206,6 +263,8 @@ pub struct Fanout {
     shards: u32,
     log: ShardLog,
     sink: Sink,
+    /// Where remote links' records go (set once the binary built it).
+    shipper: RefCell<Option<Shipper>>,
     route: KeyRoute,
     limits: FanoutLimits,
     path: PathBuf,
@@ -275,6 +334,7 @@ impl Fanout {
             shards,
             log,
             sink,
+            shipper: RefCell::new(None),
             route,
             limits,
             path,
@@ -307,6 +367,11 @@ impl Fanout {
         let f = fan.clone();
         rt::spawn(async move { f.run_persister().await }).detach();
         fan
+    }
+
+    /// Sets where remote links' records go. Until then remote cursors wait (state `unknown`).
+    pub fn set_shipper(&self, s: Shipper) {
+        *self.shipper.borrow_mut() = Some(s);
     }
 
     pub fn counters(&self) -> FanoutCounters {
@@ -401,9 +466,19 @@ impl Fanout {
         }
         let mut started = Vec::new();
         for (id, (l, p)) in want {
+            let remote = l
+                .remote
+                .as_ref()
+                .map(|r| (r.paused, r.skip.get(&p).cloned().unwrap_or_default()));
             if let Some(c) = self.cursors.borrow().get(&id) {
                 c.parent_partitions.set(l.parent_partitions);
                 c.child_partitions.set(l.child_partitions.max(1));
+                let resumed = matches!(*c.remote.borrow(), Some((true, _)))
+                    && matches!(remote, Some((false, _)));
+                *c.remote.borrow_mut() = remote;
+                if resumed {
+                    c.wake.notify_waiters();
+                }
                 continue;
             }
             let attach = Offset(l.attach_offsets.get(p as usize).copied().unwrap_or(0));
@@ -425,6 +500,10 @@ impl Fanout {
                 stopped: Cell::new(false),
                 head_due_ms: Cell::new(None),
                 wake,
+                remote: RefCell::new(remote),
+                state: Cell::new(0),
+                blocked_at: Cell::new(None),
+                last_ok_ms: Cell::new(0),
             });
             self.cursors.borrow_mut().insert(id, c.clone());
             started.push(c);
@@ -474,23 +553,34 @@ impl Fanout {
 
     /// Lag per child of `parent` over the cursors on this shard.
     pub fn lag(&self, parent: TopicId) -> Vec<ChildLag> {
+        let now = UnixMillis::now().0;
         let mut out: Vec<ChildLag> = Vec::new();
-        for l in self.partition_lags() {
-            if l.parent.topic != parent {
+        for c in self.cursors.borrow().values() {
+            if c.id.parent.topic != parent {
                 continue;
             }
-            match out.iter_mut().find(|o| o.child == l.child) {
-                Some(o) => {
-                    o.lag_messages += l.lag_messages;
-                    o.cursors += 1;
-                    o.due_lag_ms = o.due_lag_ms.max(l.due_lag_ms);
-                }
-                None => out.push(ChildLag {
-                    child: l.child,
-                    lag_messages: l.lag_messages,
-                    cursors: 1,
-                    due_lag_ms: l.due_lag_ms,
+            let state = c.state.get();
+            let one = ChildLag {
+                child: c.id.child,
+                lag_messages: self
+                    .log
+                    .high_watermark(c.id.parent)
+                    .0
+                    .saturating_sub(c.next.get().0),
+                cursors: 1,
+                due_lag_ms: c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due)),
+                state,
+                blocked: (state != 0).then(|| {
+                    (
+                        c.id.parent.partition.0,
+                        c.blocked_at.get().unwrap_or(c.next.get().0),
+                    )
                 }),
+                last_ok_ms: c.last_ok_ms.get(),
+            };
+            match out.iter_mut().find(|o| o.child == one.child) {
+                Some(o) => o.merge(&one),
+                None => out.push(one),
             }
         }
         out
@@ -621,6 +711,10 @@ impl Fanout {
     async fn step(&self, c: &Cursor) -> Step {
         let key = c.id.parent;
         let next = c.next.get();
+        if matches!(*c.remote.borrow(), Some((true, _))) {
+            // Paused: the position holds (a resume rings the notification).
+            return Step::Idle;
+        }
         if next >= self.log.high_watermark(key) {
             return Step::Idle;
         }
@@ -720,6 +814,10 @@ impl Fanout {
         let mut recs = recs;
         recs.truncate(due_count);
         let last = recs.last().map_or(next, |r| r.offset);
+        let remote = c.remote.borrow().as_ref().map(|(_, skip)| skip.clone());
+        if let Some(skip) = remote {
+            return self.ship(c, recs, &skip, last, next_due, bytes).await;
+        }
         let copies = self.copies(c, recs);
         let n = copies.len() as u64;
         match (self.sink)(copies).await {
@@ -745,6 +843,78 @@ impl Fanout {
                         error = %e, "fan-out copy failed; retrying");
                 }
                 Step::Retry
+            }
+        }
+    }
+
+    /// One step of a remote link: `recs` (less the skipped offsets) to the shipper. The cursor
+    /// moves past what the target took; a failure holds it on the first record not taken.
+    async fn ship(
+        &self,
+        c: &Cursor,
+        mut recs: Vec<StoredRecord>,
+        skip: &[u64],
+        last: Offset,
+        next_due: Option<u64>,
+        bytes: u64,
+    ) -> Step {
+        let Some(shipper) = self.shipper.borrow().clone() else {
+            return Step::Retry;
+        };
+        if !skip.is_empty() {
+            recs.retain(|r| skip.binary_search(&r.offset.0).is_err());
+        }
+        let offsets: Vec<Offset> = recs.iter().map(|r| r.offset).collect();
+        let copies = self.copies(c, recs);
+        let n = copies.len();
+        let r = if copies.is_empty() {
+            Ok(())
+        } else {
+            shipper(c.id.parent, c.id.child, copies).await
+        };
+        let advance = |to: Offset| {
+            if c.next.get() < to {
+                c.next.set(to);
+            }
+        };
+        match r {
+            Ok(()) => {
+                advance(Offset(last.0 + 1));
+                c.head_due_ms.set(next_due);
+                c.state.set(0);
+                c.blocked_at.set(None);
+                c.last_ok_ms.set(UnixMillis::now().0);
+                self.count_link(c, n as u64, 0);
+                self.count(|k| {
+                    k.batch_records
+                        [FANOUT_BATCH_RECORDS_BOUNDS.partition_point(|&b| b < n as u64)] += 1;
+                    k.batch_bytes[FANOUT_BATCH_BYTES_BOUNDS.partition_point(|&b| b < bytes)] += 1;
+                    k.batch_bytes_sum += bytes;
+                });
+                self.mark_dirty();
+                Step::Progress
+            }
+            Err(e) => {
+                let done = e.done.min(n);
+                if done > 0 {
+                    advance(Offset(offsets[done - 1].0 + 1));
+                    c.last_ok_ms.set(UnixMillis::now().0);
+                    self.count_link(c, done as u64, 0);
+                    self.mark_dirty();
+                }
+                let stuck = offsets.get(done).map_or(c.next.get().0, |o| o.0);
+                if c.state.replace(e.code.max(1)) != e.code.max(1) && !c.stopped.get() {
+                    tracing::warn!(parent = %c.id.parent.topic, partition = c.id.parent.partition.0,
+                        child = %c.id.child, offset = stuck, state = e.code,
+                        "shipping to the remote stopped; retrying");
+                }
+                c.blocked_at.set(Some(stuck));
+                self.count(|k| k.failed_copies += 1);
+                if done > 0 {
+                    Step::Progress
+                } else {
+                    Step::Retry
+                }
             }
         }
     }
@@ -863,6 +1033,7 @@ mod tests {
             epoch,
             delay_ms,
             attach_offsets,
+            remote: None,
         }
     }
 

@@ -26,51 +26,49 @@ pub const REMOTES_NEED_SECURITY: &str = "remotes require security";
 /// The `501` of a remotes route: this node has no remote plane (API.md §14, §18).
 pub const NO_REMOTES_PLANE: &str = "remotes are not supported: this node has no remote plane";
 
-/// The routes of the remote plane (API.md §9.4-9.6, §14): admin with security on, then `501`,
-/// since this build has none. Every request writes one audit line (§14), refusals included.
-pub fn remote_plane(
-    node: &Node,
-    c: &Caller,
-    r: Route,
-    first: &str,
-    second: Option<&str>,
-) -> Response {
-    let (event, target) = match r {
-        Route::RemotesCreate => ("remote.create", String::new()),
-        Route::RemotesList => ("remote.list", String::new()),
-        Route::RemoteGet => ("remote.get", first.to_string()),
-        Route::RemotePatch => ("remote.change", first.to_string()),
-        Route::RemoteDelete => ("remote.delete", first.to_string()),
-        Route::RemoteTest => ("remote.test", first.to_string()),
-        Route::RemotesReencrypt => ("remote.reencrypt", String::new()),
-        Route::ChildPause => ("child.pause", format!("{first}/{}", second.unwrap_or(""))),
-        Route::ChildResume => ("child.resume", format!("{first}/{}", second.unwrap_or(""))),
-        _ => ("child.skip", format!("{first}/{}", second.unwrap_or(""))),
-    };
-    // "admin, security on (`403 remotes require security` otherwise)", as for a remote attach.
-    let child_route = matches!(r, Route::ChildPause | Route::ChildResume | Route::ChildSkip);
-    let mut resp = if !node.config.security_enabled || !c.is_admin() {
+/// The remotes routes this build does not serve yet (API.md §14.6 test): admin with security
+/// on, then `501`. Every request writes one audit line (§14), refusals included.
+pub fn remote_plane(node: &Node, c: &Caller, first: &str) -> Response {
+    let resp = if !node.config.security_enabled || !c.is_admin() {
         error(403, REMOTES_NEED_SECURITY)
-    } else if child_route {
-        error(501, NO_REMOTE_PLANE)
     } else {
         error(501, NO_REMOTES_PLANE)
     };
-    if !child_route {
-        // §14: every remotes answer is not to be cached; writes also say nosniff.
-        resp.headers
-            .push(("Cache-Control".into(), "no-store".into()));
-        if !matches!(r, Route::RemotesList | Route::RemoteGet) {
-            resp.headers
-                .push(("X-Content-Type-Options".into(), "nosniff".into()));
-        }
-    }
-    users::audited(event, c, &target, resp)
+    // §14: every remotes answer is not to be cached; writes also say nosniff.
+    let resp = resp
+        .with_header("Cache-Control", "no-store")
+        .with_header("X-Content-Type-Options", "nosniff");
+    users::audited("remote.test", c, first, resp)
 }
 
-/// The `501` of a remote-child request: this node has no remote plane (API.md §18).
-pub const NO_REMOTE_PLANE: &str =
-    "remote children are not supported: this node has no remote plane";
+/// Pause, resume and skip of a remote child (API.md §9.4–9.6): admin with security on, one
+/// audit line each.
+pub async fn remote_child_op(
+    node: &Rc<Node>,
+    req: &Request,
+    c: &Caller,
+    r: Route,
+    parent: &str,
+    child: Option<&str>,
+) -> Response {
+    let child = child.unwrap_or("");
+    let target = format!("{parent}/{child}");
+    let event = match r {
+        Route::ChildPause => "child.pause",
+        Route::ChildResume => "child.resume",
+        _ => "child.skip",
+    };
+    let resp = if !node.config.security_enabled || !c.is_admin() {
+        error(403, REMOTES_NEED_SECURITY)
+    } else {
+        match r {
+            Route::ChildPause => super::remote_children::pause(node, req, c, parent, child).await,
+            Route::ChildResume => super::remote_children::resume(node, req, parent, child).await,
+            _ => super::remote_children::skip(node, req, parent, child).await,
+        }
+    };
+    users::audited(event, c, &target, resp)
+}
 
 /// What a create-with-parent adds to the new topic.
 pub struct CreateLink {
@@ -162,7 +160,7 @@ struct AttachBody {
 }
 
 /// `POST /v1/topics/{parent}/children`.
-pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
+pub async fn attach(node: &Rc<Node>, req: &Request, c: &Caller, parent: &str) -> Response {
     let body: AttachBody = match crate::wire::body::decode_strict(&req.body, "attachChildRequest") {
         Ok(b) => b,
         Err(e) => return error(400, &e),
@@ -185,12 +183,23 @@ pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
     }
     if remote {
         // A remote child needs security on (API.md §9.1; the admin check is in `authorize`).
-        // This build has no remote plane, so a secured node cannot look the remote up either:
-        // `501`, the answer §18 reserves for exactly that.
         if !node.config.security_enabled {
             return error(403, REMOTES_NEED_SECURITY);
         }
-        return error(501, NO_REMOTE_PLANE);
+        let delay_ms = match delay("delay_ms", body.delay_ms, false) {
+            Ok(d) => d,
+            Err(r) => return r,
+        };
+        let a = super::remote_children::Attach {
+            child: body.child.as_deref(),
+            remote: body.remote.as_deref().unwrap_or_default(),
+            remote_topic: body.remote_topic.as_deref(),
+            from: body.from.as_deref(),
+            lanes: body.lanes,
+            delay_ms,
+            dry_run: body.dry_run == Some(true),
+        };
+        return super::remote_children::attach(node, c, parent, a).await;
     }
     let Some(child) = body.child.filter(|c| !c.is_empty()) else {
         return error(400, "child is required");
@@ -232,18 +241,10 @@ pub async fn attach(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
 }
 
 #[derive(Serialize)]
-struct ChildRow<'a> {
-    name: &'a str,
-    delay_ms: u64,
-    lag_messages: u64,
-    lag_complete: bool,
-}
-
-#[derive(Serialize)]
 struct ChildList<'a> {
     parent: &'a str,
     parent_id: String,
-    children: Vec<ChildRow<'a>>,
+    children: Vec<serde_json::Value>,
 }
 
 /// `GET /v1/topics/{parent}/children`.
@@ -264,12 +265,14 @@ pub async fn list(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
         .filter_map(|name| meta.topic(name))
         .map(|c| {
             let lag = lags.iter().find(|l| l.child == c.id);
-            ChildRow {
-                name: &c.name,
-                delay_ms: c.fanout_delay_ms,
-                lag_messages: lag.map_or(0, |l| l.lag_messages),
-                lag_complete: all_answered && lag.is_some_and(|l| l.cursors == p.partitions),
-            }
+            let mut row = serde_json::json!({
+                "name": &c.name,
+                "delay_ms": c.fanout_delay_ms,
+                "lag_messages": lag.map_or(0, |l| l.lag_messages),
+                "lag_complete": all_answered && lag.is_some_and(|l| l.cursors == p.partitions),
+            });
+            super::remote_children::list_fields(&mut row, c, lag, p);
+            row
         })
         .collect();
     json(
@@ -289,8 +292,18 @@ pub async fn detach(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -
         None | Some("true") | Some("false") => {}
         Some(_) => return error(400, "invalid force: want \"true\" or \"false\""),
     }
-    if node.topic(parent).is_none() || node.topic(child).is_none() {
+    let (Some(p), Some(c)) = (node.topic(parent), node.topic(child)) else {
         return error(404, "topic not found");
+    };
+    if c.remote.is_some() && c.parent.as_deref() == Some(parent) {
+        if !node.config.security_enabled {
+            return error(403, REMOTES_NEED_SECURITY);
+        }
+        if q.given("force").ok().flatten().as_deref() != Some("true") {
+            if let Some(r) = super::remote_children::unshipped(node, &p, &c).await {
+                return r;
+            }
+        }
     }
     match node
         .propose(MetaCommand::DetachChild {

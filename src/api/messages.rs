@@ -125,6 +125,9 @@ fn schema_rejected(node: &Node, t: &TopicMeta, r: &Rejection) -> Response {
 
 /// Refusals shared by single and batch produce once the topic is known.
 fn produce_refusal(node: &Node, t: &TopicMeta) -> Option<Response> {
+    if let Some(r) = stub_refusal(t) {
+        return Some(r);
+    }
     if t.parent.is_some() && t.fanout_delay_ms > 0 {
         node.metrics
             .produce_rejected(t.id, crate::metrics::ProduceRejection::DelayedChild);
@@ -134,6 +137,19 @@ fn produce_refusal(node: &Node, t: &TopicMeta) -> Option<Response> {
         ));
     }
     None
+}
+
+/// The `409` of a produce, consume or ack on a remote child's stub (SEMANTICS.md §13): its
+/// records live on the remote.
+pub(crate) fn stub_refusal(t: &TopicMeta) -> Option<Response> {
+    let r = t.remote.as_ref()?;
+    Some(error(
+        409,
+        &format!(
+            "remote child \"{}\" lives on remote {}; consume it there",
+            t.name, r.name
+        ),
+    ))
 }
 
 /// Parses the `partition` query parameter of produce (API.md §10.1).
@@ -445,6 +461,9 @@ pub async fn consume(
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
+    if let Some(r) = stub_refusal(t) {
+        return r;
+    }
     let partition = match partition_raw {
         None => None,
         Some(s) => match crate::wire::go_atoi(s.as_bytes()) {
@@ -701,6 +720,9 @@ pub async fn ack(node: &Rc<Node>, req: &Request, topic: &str) -> Response {
     let Some(t) = meta.topic(topic) else {
         return error(404, "topic not found");
     };
+    if let Some(r) = stub_refusal(t) {
+        return r;
+    }
     let conf = queue_conf(t);
     // Parse every handle; malformed ones answer 400, foreign partitions 410, without a lease lookup.
     let mut parsed: Vec<Result<Lease, (u16, &'static str)>> = Vec::with_capacity(handles.len());

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod messages;
 pub mod openapi;
 pub mod params;
+pub mod remote_children;
 pub mod remotes;
 pub mod topics;
 pub mod users;
@@ -634,7 +635,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ProduceBatch => messages::produce_batch(node, &mut req, t).await,
         Route::Consume => messages::consume(node, &req, t, catch_up).await,
         Route::Ack => messages::ack(node, &req, t).await,
-        Route::ChildrenAttach => children::attach(node, &req, t).await,
+        Route::ChildrenAttach => children::attach(node, &req, &caller, t).await,
         Route::ChildrenList => children::list(node, &req, t).await,
         Route::ChildDetach => match second {
             Some(c) => children::detach(node, &req, t, &c).await,
@@ -659,9 +660,10 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::RemotePatch => remotes::patch(node, &req, &caller, t).await,
         Route::RemoteDelete => remotes::delete(node, &req, &caller, t).await,
         Route::RemotesReencrypt => remotes::reencrypt(node, &req, &caller).await,
-        Route::RemoteTest | Route::ChildPause | Route::ChildResume | Route::ChildSkip => {
-            children::remote_plane(node, &caller, r, t, second.as_deref())
+        Route::ChildPause | Route::ChildResume | Route::ChildSkip => {
+            children::remote_child_op(node, &req, &caller, r, t, second.as_deref()).await
         }
+        Route::RemoteTest => children::remote_plane(node, &caller, t),
         Route::ClusterMoveAbort => match second {
             Some(p) => cluster::abort_move(node, &req, &caller, t, &p).await,
             None => Response::text(404, "404 page not found\n"),

@@ -47,6 +47,9 @@ pub struct TopicView<'a> {
     /// `true` when some partition entries are placeholders (API.md §6.3).
     #[serde(skip_serializing_if = "Option::is_none")]
     partial: Option<bool>,
+    /// A remote child's stub: its link (API.md §9.1 `remote` object).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote: Option<&'a narad_raft::RemoteChildMeta>,
 }
 
 #[derive(Serialize)]
@@ -88,6 +91,7 @@ pub fn view(t: &TopicMeta) -> TopicView<'_> {
         schema: None,
         partition_stats: None,
         partial: None,
+        remote: t.remote.as_ref(),
     }
 }
 
@@ -369,6 +373,7 @@ pub async fn create(node: &Rc<Node>, req: &Request, owner: Option<String>) -> Re
         attach_offsets: link.map(|l| l.offsets).unwrap_or_default(),
         owners: placement(node, parent_owners),
         moves: Default::default(),
+        remote: None,
     };
     if let Err(e) = node.propose(MetaCommand::CreateTopic(meta)).await {
         return propose_error(e);

@@ -150,6 +150,7 @@ mod tests {
             attach_offsets: vec![],
             owners: Vec::new(),
             moves: Default::default(),
+            remote: None,
         };
         assert!(may_read(&u, &t) && may_manage(&u, &t));
         t.owner = None;

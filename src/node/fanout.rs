@@ -48,6 +48,13 @@ impl Node {
         }
     }
 
+    /// Hands remote links' records to `s` (the binary's shipper to remotes).
+    pub fn set_shipper(&self, s: narad_shard::fanout::Shipper) {
+        if let Some(f) = self.fanout.borrow().as_ref() {
+            f.set_shipper(s);
+        }
+    }
+
     /// Stops the fan-out cursors and writes their positions (graceful shutdown).
     pub async fn close_fanout(&self) {
         let f = self.fanout.borrow().clone();
@@ -158,18 +165,15 @@ impl Node {
 fn merge_lags(all: &mut Vec<ChildLag>, more: Vec<ChildLag>) {
     for l in more {
         match all.iter_mut().find(|a| a.child == l.child) {
-            Some(a) => {
-                a.lag_messages += l.lag_messages;
-                a.cursors += l.cursors;
-                a.due_lag_ms = a.due_lag_ms.max(l.due_lag_ms);
-            }
+            Some(a) => a.merge(&l),
             None => all.push(l),
         }
     }
 }
 
-/// Bytes of one lag on the wire: child id, lag, cursors, due lag (little endian).
-const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8;
+/// Bytes of one lag on the wire: child id, lag, cursors, due lag, state, blocked partition
+/// (`u32::MAX` for none) and offset, last shipped (little endian).
+const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8 + 1 + 4 + 8 + 8;
 
 fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
     let mut out = Vec::with_capacity(lags.len() * LAG_WIRE_BYTES);
@@ -178,6 +182,11 @@ fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
         out.extend_from_slice(&l.lag_messages.to_le_bytes());
         out.extend_from_slice(&l.cursors.to_le_bytes());
         out.extend_from_slice(&l.due_lag_ms.to_le_bytes());
+        out.push(l.state);
+        let (bp, bo) = l.blocked.unwrap_or((u32::MAX, 0));
+        out.extend_from_slice(&bp.to_le_bytes());
+        out.extend_from_slice(&bo.to_le_bytes());
+        out.extend_from_slice(&l.last_ok_ms.to_le_bytes());
     }
     out
 }
@@ -188,13 +197,20 @@ fn decode_lags(b: &[u8]) -> Option<Vec<ChildLag>> {
         return None;
     }
     let u64_at = |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8"));
+    let u32_at = |c: &[u8], i: usize| u32::from_le_bytes(c[i..i + 4].try_into().expect("4"));
     Some(
         b.chunks_exact(LAG_WIRE_BYTES)
-            .map(|c| ChildLag {
-                child: TopicId(u64_at(c, 0)),
-                lag_messages: u64_at(c, 8),
-                cursors: u32::from_le_bytes(c[16..20].try_into().expect("4")),
-                due_lag_ms: u64_at(c, 20),
+            .map(|c| {
+                let bp = u32_at(c, 29);
+                ChildLag {
+                    child: TopicId(u64_at(c, 0)),
+                    lag_messages: u64_at(c, 8),
+                    cursors: u32_at(c, 16),
+                    due_lag_ms: u64_at(c, 20),
+                    state: c[28],
+                    blocked: (bp != u32::MAX).then(|| (bp, u64_at(c, 33))),
+                    last_ok_ms: u64_at(c, 41),
+                }
             })
             .collect(),
     )
@@ -223,6 +239,10 @@ fn fanout_links(meta: &MetaState, me: Option<&str>) -> Vec<Link> {
                 epoch: narad_shard::fanout::epoch_from_hex(c.attach_epoch.as_deref()?),
                 delay_ms: c.fanout_delay_ms,
                 attach_offsets: c.attach_offsets.clone(),
+                remote: c.remote.as_ref().map(|r| narad_shard::fanout::RemoteLink {
+                    paused: r.paused,
+                    skip: r.skip.clone(),
+                }),
             })
         })
         .collect()

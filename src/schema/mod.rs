@@ -775,6 +775,7 @@ mod tests {
             attach_offsets: vec![],
             owners: Vec::new(),
             moves: Default::default(),
+            remote: None,
         };
         let a = for_topic(&t).unwrap().unwrap();
         let b = for_topic(&t).unwrap().unwrap();
@@ -810,6 +811,7 @@ mod tests {
             attach_offsets: vec![],
             owners: Vec::new(),
             moves: Default::default(),
+            remote: None,
         };
         let hot = topic(0);
         let first = for_topic(&hot).unwrap().unwrap();

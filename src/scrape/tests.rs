@@ -43,6 +43,7 @@ fn topic(name: &str, id: TopicId, partitions: u32, parent: Option<&str>) -> Topi
         attach_offsets: Vec::new(),
         owners: Vec::new(),
         moves: Default::default(),
+        remote: None,
     }
 }
 

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod tls_front;
 
 /// Longest a server may take to become ready.
 const READY_WAIT_MAX: Duration = Duration::from_secs(60);

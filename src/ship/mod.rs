@@ -1,0 +1,668 @@
+//! Remote children (SEMANTICS.md §13): shipping a parent's records to a topic on another Narad
+//! cluster through that cluster's batch produce, over HTTPS.
+//!
+//! Owns: the [`Shipper`] each shard hands its fan-out (`narad_shard::fanout`) for links whose
+//! child is a remote stub, the HTTPS connections to remotes (a few idle ones kept per remote),
+//! the chunking of a slab into requests, and the classification of a failure into the states
+//! of §13. The cursor, its durable position, retries and restarts are the fan-out's: a cursor
+//! moves only past the records a call reports as answered `202` by the target, so a record is
+//! on the target at least once (a request that got no answer is sent again: duplicates, never
+//! gaps). The checks before an attach run through [`probe`].
+
+pub mod client;
+pub mod guard;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::{Rc, Weak};
+use std::time::Duration;
+
+use narad_io::log::AppendRecord;
+use narad_io::types::{PartitionKey, TopicId};
+use narad_raft::{MetaState, RemoteMeta};
+use narad_shard::fanout::{ShipError, ShipFuture, Shipper as ShipFn};
+
+use crate::auth::seal::RemoteKey;
+use crate::node::Node;
+use client::{Conn, Target};
+
+/// Records one request carries at most (API.md §10.2: 1000 per batch on a v3.2 target).
+pub const CHUNK_RECORDS_MAX: usize = 1000;
+/// Body bytes one request carries at most (SEMANTICS.md §13: chunks ≤ 960 KiB).
+pub const CHUNK_BYTES_MAX: usize = 960 << 10;
+/// Idle connections kept per remote on one shard.
+const IDLE_CONNS_MAX: usize = 4;
+
+/// Why a partition of a remote child does not ship (SEMANTICS.md §13 "States"), as the fan-out
+/// stores it (`code`): a higher code is worse, 0 is `running`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Class {
+    Unknown = 1,
+    Throttled,
+    Unavailable,
+    RecordTooLarge,
+    RejectedRecord,
+    TlsFailed,
+    RedirectRefused,
+    NoBatchProduce,
+    TargetMissing,
+    Forbidden,
+    AuthFailed,
+    TargetReplaced,
+    TargetHasRemoteChildren,
+    DestinationRefused,
+    NodeInsecure,
+    CredentialUnreadable,
+    RemoteMissing,
+}
+
+const CLASSES: [Class; 17] = [
+    Class::Unknown,
+    Class::Throttled,
+    Class::Unavailable,
+    Class::RecordTooLarge,
+    Class::RejectedRecord,
+    Class::TlsFailed,
+    Class::RedirectRefused,
+    Class::NoBatchProduce,
+    Class::TargetMissing,
+    Class::Forbidden,
+    Class::AuthFailed,
+    Class::TargetReplaced,
+    Class::TargetHasRemoteChildren,
+    Class::DestinationRefused,
+    Class::NodeInsecure,
+    Class::CredentialUnreadable,
+    Class::RemoteMissing,
+];
+
+impl Class {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Unknown => "unknown",
+            Class::Throttled => "throttled",
+            Class::Unavailable => "unavailable",
+            Class::RecordTooLarge => "record_too_large",
+            Class::RejectedRecord => "rejected_record",
+            Class::TlsFailed => "tls_failed",
+            Class::RedirectRefused => "redirect_refused",
+            Class::NoBatchProduce => "no_batch_produce",
+            Class::TargetMissing => "target_missing",
+            Class::Forbidden => "forbidden",
+            Class::AuthFailed => "auth_failed",
+            Class::TargetReplaced => "target_replaced",
+            Class::TargetHasRemoteChildren => "target_has_remote_children",
+            Class::DestinationRefused => "destination_refused",
+            Class::NodeInsecure => "node_insecure",
+            Class::CredentialUnreadable => "credential_unreadable",
+            Class::RemoteMissing => "remote_missing",
+        }
+    }
+
+    /// The class stored as `code` by the fan-out (0, `running`, is none).
+    pub fn from_code(code: u8) -> Option<Class> {
+        CLASSES.iter().copied().find(|c| *c as u8 == code)
+    }
+
+    /// A record the target refuses: the cursor stops on it until an operator skips it.
+    pub fn blocks_record(self) -> bool {
+        matches!(self, Class::RejectedRecord | Class::RecordTooLarge)
+    }
+}
+
+/// The state name of fan-out code `code` (0 = `running`).
+pub fn state_name(code: u8) -> &'static str {
+    Class::from_code(code).map_or("running", Class::as_str)
+}
+
+/// What an answer's status says about the request (`None`: accepted).
+fn classify(status: u16, body: &[u8]) -> Option<Class> {
+    Some(match status {
+        200..=202 => return None,
+        300..=399 => Class::RedirectRefused,
+        400 => Class::RejectedRecord,
+        401 => Class::AuthFailed,
+        403 => Class::Forbidden,
+        404 => {
+            if String::from_utf8_lossy(body).contains("topic not found") {
+                Class::TargetMissing
+            } else {
+                Class::NoBatchProduce
+            }
+        }
+        413 => Class::RecordTooLarge,
+        429 => Class::Throttled,
+        500..=599 => Class::Unavailable,
+        _ => Class::Unknown,
+    })
+}
+
+/// The index of the refused message in a batch produce's error (`message <i>: ...`).
+fn refused_index(body: &[u8]) -> Option<usize> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let e = v.get("error")?.as_str()?;
+    let rest = e.strip_prefix("message ")?;
+    rest.split(':').next()?.trim().parse().ok()
+}
+
+thread_local! {
+    /// This shard's shipper (one per shard thread, as the node it serves).
+    static SHIPPER: RefCell<Option<Rc<Shipper>>> = const { RefCell::new(None) };
+}
+
+/// Builds this shard's shipper and hands it to the shard's fan-out (call once, after
+/// `Node::start_fanout`).
+pub fn install(node: &Rc<Node>) {
+    let s = Shipper::new(node);
+    node.set_shipper(s.as_fn());
+    SHIPPER.with(|x| *x.borrow_mut() = Some(s));
+}
+
+/// This shard's shipper, once installed.
+pub fn local() -> Option<Rc<Shipper>> {
+    SHIPPER.with(|x| x.borrow().clone())
+}
+
+/// Counters of one remote on one shard (OPERATIONS.md §9 remote series).
+#[derive(Clone, Debug, Default)]
+pub struct RemoteCounts {
+    /// Requests by answer code ("202", "401", ..., "error" for none).
+    pub requests: HashMap<String, u64>,
+    /// Failures by class.
+    pub errors: HashMap<&'static str, u64>,
+    /// Records sent again after a request that got no answer.
+    pub resent: u64,
+    /// Request body bytes sent.
+    pub body_bytes: u64,
+}
+
+/// One shard's shipping to remotes.
+pub struct Shipper {
+    node: Weak<Node>,
+    idle: RefCell<HashMap<String, Vec<Conn>>>,
+    /// The target of each remote, for the registry revision it was built from.
+    targets: RefCell<HashMap<String, (u64, Rc<Target>)>>,
+    counts: RefCell<HashMap<String, RemoteCounts>>,
+}
+
+impl Shipper {
+    pub fn new(node: &Rc<Node>) -> Rc<Shipper> {
+        Rc::new(Shipper {
+            node: Rc::downgrade(node),
+            idle: RefCell::new(HashMap::new()),
+            targets: RefCell::new(HashMap::new()),
+            counts: RefCell::new(HashMap::new()),
+        })
+    }
+
+    /// The function the fan-out calls for a remote link's records.
+    pub fn as_fn(self: &Rc<Self>) -> ShipFn {
+        let me = Rc::downgrade(self);
+        Rc::new(move |parent, child, recs| -> ShipFuture {
+            let me = me.clone();
+            Box::pin(async move {
+                let Some(me) = me.upgrade() else {
+                    return Err(ShipError {
+                        done: 0,
+                        code: Class::Unavailable as u8,
+                    });
+                };
+                me.ship(parent, child, recs).await
+            })
+        })
+    }
+
+    /// This shard's counters per remote.
+    pub fn counts(&self) -> Vec<(String, RemoteCounts)> {
+        self.counts
+            .borrow()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn count(&self, remote: &str, f: impl FnOnce(&mut RemoteCounts)) {
+        f(self
+            .counts
+            .borrow_mut()
+            .entry(remote.to_string())
+            .or_default());
+    }
+
+    /// The target of remote `r`, built once per registry revision (the password opened here).
+    fn target(&self, node: &Node, r: &RemoteMeta) -> Result<Rc<Target>, Class> {
+        if let Some((rev, t)) = self.targets.borrow().get(&r.name) {
+            if *rev == r.revision {
+                return Ok(t.clone());
+            }
+        }
+        let t = Rc::new(build_target(node, r)?);
+        self.targets
+            .borrow_mut()
+            .insert(r.name.clone(), (r.revision, t.clone()));
+        // Connections made with the old credentials or CA are not reused.
+        self.idle.borrow_mut().remove(&r.name);
+        Ok(t)
+    }
+
+    async fn ship(
+        &self,
+        _parent: PartitionKey,
+        child: TopicId,
+        recs: Vec<AppendRecord>,
+    ) -> Result<(), ShipError> {
+        let fail = |done: usize, c: Class| ShipError {
+            done,
+            code: c as u8,
+        };
+        let Some(node) = self.node.upgrade() else {
+            return Err(fail(0, Class::Unavailable));
+        };
+        let meta = node.meta();
+        let Some((remote, topic)) = remote_of(&meta, child) else {
+            return Err(fail(0, Class::RemoteMissing));
+        };
+        let target = self.target(&node, &remote).map_err(|c| fail(0, c))?;
+        // Topic names are plain (letters, digits, `.`, `_`, `-`): no escaping needed.
+        let path = format!("/v1/topics/{topic}/produce/batch");
+        let mut done = 0;
+        for chunk in chunks(&recs) {
+            match self.send_chunk(&remote.name, &target, &path, chunk).await {
+                Ok(()) => done += chunk.len(),
+                Err((n, c)) => {
+                    self.count(&remote.name, |k| {
+                        *k.errors.entry(c.as_str()).or_default() += 1
+                    });
+                    return Err(fail(done + n, c));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one chunk. `Err((n, class))`: the first `n` records are on the target (a refused
+    /// record at index `n` whose predecessors were then sent on their own), the rest are not.
+    async fn send_chunk(
+        &self,
+        remote: &str,
+        t: &Target,
+        path: &str,
+        recs: &[AppendRecord],
+    ) -> Result<(), (usize, Class)> {
+        let body = batch_body(recs);
+        let reply = self.post(remote, t, path, &body, recs.len()).await?;
+        match classify(reply.status, &reply.body) {
+            None => Ok(()),
+            Some(c) if c.blocks_record() => {
+                let i = refused_index(&reply.body).unwrap_or(0).min(recs.len());
+                if i == 0 {
+                    return Err((0, c));
+                }
+                // All or nothing: the records before the refused one were not stored either.
+                let body = batch_body(&recs[..i]);
+                let again = self.post(remote, t, path, &body, i).await?;
+                match classify(again.status, &again.body) {
+                    None => Err((i, c)),
+                    Some(c2) => Err((0, c2)),
+                }
+            }
+            Some(c) => Err((0, c)),
+        }
+    }
+
+    /// One request on a pooled (or new) connection; a connection that fails is dropped.
+    async fn post(
+        &self,
+        remote: &str,
+        t: &Target,
+        path: &str,
+        body: &[u8],
+        records: usize,
+    ) -> Result<client::Reply, (usize, Class)> {
+        let pooled = self.idle.borrow_mut().get_mut(remote).and_then(|v| v.pop());
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => Box::pin(client::connect(t)).await.map_err(|c| (0, c))?,
+        };
+        self.count(remote, |k| k.body_bytes += body.len() as u64);
+        match conn.request(t, "POST", path, true, body).await {
+            Ok(reply) => {
+                self.count(remote, |k| {
+                    *k.requests.entry(reply.status.to_string()).or_default() += 1
+                });
+                let mut idle = self.idle.borrow_mut();
+                let v = idle.entry(remote.to_string()).or_default();
+                if v.len() < IDLE_CONNS_MAX {
+                    v.push(conn);
+                }
+                Ok(reply)
+            }
+            Err(_) => {
+                // No answer: the target may have stored them; they are sent again.
+                self.count(remote, |k| {
+                    *k.requests.entry("error".into()).or_default() += 1;
+                    k.resent += records as u64;
+                });
+                Err((0, Class::Unavailable))
+            }
+        }
+    }
+}
+
+/// What the checks of an attach or resume learned of the target topic (SEMANTICS.md §13
+/// "Checks").
+#[derive(Clone, Debug)]
+pub struct TargetInfo {
+    /// The target topic's incarnation id.
+    pub id: String,
+    /// Its current schema document, if any.
+    pub schema: Option<serde_json::Value>,
+}
+
+/// A failed check: the state it maps to and what it found.
+#[derive(Clone, Debug)]
+pub struct CheckFailed {
+    pub class: Class,
+    pub detail: String,
+}
+
+fn failed(class: Class, detail: impl Into<String>) -> CheckFailed {
+    CheckFailed {
+        class,
+        detail: detail.into(),
+    }
+}
+
+/// Runs the checks of SEMANTICS.md §13 against `topic` on remote `r` from this node: the
+/// target asks for credentials, the credential works and is not an admin there, the topic
+/// exists, is neither a delay child nor a stub, and has no remote children.
+pub async fn probe(node: &Node, r: &RemoteMeta, topic: &str) -> Result<TargetInfo, CheckFailed> {
+    let t = build_target(node, r).map_err(|c| {
+        failed(
+            c,
+            "the remote cannot be reached from this node as registered",
+        )
+    })?;
+    let mut conn = Box::pin(client::connect(&t))
+        .await
+        .map_err(|c| failed(c, "connecting to the remote failed"))?;
+    let path = format!("/v1/topics/{topic}");
+    let anon = get(&mut conn, &t, &path, false).await?;
+    if anon.status != 401 {
+        return Err(failed(
+            Class::Unknown,
+            format!(
+                "the target answered {} without credentials: it must have security on",
+                anon.status
+            ),
+        ));
+    }
+    let desc = get(&mut conn, &t, &path, true).await?;
+    match desc.status {
+        200 => {}
+        401 => {
+            return Err(failed(
+                Class::AuthFailed,
+                "the target refused the credential",
+            ))
+        }
+        403 => {
+            return Err(failed(
+                Class::Forbidden,
+                "the credential has no grant on the target topic",
+            ))
+        }
+        404 => {
+            return Err(failed(
+                Class::TargetMissing,
+                "the target topic does not exist",
+            ))
+        }
+        300..=399 => return Err(failed(Class::RedirectRefused, "the target redirects")),
+        s => {
+            return Err(failed(
+                Class::Unavailable,
+                format!("the target answered {s}"),
+            ))
+        }
+    }
+    let v: serde_json::Value = serde_json::from_slice(&desc.body)
+        .map_err(|_| failed(Class::Unknown, "the target's topic answer is not JSON"))?;
+    if v.get("remote").is_some()
+        || v.get("fanout_delay_ms")
+            .is_some_and(|d| d.as_u64() > Some(0))
+    {
+        return Err(failed(
+            Class::Unknown,
+            "the target topic is a delay child or a remote child's stub: it takes no produce",
+        ));
+    }
+    let children: Vec<String> = v
+        .get("children")
+        .and_then(|c| c.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    for c in children {
+        let r = get(&mut conn, &t, &format!("/v1/topics/{c}"), true).await?;
+        let is_remote = r.status == 200
+            && serde_json::from_slice::<serde_json::Value>(&r.body)
+                .is_ok_and(|v| v.get("remote").is_some());
+        if is_remote {
+            return Err(failed(
+                Class::TargetHasRemoteChildren,
+                format!("the target topic has remote child {c:?}: no chains or loops"),
+            ));
+        }
+    }
+    let users = get(&mut conn, &t, "/v1/users", true).await?;
+    if users.status == 200 {
+        return Err(failed(
+            Class::Forbidden,
+            "the credential is an admin on the target: use a produce-only user",
+        ));
+    }
+    Ok(TargetInfo {
+        id: v
+            .get("id")
+            .and_then(|i| i.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        schema: v.get("schema").cloned(),
+    })
+}
+
+/// One GET of a probe.
+async fn get(
+    conn: &mut Conn,
+    t: &Target,
+    path: &str,
+    auth: bool,
+) -> Result<client::Reply, CheckFailed> {
+    conn.request(t, "GET", path, auth, b"").await.map_err(|e| {
+        failed(
+            Class::Unavailable,
+            format!("no answer from the remote: {e}"),
+        )
+    })
+}
+
+/// The remote child `child` (a stub's id): its remote's registry entry and the topic there.
+fn remote_of(meta: &MetaState, child: TopicId) -> Option<(RemoteMeta, String)> {
+    let stub = meta.topics.values().find(|t| t.id == child)?;
+    let rc = stub.remote.as_ref()?;
+    let r = meta.remotes.get(&rc.name)?;
+    Some((r.clone(), rc.topic.clone()))
+}
+
+/// Opens the remote's password with the current (or previous) cluster secret's key and builds
+/// how to reach it.
+pub fn build_target(node: &Node, r: &RemoteMeta) -> Result<Target, Class> {
+    let password = [
+        node.config.cluster_secret.0.as_bytes(),
+        node.config.cluster_secret_previous.0.as_bytes(),
+    ]
+    .iter()
+    .filter_map(|s| RemoteKey::derive(s))
+    .find_map(|k| k.open(&r.name, &r.key_version, &r.sealed_password).ok())
+    .ok_or(Class::CredentialUnreadable)?;
+    let (host, port, path) = client::split_url(&r.url).ok_or(Class::DestinationRefused)?;
+    if !node.config.remotes.allowed_ports.contains(&port) {
+        return Err(Class::DestinationRefused);
+    }
+    let tls = client::tls_config(r.ca_pem.as_deref()).map_err(|_| Class::TlsFailed)?;
+    let mut cred = r.username.as_bytes().to_vec();
+    cred.push(b':');
+    cred.extend_from_slice(&password);
+    Ok(Target {
+        host,
+        port,
+        path,
+        auth: format!("Basic {}", crate::wire::base64::encode(&cred)),
+        tls,
+        timeout: Duration::from_millis(r.limits.request_timeout_ms),
+        allow: node.config.remotes.allow_addresses.clone(),
+    })
+}
+
+/// Splits a slab into requests of at most [`CHUNK_RECORDS_MAX`] records and about
+/// [`CHUNK_BYTES_MAX`] body bytes (a first record larger than that goes alone; the target
+/// refuses it as too large).
+fn chunks(recs: &[AppendRecord]) -> Vec<&[AppendRecord]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, r) in recs.iter().enumerate() {
+        let b = wire_bytes(r);
+        if i > start && (i - start >= CHUNK_RECORDS_MAX || bytes + b > CHUNK_BYTES_MAX) {
+            out.push(&recs[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += b;
+    }
+    if start < recs.len() {
+        out.push(&recs[start..]);
+    }
+    out
+}
+
+/// About how many body bytes a record takes in a batch (base64 payload and key, field names).
+fn wire_bytes(r: &AppendRecord) -> usize {
+    let key = r.msg_key.as_ref().map_or(0, |k| k.len() * 4 / 3 + 48);
+    r.payload.len().div_ceil(3) * 4 + key + 64
+}
+
+/// The batch-produce body for `recs`: payloads always base64 (exact bytes whatever they are),
+/// keys as text when they are UTF-8; no partition pin (the target places by key).
+pub fn batch_body(recs: &[AppendRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(recs.iter().map(wire_bytes).sum::<usize>() + 16);
+    out.extend_from_slice(b"{\"messages\":[");
+    for (i, r) in recs.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'{');
+        if let Some(k) = r.msg_key.as_deref().filter(|k| !k.is_empty()) {
+            out.extend_from_slice(b"\"key\":");
+            if let Some(enc) = crate::wire::json::append_key_json(&mut out, k) {
+                out.extend_from_slice(b",\"key_encoding\":\"");
+                out.extend_from_slice(enc.as_bytes());
+                out.push(b'"');
+            }
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"payload\":\"");
+        crate::wire::base64::encode_into(&mut out, &r.payload);
+        out.extend_from_slice(b"\",\"payload_encoding\":\"base64\"}");
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_io::types::PartitionId;
+
+    fn rec(key: Option<&[u8]>, payload: &[u8]) -> AppendRecord {
+        AppendRecord {
+            key: PartitionKey {
+                topic: TopicId(1),
+                partition: PartitionId(0),
+            },
+            msg_key: key.map(<[u8]>::to_vec),
+            payload: payload.to_vec().into(),
+        }
+    }
+
+    #[test]
+    fn a_batch_body_carries_exact_bytes_and_keys() {
+        let body = batch_body(&[
+            rec(Some(b"k1"), b"{\"a\":1}"),
+            rec(Some(&[0xff]), b"\x00\x01"),
+        ]);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let m = v["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0]["key"], "k1");
+        assert!(m[0].get("key_encoding").is_none());
+        assert_eq!(m[0]["payload"], "eyJhIjoxfQ==");
+        assert_eq!(m[1]["key"], "/w==");
+        assert_eq!(m[1]["key_encoding"], "base64");
+        assert_eq!(m[1]["payload"], "AAE=");
+        assert_eq!(m[1]["payload_encoding"], "base64");
+        let keyless = batch_body(&[rec(None, b"x")]);
+        assert_eq!(
+            keyless,
+            b"{\"messages\":[{\"payload\":\"eA==\",\"payload_encoding\":\"base64\"}]}"
+        );
+    }
+
+    #[test]
+    fn slabs_split_at_1000_records_and_960_kib() {
+        let small: Vec<AppendRecord> = (0..2500).map(|_| rec(None, b"x")).collect();
+        let c = chunks(&small);
+        assert_eq!(
+            c.iter().map(|c| c.len()).collect::<Vec<_>>(),
+            [1000, 1000, 500]
+        );
+        let big: Vec<AppendRecord> = (0..5).map(|_| rec(None, &[7u8; 300 << 10])).collect();
+        let c = chunks(&big);
+        assert_eq!(c.iter().map(|c| c.len()).collect::<Vec<_>>(), [2, 2, 1]);
+        for part in c {
+            assert!(batch_body(part).len() <= CHUNK_BYTES_MAX);
+        }
+        assert!(chunks(&[]).is_empty());
+    }
+
+    #[test]
+    fn answers_map_to_the_states_of_semantics_13() {
+        assert_eq!(classify(202, b""), None);
+        assert_eq!(classify(401, b""), Some(Class::AuthFailed));
+        assert_eq!(classify(403, b""), Some(Class::Forbidden));
+        assert_eq!(
+            classify(404, br#"{"error":"topic not found"}"#),
+            Some(Class::TargetMissing)
+        );
+        assert_eq!(classify(404, b"not found"), Some(Class::NoBatchProduce));
+        assert_eq!(classify(413, b""), Some(Class::RecordTooLarge));
+        assert_eq!(classify(429, b""), Some(Class::Throttled));
+        assert_eq!(classify(503, b""), Some(Class::Unavailable));
+        assert_eq!(classify(302, b""), Some(Class::RedirectRefused));
+        assert_eq!(
+            refused_index(br#"{"error":"message 7: message required"}"#),
+            Some(7)
+        );
+        assert_eq!(refused_index(br#"{"error":"messages required"}"#), None);
+        for c in CLASSES {
+            assert_eq!(Class::from_code(c as u8), Some(c));
+            assert_eq!(state_name(c as u8), c.as_str());
+        }
+        assert_eq!(state_name(0), "running");
+    }
+}

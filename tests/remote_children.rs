@@ -1,0 +1,464 @@
+//! Black-box tests of remote children (SEMANTICS.md §13, API.md §9.1–9.6, FEATURES F076–F079):
+//! two brokers on this machine, the target behind a TLS front with its own throw-away CA, the
+//! parent shipping to it through the target's batch produce as a produce-only replicator user.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::tls_front::{make_ca_and_leaf, Relay};
+use common::{basic_auth, Client, Resp, Server, TempDir};
+
+const ROOT_PW: &str = "root-pw-for-remote-children";
+const SECRET: &str = "a-cluster-secret-for-remote-children";
+const REPLICATOR_PW: &str = "replicator-password-0123456789";
+/// Longest any wait of these tests.
+const WAIT_MAX: Duration = Duration::from_secs(60);
+
+fn call(c: &mut Client, method: &str, path: &str, body: &str) -> Resp {
+    let auth = basic_auth("admin", ROOT_PW);
+    let mut h = vec![("Authorization", auth.as_str())];
+    if matches!(method, "POST" | "PATCH") {
+        h.push(("Content-Type", "application/json"));
+    }
+    c.request(method, path, &h, body.as_bytes())
+}
+
+/// Polls `f` every 100 ms until it is true or [`WAIT_MAX`] passed.
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < WAIT_MAX {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Consumes and acks everything on `topic` (as admin): each payload with its delivery count.
+fn drain_all(c: &mut Client, topic: &str, want: usize) -> HashMap<String, usize> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let start = Instant::now();
+    let mut empty = 0;
+    while start.elapsed() < WAIT_MAX && empty < 3 {
+        let auth = basic_auth("admin", ROOT_PW);
+        let r = c.request(
+            "GET",
+            &format!("/v1/topics/{topic}/consume?max=100&wait=300ms"),
+            &[
+                ("Authorization", &auth),
+                ("X-Narad-Client", "narad-tests/0"),
+            ],
+            b"",
+        );
+        if r.status == 204 {
+            if seen.len() >= want {
+                empty += 1;
+            }
+            continue;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        let msgs = r.json()["messages"].as_array().unwrap().clone();
+        let handles: Vec<String> = msgs
+            .iter()
+            .map(|m| m["receipt_handle"].as_str().unwrap().to_string())
+            .collect();
+        for m in &msgs {
+            *seen
+                .entry(
+                    m["payload"]
+                        .as_str()
+                        .map_or_else(|| m["payload"].to_string(), String::from),
+                )
+                .or_default() += 1;
+        }
+        let body = serde_json::json!({ "receipt_handles": handles }).to_string();
+        let a = call(c, "POST", &format!("/v1/topics/{topic}/ack"), &body);
+        assert!(a.status < 300, "ack: {} {}", a.status, a.text());
+    }
+    seen
+}
+
+fn produce_ids(c: &mut Client, topic: &str, ids: &[String]) {
+    let body = serde_json::json!({
+        "messages": ids.iter().map(|id| serde_json::json!({"key": id, "payload": id})).collect::<Vec<_>>()
+    })
+    .to_string();
+    let r = call(
+        c,
+        "POST",
+        &format!("/v1/topics/{topic}/produce/batch"),
+        &body,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+}
+
+fn child_row(c: &mut Client, parent: &str, child: &str) -> serde_json::Value {
+    let r = call(c, "GET", &format!("/v1/topics/{parent}/children"), "");
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == child)
+        .cloned()
+        .unwrap_or_else(|| panic!("no child {child} in {}", r.text()))
+}
+
+/// A target broker (security on) behind a TLS front, with topic `orders-copy` and a
+/// produce-only user, and a parent broker allowed to dial the front.
+struct Pair {
+    _dir: TempDir,
+    target: Server,
+    _front: Relay,
+    parent: Server,
+    front_port: u16,
+    ca_pem: String,
+}
+
+fn pair(tag: &str) -> Pair {
+    let dir = TempDir::new(tag);
+    let certs = dir.0.join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    make_ca_and_leaf(&certs, "target", "IP:127.0.0.1");
+    let root = vec![("NARAD_ADMIN_PASSWORD".to_string(), ROOT_PW.to_string())];
+    let target = Server::start_secure(dir.0.join("target"), root.clone());
+    let front = Relay::start(
+        &certs.join("target.pem"),
+        &certs.join("target.key"),
+        target.addr(),
+    );
+    let front_port = front.addr.port();
+    let mut env = root;
+    env.extend([
+        ("NARAD_CLUSTER_SECRET".to_string(), SECRET.to_string()),
+        (
+            "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
+            "true".to_string(),
+        ),
+        (
+            "NARAD_REMOTES_ALLOWED_PORTS".to_string(),
+            front_port.to_string(),
+        ),
+        (
+            "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
+            "127.0.0.1/32".to_string(),
+        ),
+    ]);
+    let parent = Server::start_secure(dir.0.join("parent"), env);
+    let mut t = target.client();
+    let r = call(
+        &mut t,
+        "POST",
+        "/v1/topics",
+        r#"{"name":"orders-copy","partitions":3}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
+        &mut t,
+        "POST",
+        "/v1/users",
+        &format!(
+            r#"{{"username":"replicator","password":"{REPLICATOR_PW}","grants":[{{"action":"produce","patterns":["orders-*"]}}]}}"#
+        ),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut p = parent.client();
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics",
+        r#"{"name":"orders","partitions":3}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let ca_pem = std::fs::read_to_string(certs.join("target-ca.pem")).unwrap();
+    Pair {
+        _dir: dir,
+        target,
+        _front: front,
+        parent,
+        front_port,
+        ca_pem,
+    }
+}
+
+impl Pair {
+    fn register(&self, name: &str, password: &str) -> Resp {
+        let body = serde_json::json!({
+            "name": name,
+            "url": format!("https://127.0.0.1:{}", self.front_port),
+            "username": "replicator",
+            "password": password,
+            "ca_pem": self.ca_pem,
+        });
+        call(
+            &mut self.parent.client(),
+            "POST",
+            "/v1/remotes",
+            &body.to_string(),
+        )
+    }
+}
+
+#[test]
+fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
+    let pr = pair("rc-ship");
+    let mut p = pr.parent.client();
+    let r = pr.register("b", REPLICATOR_PW);
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    // A dry run checks and resolves the start offsets without creating anything.
+    let dry = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy","dry_run":true}"#,
+    );
+    assert_eq!(dry.status, 200, "{}", dry.text());
+    assert_eq!(dry.json()["attach_offsets"], serde_json::json!([0, 0, 0]));
+    assert_eq!(
+        call(&mut p, "GET", "/v1/topics/orders-to-b", "").status,
+        404
+    );
+
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let stub = r.json();
+    assert_eq!(stub["partitions"], 0);
+    assert_eq!(stub["parent"], "orders");
+    assert_eq!(stub["remote"]["name"], "b");
+    assert_eq!(stub["remote"]["topic"], "orders-copy");
+    assert_eq!(stub["remote"]["from"], "attach");
+    assert_eq!(stub["remote"]["target_id"].as_str().map(str::len), Some(16));
+
+    // The stub takes no produce, consume or ack.
+    let want_409 = "remote child \"orders-to-b\" lives on remote b; consume it there";
+    for (m, path, body) in [
+        ("POST", "/v1/topics/orders-to-b/produce", "{}"),
+        ("GET", "/v1/topics/orders-to-b/consume", ""),
+        (
+            "POST",
+            "/v1/topics/orders-to-b/ack",
+            r#"{"receipt_handles":["x"]}"#,
+        ),
+    ] {
+        let r = call(&mut p, m, path, body);
+        assert_eq!(
+            (r.status, r.error()),
+            (409, want_409.to_string()),
+            "{m} {path}"
+        );
+    }
+
+    let first: Vec<String> = (0..300).map(|i| format!("m-{i}")).collect();
+    for chunk in first.chunks(100) {
+        produce_ids(&mut p, "orders", chunk);
+    }
+    wait_for("the first 300 on the target", || {
+        let row = child_row(&mut p, "orders", "orders-to-b");
+        row["lag_messages"] == 0 && row["lag_complete"] == true && row["state"] == "running"
+    });
+
+    // The target stops answering (frozen): shipping holds as `unavailable`, the parent still
+    // takes produces, and once the target answers again everything arrives.
+    let pid = pr.target.pid().to_string();
+    let st = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let second: Vec<String> = (300..400).map(|i| format!("m-{i}")).collect();
+    produce_ids(&mut p, "orders", &second);
+    wait_for("state unavailable while the target is frozen", || {
+        child_row(&mut p, "orders", "orders-to-b")["state"] == "unavailable"
+    });
+    let row = child_row(&mut p, "orders", "orders-to-b");
+    assert!(row["lag_messages"].as_u64() > Some(0), "{row}");
+    assert!(row["blocked_at"].is_object(), "{row}");
+    // Detach is refused while records are unshipped.
+    let r = call(
+        &mut p,
+        "DELETE",
+        "/v1/topics/orders/children/orders-to-b",
+        "",
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.json()["lag_messages"].as_u64() > Some(0), "{}", r.text());
+    let st = std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    wait_for("the rest shipped after the outage", || {
+        let row = child_row(&mut p, "orders", "orders-to-b");
+        row["lag_messages"] == 0 && row["state"] == "running"
+    });
+
+    // (A fresh connection: the target closed the idle one meanwhile.)
+    let mut t = pr.target.client();
+    let seen = drain_all(&mut t, "orders-copy", 400);
+    let missing: Vec<&String> = first
+        .iter()
+        .chain(&second)
+        .filter(|id| !seen.contains_key(*id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} records never reached the target: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let extra: HashSet<&String> = seen.keys().filter(|k| !k.starts_with("m-")).collect();
+    assert!(extra.is_empty(), "unexpected payloads {extra:?}");
+
+    // Pause holds the cursors; resume re-runs the checks and ships again.
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/orders-to-b/pause",
+        r#"{"reason":"maintenance"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["remote"]["paused"], true);
+    assert_eq!(r.json()["remote"]["pause_reason"], "maintenance");
+    let third: Vec<String> = (400..420).map(|i| format!("m-{i}")).collect();
+    produce_ids(&mut p, "orders", &third);
+    std::thread::sleep(Duration::from_millis(1500));
+    let row = child_row(&mut p, "orders", "orders-to-b");
+    assert_eq!(row["state"], "paused", "{row}");
+    assert_eq!(
+        row["lag_messages"], 20,
+        "a paused child ships nothing: {row}"
+    );
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/orders-to-b/resume",
+        "{}",
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["remote"].get("paused").is_none(), "{}", r.text());
+    wait_for("shipping after resume", || {
+        child_row(&mut p, "orders", "orders-to-b")["lag_messages"] == 0
+    });
+    let seen = drain_all(&mut pr.target.client(), "orders-copy", 20);
+    assert!(
+        third.iter().all(|id| seen.contains_key(id)),
+        "after resume: {seen:?}"
+    );
+
+    // Nothing unshipped: the detach goes through and the stub is gone.
+    let r = call(
+        &mut p,
+        "DELETE",
+        "/v1/topics/orders/children/orders-to-b",
+        "",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(
+        call(&mut p, "GET", "/v1/topics/orders-to-b", "").status,
+        404
+    );
+}
+
+#[test]
+fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
+    let pr = pair("rc-states");
+    let mut p = pr.parent.client();
+    let mut t = pr.target.client();
+    assert_eq!(
+        pr.register("bad", "not-the-password-0123456789xyz").status,
+        201
+    );
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"to-bad","remote":"bad","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["class"], "auth_failed", "{}", r.text());
+
+    assert_eq!(pr.register("b", REPLICATOR_PW).status, 201);
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"to-nowhere","remote":"b","remote_topic":"orders-none"}"#,
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["class"], "target_missing", "{}", r.text());
+
+    // The target's schema refuses a record the parent (no schema) took: the partition stops on
+    // it as `rejected_record` until it is skipped; the records after it follow.
+    let schema = r#"{"schema":{"type":"object","required":["n"]}}"#;
+    let r = call(&mut t, "PATCH", "/v1/topics/orders-copy", schema);
+    assert!(r.status < 300, "{}", r.text());
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"to-b","remote":"b","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let produce = |c: &mut Client, body: &str| {
+        let r = call(c, "POST", "/v1/topics/orders/produce?partition=1", body);
+        assert_eq!(r.status, 202, "{}", r.text());
+    };
+    produce(&mut p, r#"{"n":1}"#);
+    produce(&mut p, r#"{"bad":true}"#);
+    produce(&mut p, r#"{"n":3}"#);
+    wait_for("rejected_record", || {
+        child_row(&mut p, "orders", "to-b")["state"] == "rejected_record"
+    });
+    let row = child_row(&mut p, "orders", "to-b");
+    assert_eq!(row["blocked_at"]["partition"], 1, "{row}");
+    assert_eq!(row["blocked_at"]["offset"], 1, "{row}");
+    let wrong = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/to-b/skip",
+        r#"{"partition":1,"offset":2}"#,
+    );
+    assert_eq!(wrong.status, 409, "{}", wrong.text());
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/to-b/skip",
+        r#"{"partition":1,"offset":1}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["remote"]["skip"]["1"], serde_json::json!([1]));
+    wait_for("running after the skip", || {
+        let row = child_row(&mut p, "orders", "to-b");
+        row["state"] == "running" && row["lag_messages"] == 0
+    });
+    let seen = drain_all(&mut t, "orders-copy", 2);
+    let mut got: Vec<&String> = seen.keys().collect();
+    got.sort();
+    assert_eq!(got, ["{\"n\":1}", "{\"n\":3}"], "{seen:?}");
+
+    // A deleted target topic is `target_missing`; detach with force drops the link anyway.
+    let r = call(&mut t, "DELETE", "/v1/topics/orders-copy", "");
+    assert!(r.status < 300, "{}", r.text());
+    produce(&mut p, r#"{"n":4}"#);
+    wait_for("target_missing", || {
+        child_row(&mut p, "orders", "to-b")["state"] == "target_missing"
+    });
+    let r = call(&mut p, "DELETE", "/v1/topics/orders/children/to-b", "");
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = call(
+        &mut p,
+        "DELETE",
+        "/v1/topics/orders/children/to-b?force=true",
+        "",
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+}
