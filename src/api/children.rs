@@ -23,24 +23,6 @@ const DELAY_MS_MAX: i64 = 31_536_000_000;
 
 /// The `403` of a remote-child request without security or by a non-admin (API.md §9.1).
 pub const REMOTES_NEED_SECURITY: &str = "remotes require security";
-/// The `501` of a remotes route: this node has no remote plane (API.md §14, §18).
-pub const NO_REMOTES_PLANE: &str = "remotes are not supported: this node has no remote plane";
-
-/// The remotes routes this build does not serve yet (API.md §14.6 test): admin with security
-/// on, then `501`. Every request writes one audit line (§14), refusals included.
-pub fn remote_plane(node: &Node, c: &Caller, first: &str) -> Response {
-    let resp = if !node.config.security_enabled || !c.is_admin() {
-        error(403, REMOTES_NEED_SECURITY)
-    } else {
-        error(501, NO_REMOTES_PLANE)
-    };
-    // §14: every remotes answer is not to be cached; writes also say nosniff.
-    let resp = resp
-        .with_header("Cache-Control", "no-store")
-        .with_header("X-Content-Type-Options", "nosniff");
-    users::audited("remote.test", c, first, resp)
-}
-
 /// Pause, resume and skip of a remote child (API.md §9.4–9.6): admin with security on, one
 /// audit line each.
 pub async fn remote_child_op(

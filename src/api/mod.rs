@@ -663,7 +663,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ChildPause | Route::ChildResume | Route::ChildSkip => {
             children::remote_child_op(node, &req, &caller, r, t, second.as_deref()).await
         }
-        Route::RemoteTest => children::remote_plane(node, &caller, t),
+        Route::RemoteTest => remotes::test(node, &req, &caller, t).await,
         Route::ClusterMoveAbort => match second {
             Some(p) => cluster::abort_move(node, &req, &caller, t, &p).await,
             None => Response::text(404, "404 page not found\n"),

@@ -460,7 +460,7 @@ fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
         .values()
         .map(|r| {
             let mut v = view(r);
-            v["links"] = json!([]);
+            v["links"] = json!(links_of(&meta, &r.name));
             if with_nodes {
                 v["nodes"] = json!([node_view(node, r)]);
             }
@@ -616,6 +616,15 @@ pub async fn delete(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> R
     audited("remote.delete", c, name, headers(r, true))
 }
 
+/// The remote children using remote `name`, as `"parent/child"`.
+fn links_of(meta: &narad_raft::MetaState, name: &str) -> Vec<String> {
+    meta.topics
+        .values()
+        .filter(|t| t.remote.as_ref().is_some_and(|r| r.name == name))
+        .map(|t| format!("{}/{}", t.parent.as_deref().unwrap_or(""), t.name))
+        .collect()
+}
+
 async fn delete_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
     if let Some(r) = refused(node, c) {
         return r;
@@ -633,8 +642,22 @@ async fn delete_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) ->
             "invalid name: a lowercase letter, then up to 62 of a-z, 0-9 and -",
         );
     }
-    if !node.meta().remotes.contains_key(name) {
+    let meta = node.meta();
+    if !meta.remotes.contains_key(name) {
         return error(404, &format!("remote {name:?} not found"));
+    }
+    // §14.5: refused while remote children use it, unless forced (they then hold in
+    // `remote_missing`).
+    let links = links_of(&meta, name);
+    let force = matches!(q.str("force"), Ok(Some(v)) if v == "true" || v == "1");
+    if !links.is_empty() && !force {
+        return json_response(
+            409,
+            &json!({
+                "error": format!("remote is used by {} remote children", links.len()),
+                "links": links,
+            }),
+        );
     }
     if let Err(r) = write_budget(node) {
         return r;
@@ -648,6 +671,89 @@ async fn delete_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) ->
 /// `POST /v1/cluster/reencrypt-remotes` (§14.7): after a rotation of the cluster secret, every
 /// password sealed under the previous secret's key (`NARAD_CLUSTER_SECRET_PREVIOUS`) is opened
 /// and sealed again under the current one, one compare-and-swap per remote.
+/// `POST /v1/remotes/{name}/test` (§14.6): the checks of an attach against `topic` on the
+/// remote, from this node; `200` whenever they ran, pass or fail.
+pub async fn test(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
+    let r = test_inner(node, req, c, name).await;
+    audited("remote.test", c, name, headers(r, true))
+}
+
+async fn test_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
+    if let Some(r) = refused(node, c) {
+        return r;
+    }
+    let body = match body_object(req) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Some(topic) = body.get("topic").and_then(Value::as_str) else {
+        return error(400, "topic is required");
+    };
+    let source = match body.get("source") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(_) => return error(400, "invalid source: want a topic name"),
+    };
+    let meta = node.meta();
+    let Some(remote) = meta.remotes.get(name).cloned() else {
+        return error(404, &format!("remote {name:?} not found"));
+    };
+    let source = match source {
+        Some(s) => match meta.topic(s) {
+            Some(t) => Some(t.clone()),
+            None => return error(404, "topic not found"),
+        },
+        None => None,
+    };
+    if let Err(retry_s) = node.remote_check_slot(name) {
+        return error(429, "this remote was checked less than 5 s ago")
+            .with_header("Retry-After", retry_s.to_string());
+    }
+    let started = std::time::Instant::now();
+    let outcome = Box::pin(crate::ship::probe(node, &remote, topic)).await;
+    let rtt_ms = started.elapsed().as_millis() as u64;
+    let (result, class, target_id, detail) = match outcome {
+        Ok(info) => {
+            let mine = source.as_ref().and_then(|t| t.current_schema());
+            match (mine, info.schema.as_ref()) {
+                (Some(a), Some(b)) if a != b => (
+                    "fail",
+                    "rejected_record",
+                    info.id,
+                    "the target topic's schema differs from the source's".to_string(),
+                ),
+                _ => ("pass", "", info.id, String::new()),
+            }
+        }
+        Err(f) => ("fail", f.class.as_str(), String::new(), f.detail),
+    };
+    let cfg = &node.config;
+    json_response(
+        200,
+        &json!({
+            "remote": name,
+            "result": result,
+            "class": class,
+            "checks": [{
+                "node": cfg.node_id,
+                "result": result,
+                "class": class,
+                "detail": detail,
+                "credential_version": remote.credential_version,
+                "target_id": target_id,
+                "rtt_ms": rtt_ms,
+                "warnings": [],
+                "posture": {
+                    "security_enabled": cfg.security_enabled,
+                    "legacy_cluster_auth": false,
+                    "raft_tls": !cfg.cluster_tls.cert_file.is_empty(),
+                    "api_hop_encrypted": cfg.remotes.api_hop_encrypted,
+                },
+            }],
+        }),
+    )
+}
+
 pub async fn reencrypt(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
     let r = reencrypt_inner(node, req, c).await;
     audited("remote.reencrypt", c, "", headers(r, true))

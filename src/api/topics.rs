@@ -617,6 +617,30 @@ pub async fn delete(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let Some(t) = meta.topic(name) else {
         return error(404, "topic not found");
     };
+    // A remote child's records leave only through its parent's cursors: deleting the stub or
+    // the parent with records unshipped needs `force=true` (SEMANTICS.md §13 "Deletion").
+    if q.given("force").ok().flatten().as_deref() != Some("true") {
+        let links: Vec<(&TopicMeta, &TopicMeta)> = match &t.remote {
+            Some(_) => t
+                .parent
+                .as_deref()
+                .and_then(|p| meta.topic(p))
+                .map(|p| vec![(p, t)])
+                .unwrap_or_default(),
+            None => t
+                .children
+                .iter()
+                .filter_map(|c| meta.topic(c))
+                .filter(|c| c.remote.is_some())
+                .map(|c| (t, c))
+                .collect(),
+        };
+        for (p, c) in links {
+            if let Some(r) = super::remote_children::unshipped(node, p, c).await {
+                return r;
+            }
+        }
+    }
     match node
         .propose(MetaCommand::DeleteTopic {
             name: t.name.clone(),

@@ -355,6 +355,8 @@ pub struct NodeWide {
     produce_in_flight: AtomicU64,
     /// When this node's last remote-registry writes were taken (API.md §14: 10 a minute).
     remote_writes: Mutex<std::collections::VecDeque<std::time::Instant>>,
+    /// When each remote was last checked from this node (API.md §14.6: one check per 5 s).
+    remote_checks: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Counts one produce request as in flight on its node until dropped.
@@ -387,7 +389,29 @@ impl Node {
         w.push_back(now);
         Ok(())
     }
+
+    /// Takes this node's check of remote `name` (one per [`REMOTE_CHECK_EVERY`]), or says in
+    /// how many seconds the next one may run.
+    pub fn remote_check_slot(&self, name: &str) -> Result<(), u64> {
+        let mut m = self
+            .wide
+            .remote_checks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if let Some(last) = m.get(name) {
+            let since = now.duration_since(*last);
+            if since < REMOTE_CHECK_EVERY {
+                return Err((REMOTE_CHECK_EVERY - since).as_secs() + 1);
+            }
+        }
+        m.insert(name.to_string(), now);
+        Ok(())
+    }
 }
+
+/// Shortest time between two checks of one remote from a node (API.md §14.6, §9.5).
+pub const REMOTE_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl NodeWide {
     /// Partition moves this node runs as the destination, and those it finished.
