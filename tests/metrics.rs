@@ -1332,6 +1332,12 @@ fn node_health_errors_and_single_node_cluster_series() {
     assert_eq!(m.sum("narad_remotes_allowlist_configured", &[]), 0.0);
     drop(dev);
 
+    // Bound and dropped: nothing listens there afterwards.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let pw = "metrics-admin-password-1";
     let env = vec![
         ("NARAD_ADMIN_PASSWORD".to_string(), pw.to_string()),
@@ -1341,7 +1347,24 @@ fn node_health_errors_and_single_node_cluster_series() {
         ),
         (
             "NARAD_REMOTES_ALLOWED_HOSTS".to_string(),
-            "narad.example.com".to_string(),
+            "narad.example.com,127.0.0.1".to_string(),
+        ),
+        // A remote on a loopback port nothing listens on: its attach answers 503.
+        (
+            "NARAD_REMOTES_ALLOWED_PORTS".to_string(),
+            closed_port.to_string(),
+        ),
+        (
+            "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
+            "127.0.0.1/32".to_string(),
+        ),
+        (
+            "NARAD_CLUSTER_SECRET".to_string(),
+            "a-cluster-secret-of-the-metrics-test".to_string(),
+        ),
+        (
+            "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
+            "true".to_string(),
         ),
     ];
     let dir = TempDir::new("m-health-secure");
@@ -1372,13 +1395,19 @@ fn node_health_errors_and_single_node_cluster_series() {
     assert_eq!(errors(&m, "http", "5xx"), 0.0, "a 401 is not an error");
     assert_eq!(m.sum("narad_remotes_allowlist_configured", &[]), 1.0);
     assert_eq!(m.sum("narad_orphan_topic_dirs", &[]), 0.0, "rp is live");
+    let body = format!(
+        r#"{{"name":"b","url":"https://127.0.0.1:{closed_port}","username":"r","password":"a-replicator-password-0123456789"}}"#
+    );
+    let r = c.request("POST", "/v1/remotes", &admin, body.as_bytes());
+    assert_eq!(r.status, 201, "{}", r.text());
     let r = c.request(
         "POST",
         "/v1/topics/rp/children",
         &admin,
         br#"{"child":"rp-to-b","remote":"b"}"#,
     );
-    assert_eq!(r.status, 501, "{}", r.text());
+    assert_eq!(r.status, 503, "the target does not answer: {}", r.text());
+    assert_eq!(r.json()["class"], "unavailable", "{}", r.text());
     std::fs::create_dir_all(s.data_dir().join("topics").join("00000000deadbeef")).unwrap();
     let m = scrape(&mut c);
     assert_eq!(errors(&m, "http", "5xx"), 1.0);

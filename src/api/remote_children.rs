@@ -43,10 +43,16 @@ fn valid_topic_name(n: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// The `409` of a target that failed a check.
+/// The answer to a target that failed a check: `503` (with `Retry-After`) when it could not be
+/// reached, `502` when it redirects, else `409` (API.md §9.1).
 fn unusable(node: &Node, f: &ship::CheckFailed) -> Response {
-    json_response(
-        409,
+    let status = match f.class {
+        Class::Unavailable => 503,
+        Class::RedirectRefused => 502,
+        _ => 409,
+    };
+    let r = json_response(
+        status,
         &json!({
             "error": format!("target unusable: {}", f.detail),
             "class": f.class.as_str(),
@@ -57,7 +63,12 @@ fn unusable(node: &Node, f: &ship::CheckFailed) -> Response {
                 "detail": f.detail,
             }],
         }),
-    )
+    );
+    if status == 503 {
+        r.with_header("Retry-After", "5")
+    } else {
+        r
+    }
 }
 
 /// Where each parent partition's cursor starts: the high watermark (`attach`), the consumer
