@@ -327,6 +327,21 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     let extra: HashSet<&String> = seen.keys().filter(|k| !k.starts_with("m-")).collect();
     assert!(extra.is_empty(), "unexpected payloads {extra:?}");
 
+    // The shipper's series: answers by code, failures by class, records sent again.
+    let m = call(&mut p, "GET", "/metrics", "").text();
+    let value = |series: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        value(r#"narad_remote_requests_total{remote="b",code="202"}"#) >= 4.0,
+        "{m}"
+    );
+    assert!(value(r#"narad_remote_errors_total{remote="b",class="unavailable"}"#) >= 1.0);
+    assert!(value(r#"narad_remote_resent_records_total{remote="b"}"#) >= 1.0);
+    assert!(value(r#"narad_remote_body_bytes_total{remote="b"}"#) > 0.0);
+
     // Pause holds the cursors; resume re-runs the checks and ships again.
     let r = call(
         &mut p,

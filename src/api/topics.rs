@@ -529,6 +529,10 @@ pub async fn alter(node: &Rc<Node>, req: &Request, name: &str) -> Response {
     let Some(t) = meta.topic(name) else {
         return error(404, "topic not found");
     };
+    // A remote child's stub has no partitions or settings of its own here.
+    if let Some(r) = super::messages::stub_refusal(t) {
+        return r;
+    }
     let d = &node.config.topic;
     let alter = |retention_ms, inflight, ahead, partitions| MetaCommand::AlterTopic {
         name: t.name.clone(),

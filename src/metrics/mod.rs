@@ -13,6 +13,7 @@
 //! the request.
 
 pub mod expo;
+pub mod remote;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -537,4 +538,6 @@ pub struct ShardMetrics {
     pub raft: Option<narad_raft::RaftGauges>,
     /// Node-to-node requests this shard sent, per operation code.
     pub rpc: Vec<(u8, narad_io::peer::stats::OpStats)>,
+    /// What this shard sent to each remote (remote children).
+    pub remotes: Vec<(String, remote::RemoteCounters)>,
 }

@@ -109,6 +109,7 @@ impl Node {
             budget_rejections: m.budget_rejections.get(),
             raft: self.raft_gauges(),
             rpc: narad_io::peer::stats::snapshot(),
+            remotes: crate::metrics::remote::snapshot(),
         }
     }
 }

@@ -5,8 +5,12 @@
 //!
 //! Owns the rendering of those families from the node's facts; never reads the node.
 
+use std::collections::BTreeMap;
+
 use super::NodeFacts;
 use crate::metrics::expo::{Expo, Kind};
+use crate::metrics::remote::RemoteCounters;
+use crate::metrics::ShardMetrics;
 
 /// Label-less §9.4 series of the remote plane, zero on a node that holds no remotes.
 const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
@@ -147,8 +151,13 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 23] = [
     ),
 ];
 
-/// Every family of this module, in that order.
-pub(super) fn render(e: &mut Expo, facts: &NodeFacts) {
+/// Every family of this module, in that order; the shipper's counters (summed over `shards`)
+/// are the series of the remote families they feed.
+pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics]) {
+    let mut remotes: BTreeMap<&str, RemoteCounters> = BTreeMap::new();
+    for (name, c) in shards.iter().flat_map(|s| &s.remotes) {
+        remotes.entry(name.as_str()).or_default().merge(c);
+    }
     e.family(
         "narad_remotes_allowlist_configured",
         Kind::Gauge,
@@ -174,5 +183,22 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts) {
     // that name them find them, with no series (as `narad_ack_rejected_total`).
     for (name, kind, help) in UNUSED_PLANE_FAMILIES {
         e.family(name, kind, help);
+        for (remote, c) in &remotes {
+            match name {
+                "narad_remote_requests_total" => {
+                    for (code, n) in &c.requests {
+                        e.int(name, &[("remote", remote), ("code", code)], *n);
+                    }
+                }
+                "narad_remote_errors_total" => {
+                    for (class, n) in &c.errors {
+                        e.int(name, &[("remote", remote), ("class", class)], *n);
+                    }
+                }
+                "narad_remote_resent_records_total" => e.int(name, &[("remote", remote)], c.resent),
+                "narad_remote_body_bytes_total" => e.int(name, &[("remote", remote)], c.body_bytes),
+                _ => {}
+            }
+        }
     }
 }

@@ -166,6 +166,7 @@ fn quiet_shard(shard: u32) -> ShardMetrics {
         budget_rejections: 0,
         raft: None,
         rpc: Vec::new(),
+        remotes: Vec::new(),
     }
 }
 

@@ -164,26 +164,12 @@ pub fn local() -> Option<Rc<Shipper>> {
     SHIPPER.with(|x| x.borrow().clone())
 }
 
-/// Counters of one remote on one shard (OPERATIONS.md §9 remote series).
-#[derive(Clone, Debug, Default)]
-pub struct RemoteCounts {
-    /// Requests by answer code ("202", "401", ..., "error" for none).
-    pub requests: HashMap<String, u64>,
-    /// Failures by class.
-    pub errors: HashMap<&'static str, u64>,
-    /// Records sent again after a request that got no answer.
-    pub resent: u64,
-    /// Request body bytes sent.
-    pub body_bytes: u64,
-}
-
 /// One shard's shipping to remotes.
 pub struct Shipper {
     node: Weak<Node>,
     idle: RefCell<HashMap<String, Vec<Conn>>>,
     /// The target of each remote, for the registry revision it was built from.
     targets: RefCell<HashMap<String, (u64, Rc<Target>)>>,
-    counts: RefCell<HashMap<String, RemoteCounts>>,
 }
 
 impl Shipper {
@@ -192,7 +178,6 @@ impl Shipper {
             node: Rc::downgrade(node),
             idle: RefCell::new(HashMap::new()),
             targets: RefCell::new(HashMap::new()),
-            counts: RefCell::new(HashMap::new()),
         })
     }
 
@@ -213,21 +198,8 @@ impl Shipper {
         })
     }
 
-    /// This shard's counters per remote.
-    pub fn counts(&self) -> Vec<(String, RemoteCounts)> {
-        self.counts
-            .borrow()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-
-    fn count(&self, remote: &str, f: impl FnOnce(&mut RemoteCounts)) {
-        f(self
-            .counts
-            .borrow_mut()
-            .entry(remote.to_string())
-            .or_default());
+    fn count(&self, remote: &str, f: impl FnOnce(&mut crate::metrics::remote::RemoteCounters)) {
+        crate::metrics::remote::count(remote, f);
     }
 
     /// The target of remote `r`, built once per registry revision (the password opened here).
