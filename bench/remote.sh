@@ -93,6 +93,10 @@ async def main():
 asyncio.run(main())
 PY
 PIDS+=("$!")
+FRONT_PID=$!
+cpu_s() { # pid: CPU seconds used so far (user + system)
+  awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$1/stat"
+}
 for p in "$TPORT" "$PPORT"; do
   wait_ready "$p" 60 || { echo "broker on $p not ready" >&2; tail -20 "$OUT"/*.log >&2; exit 1; }
 done
@@ -113,8 +117,8 @@ grep -q '"credential_version"' "$OUT/register.json" || { cat "$OUT/register.json
 
 w2() { # label
   NARAD_USER=admin NARAD_PASS="$PW" timeout $((DURATION + 120)) "$NARAD" bench \
-    --url "http://127.0.0.1:$PPORT" --topic orders --no-create --workload w2 --size 256 \
-    --duration "$DURATION" --server-pid "$PPID_,$TPID" --json-out "$OUT/$1.json" >"$OUT/$1.txt" 2>&1 ||
+    --url "http://127.0.0.1:$PPORT" --no-create --workload w2 --size 256 \
+    --duration "$DURATION" --server-pid "$PPID_,$TPID" --json-out "$OUT/$1.json" orders >"$OUT/$1.txt" 2>&1 ||
     { echo "   $1: the generator failed (see $OUT/$1.txt)" >&2; }
 }
 hwm() { # port topic: the sum of the partitions' high watermarks
@@ -129,6 +133,7 @@ grep -q '"remote"' "$OUT/attach.json" || { cat "$OUT/attach.json" >&2; exit 1; }
 BEFORE=$(hwm "$PPORT" orders)
 echo "== phase B: W2 for $DURATION s while shipping"
 T0=$(date +%s.%N)
+FRONT0=$(cpu_s "$FRONT_PID")
 w2 during
 AFTER=$(hwm "$PPORT" orders)
 LAG=-1
@@ -139,19 +144,23 @@ for _ in $(seq 1 600); do
   sleep 0.5
 done
 T1=$(date +%s.%N)
+FRONT_CPU=$(awk -v a="$FRONT0" -v b="$(cpu_s "$FRONT_PID")" 'BEGIN {print b - a}')
 ON_TARGET=$(hwm "$TPORT" orders)
-python3 - "$OUT" "$BEFORE" "$AFTER" "$T0" "$T1" "$LAG" "$ON_TARGET" <<'PY'
+python3 - "$OUT" "$BEFORE" "$AFTER" "$T0" "$T1" "$LAG" "$ON_TARGET" "$FRONT_CPU" <<'PY'
 import json, os, sys
 out, before, after, t0, t1, lag, on_target = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
+front_cpu = float(sys.argv[8])
 def load(name):
     p = f'{out}/{name}.json'
     return json.load(open(p))['runs'][0] if os.path.exists(p) else None
 print(f'reports in {out}')
-print(f"{'phase':8} {'produced/s':>11} {'p99 ms':>7}")
+print(f"{'phase':8} {'produced/s':>11} {'p99 ms':>7}  CPU s (parent, target)")
 for name in ('without', 'during'):
     x = load(name)
     if x:
-        print(f"{name:8} {x['produced_per_s']:>11.0f} {x['latency']['p99_us'] / 1000:>7.2f}")
+        cpus = ', '.join(f"{s['cpu_s']:.1f}" for s in x.get('servers', []))
+        print(f"{name:8} {x['produced_per_s']:>11.0f} {x['latency']['p99_us'] / 1000:>7.2f}  {cpus}")
+print(f'TLS front (python) CPU during phase B and the catch-up: {front_cpu:.1f} s')
 a, b = load('without'), load('during')
 if a and b and a['produced_per_s']:
     print(f"produce while shipping / without: {b['produced_per_s'] / a['produced_per_s']:.2f}x")
