@@ -701,3 +701,94 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
         &missing[..missing.len().min(5)]
     );
 }
+
+#[test]
+fn shipping_follows_a_moved_parent_partition_from_where_it_stood() {
+    // A 4th node joins and parent partitions move to it (CLUSTER.md §9.3): their cursors move
+    // with them, so the new owner ships on from the old owner's position, not from the attach
+    // point (which would send the moved partitions' records again).
+    let dir = TempDir::new("rc-move");
+    let (target, _front, front_port, ca_pem) = target_behind_front(&dir);
+    let env = move || {
+        vec![
+            ("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()),
+            (
+                "NARAD_TEST_PROMOTE_AFTER_MS".to_string(),
+                "1000".to_string(),
+            ),
+            (
+                "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
+                "true".to_string(),
+            ),
+            (
+                "NARAD_REMOTES_ALLOWED_PORTS".to_string(),
+                front_port.to_string(),
+            ),
+            (
+                "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
+                "127.0.0.1/32".to_string(),
+            ),
+        ]
+    };
+    let mut c = Cluster::spawn("rc-move-nodes", 3, |_| env());
+    c.wait_ready(WAIT_MAX);
+    let mut a = c.nodes[0].admin();
+    let body = serde_json::json!({
+        "name": "b",
+        "url": format!("https://127.0.0.1:{front_port}"),
+        "username": "replicator",
+        "password": REPLICATOR_PW,
+        "ca_pem": ca_pem,
+    });
+    assert_eq!(a.post("/v1/remotes", &body.to_string()).status, 201);
+    let r = a.post("/v1/topics", r#"{"name":"orders","partitions":8}"#);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = a.post(
+        "/v1/topics/orders/children",
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let produce = |a: &mut common::cluster::Admin, from: usize, to: usize| {
+        for b in (from..to).step_by(100) {
+            let body = serde_json::json!({
+                "messages": (b..b + 100).map(|i| serde_json::json!({"payload": format!("v-{i}")})).collect::<Vec<_>>()
+            });
+            let r = a.post("/v1/topics/orders/produce/batch", &body.to_string());
+            assert_eq!(r.status, 202, "{}", r.text());
+        }
+    };
+    let settled = |a: &mut common::cluster::Admin| {
+        let r = a.get("/v1/topics/orders/children").json()["children"][0].clone();
+        r["lag_messages"] == 0 && r["lag_complete"] == true
+    };
+    produce(&mut a, 0, 800);
+    wait_for("the first 800 shipped", || settled(&mut a));
+    c.add_joiner(env());
+    c.wait_ready(WAIT_MAX);
+    wait_for("parent partitions moved to n4", || {
+        let on_n4 = a.get("/v1/topics/orders").json()["partition_stats"]
+            .as_array()
+            .map_or(0, |s| s.iter().filter(|p| p["owner_node"] == "n4").count());
+        let moving = a.get("/v1/cluster/moves").json()["moves"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len);
+        on_n4 >= 2 && moving == 0
+    });
+    produce(&mut a, 800, 1200);
+    wait_for("the rest shipped, n4's partitions included", || {
+        settled(&mut a)
+    });
+    let seen = drain_all(&mut target.client(), "orders-copy", 1200);
+    let missing = (0..1200)
+        .filter(|i| {
+            !seen.contains_key(&format!("\"v-{i}\"")) && !seen.contains_key(&format!("v-{i}"))
+        })
+        .count();
+    assert_eq!(missing, 0, "records never reached the target");
+    let dups: usize = seen.values().map(|n| n - 1).sum();
+    println!("1200 records shipped across the moves; {dups} sent twice");
+    assert!(
+        dups < 200,
+        "the moved cursors went back to the attach point: {dups} records shipped twice"
+    );
+}
