@@ -493,6 +493,31 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
         "",
     );
     assert_eq!(r.status, 204, "{}", r.text());
+
+    // Remote-child writes are 60 a minute per node: the pauses of a new child run out of them.
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"to-b2","remote":"b","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut statuses = Vec::new();
+    for _ in 0..61 {
+        let r = call(
+            &mut p,
+            "POST",
+            "/v1/topics/orders/children/to-b2/pause",
+            "{}",
+        );
+        statuses.push(r.status);
+        if r.status == 429 {
+            assert!(r.header("retry-after").is_some(), "{}", r.text());
+            break;
+        }
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    assert!(statuses.len() <= 61 && statuses.len() > 50, "{statuses:?}");
 }
 
 #[test]

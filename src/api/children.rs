@@ -286,6 +286,9 @@ pub async fn detach(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -
                 return r;
             }
         }
+        if let Some(r) = super::remote_children::write_budget(node) {
+            return r;
+        }
     }
     match node
         .propose(MetaCommand::DetachChild {

@@ -16,6 +16,22 @@ use crate::http::{Request, Response};
 use crate::node::Node;
 use crate::ship::{self, Class};
 
+/// Remote-child writes a node takes per minute (API.md §9.1, §9.4–9.6).
+pub const WRITES_PER_MINUTE: usize = 60;
+
+/// The `429` of a node past its remote-child writes of the minute, or `None` (one taken).
+pub fn write_budget(node: &Node) -> Option<Response> {
+    node.remote_child_write_slot(WRITES_PER_MINUTE)
+        .err()
+        .map(|retry_s| {
+            error(
+                429,
+                "too many remote-child writes on this node (60 a minute)",
+            )
+            .with_header("Retry-After", retry_s.to_string())
+        })
+}
+
 /// Most ordered streams per parent partition (API.md §9.1 `lanes`).
 const LANES_MAX: i64 = 8;
 /// Shortest parent retention a remote child accepts (SEMANTICS.md §13 "Bounds"), and the one
@@ -157,6 +173,11 @@ pub async fn attach(node: &Rc<Node>, c: &Caller, parent: &str, a: Attach<'_>) ->
             "parent retention ({} ms) is below 72 h: a long outage of the target may lose records",
             p.retention_ms
         ));
+    }
+    if !a.dry_run {
+        if let Some(r) = write_budget(node) {
+            return r;
+        }
     }
     let info = match Box::pin(ship::probe(node, &remote, remote_topic)).await {
         Ok(i) => i,
@@ -311,6 +332,9 @@ fn remote_child(
 }
 
 async fn set(node: &Rc<Node>, parent: &str, c: &TopicMeta, r: RemoteChildMeta) -> Response {
+    if let Some(r) = write_budget(node) {
+        return r;
+    }
     let cmd = MetaCommand::SetRemoteChild {
         parent: parent.to_string(),
         child: c.name.clone(),
@@ -392,6 +416,10 @@ pub async fn resume(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -
             },
         );
     };
+    if let Err(retry_s) = node.remote_check_slot(&remote.name) {
+        return error(429, "this remote was checked less than 5 s ago")
+            .with_header("Retry-After", retry_s.to_string());
+    }
     let info = match Box::pin(ship::probe(node, &remote, &r.topic)).await {
         Ok(i) => i,
         Err(f) => return unusable(node, &f),

@@ -355,6 +355,8 @@ pub struct NodeWide {
     produce_in_flight: AtomicU64,
     /// When this node's last remote-registry writes were taken (API.md §14: 10 a minute).
     remote_writes: Mutex<std::collections::VecDeque<std::time::Instant>>,
+    /// When this node's last remote-child writes were taken (API.md §9.1: 60 a minute).
+    remote_child_writes: Mutex<std::collections::VecDeque<std::time::Instant>>,
     /// When each remote was last checked from this node (API.md §14.6: one check per 5 s).
     remote_checks: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
@@ -372,22 +374,13 @@ impl Node {
     /// Takes one of the node's `per_minute` remote-registry writes, or says in how many
     /// seconds one frees.
     pub fn remote_write_slot(&self, per_minute: usize) -> Result<(), u64> {
-        let mut w = self
-            .wide
-            .remote_writes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let now = std::time::Instant::now();
-        let minute = std::time::Duration::from_secs(60);
-        while w.front().is_some_and(|t| now.duration_since(*t) >= minute) {
-            w.pop_front();
-        }
-        if w.len() >= per_minute {
-            let oldest = *w.front().expect("full");
-            return Err((minute - now.duration_since(oldest)).as_secs() + 1);
-        }
-        w.push_back(now);
-        Ok(())
+        minute_slot(&self.wide.remote_writes, per_minute)
+    }
+
+    /// Takes one of the node's `per_minute` remote-child writes (attach, pause, resume, skip,
+    /// detach of a remote child), or says in how many seconds one frees.
+    pub fn remote_child_write_slot(&self, per_minute: usize) -> Result<(), u64> {
+        minute_slot(&self.wide.remote_child_writes, per_minute)
     }
 
     /// Takes this node's check of remote `name` (one per [`REMOTE_CHECK_EVERY`]), or says in
@@ -408,6 +401,26 @@ impl Node {
         m.insert(name.to_string(), now);
         Ok(())
     }
+}
+
+/// Takes one of `per_minute` slots of the sliding minute `taken`, or says in how many seconds
+/// one frees.
+fn minute_slot(
+    taken: &Mutex<std::collections::VecDeque<std::time::Instant>>,
+    per_minute: usize,
+) -> Result<(), u64> {
+    let mut w = taken.lock().unwrap_or_else(|e| e.into_inner());
+    let now = std::time::Instant::now();
+    let minute = std::time::Duration::from_secs(60);
+    while w.front().is_some_and(|t| now.duration_since(*t) >= minute) {
+        w.pop_front();
+    }
+    if w.len() >= per_minute {
+        let oldest = *w.front().expect("full");
+        return Err((minute - now.duration_since(oldest)).as_secs() + 1);
+    }
+    w.push_back(now);
+    Ok(())
 }
 
 /// Shortest time between two checks of one remote from a node (API.md §14.6, §9.5).
