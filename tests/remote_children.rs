@@ -496,10 +496,17 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
 
     // Remote-child writes are 60 a minute per node: the pauses of a new child run out of them.
     let r = call(
+        &mut t,
+        "POST",
+        "/v1/topics",
+        r#"{"name":"orders-again","partitions":3}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
-        r#"{"child":"to-b2","remote":"b","remote_topic":"orders-copy"}"#,
+        r#"{"child":"to-b2","remote":"b","remote_topic":"orders-again"}"#,
     );
     assert_eq!(r.status, 201, "{}", r.text());
     let mut statuses = Vec::new();
