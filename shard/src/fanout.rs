@@ -301,6 +301,9 @@ pub struct PartitionLag {
     pub lag_messages: u64,
     /// How long past due the oldest uncopied record is, in milliseconds (0 when caught up).
     pub due_lag_ms: u64,
+    /// A remote link's cursor state (0 running, else the shipper's code); `None` for a local
+    /// child.
+    pub remote_state: Option<u8>,
 }
 
 impl Fanout {
@@ -408,6 +411,7 @@ impl Fanout {
                     .0
                     .saturating_sub(c.next.get().0),
                 due_lag_ms: c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due)),
+                remote_state: c.remote.borrow().is_some().then(|| c.state.get()),
             })
             .collect()
     }

@@ -172,7 +172,7 @@ pub(crate) fn render_doc(
         cluster::render_membership(&mut e, r, health);
     }
     // §9.4 remote plane and the planes this build does not run; §9.6 cluster.
-    remote::render(&mut e, facts, shards);
+    remote::render(&mut e, facts, shards, meta);
     cluster::render_tls(&mut e, facts);
     cluster::render_rpc(&mut e, shards);
     cluster::render_moves(&mut e, facts, meta);

@@ -11,6 +11,7 @@ use super::NodeFacts;
 use crate::metrics::expo::{Expo, Kind};
 use crate::metrics::remote::RemoteCounters;
 use crate::metrics::ShardMetrics;
+use narad_raft::MetaState;
 
 /// Label-less §9.4 series of the remote plane, zero on a node that holds no remotes.
 const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
@@ -151,9 +152,46 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 23] = [
     ),
 ];
 
+/// `narad_fanout_remote_state{parent,child,partition,state}` = 1 for each remote child's parent
+/// partition shipped from this node, in its current state (`paused` while the link is paused).
+fn remote_states(e: &mut Expo, shards: &[ShardMetrics], meta: &MetaState) {
+    let by_id: std::collections::HashMap<_, _> = meta.topics.values().map(|t| (t.id, t)).collect();
+    let mut rows: Vec<(&str, &str, u32, &str)> = Vec::new();
+    for l in shards.iter().flat_map(|s| &s.fanout_lag) {
+        let (Some(code), Some(p), Some(c)) = (
+            l.remote_state,
+            by_id.get(&l.parent.topic),
+            by_id.get(&l.child),
+        ) else {
+            continue;
+        };
+        let paused = c.remote.as_ref().is_some_and(|r| r.paused);
+        let state = if paused {
+            "paused"
+        } else {
+            crate::ship::state_name(code)
+        };
+        rows.push((&p.name, &c.name, l.parent.partition.0, state));
+    }
+    rows.sort();
+    for (p, c, partition, state) in rows {
+        let partition = partition.to_string();
+        e.int(
+            "narad_fanout_remote_state",
+            &[
+                ("parent", p),
+                ("child", c),
+                ("partition", &partition),
+                ("state", state),
+            ],
+            1,
+        );
+    }
+}
+
 /// Every family of this module, in that order; the shipper's counters (summed over `shards`)
 /// are the series of the remote families they feed.
-pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics]) {
+pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], meta: &MetaState) {
     let mut remotes: BTreeMap<&str, RemoteCounters> = BTreeMap::new();
     for (name, c) in shards.iter().flat_map(|s| &s.remotes) {
         remotes.entry(name.as_str()).or_default().merge(c);
@@ -183,6 +221,9 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics]) {
     // that name them find them, with no series (as `narad_ack_rejected_total`).
     for (name, kind, help) in UNUSED_PLANE_FAMILIES {
         e.family(name, kind, help);
+        if name == "narad_fanout_remote_state" {
+            remote_states(e, shards, meta);
+        }
         for (remote, c) in &remotes {
             match name {
                 "narad_remote_requests_total" => {

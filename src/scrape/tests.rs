@@ -295,12 +295,14 @@ fn busy_shards() -> Vec<ShardMetrics> {
                 child: KID,
                 lag_messages: 4 * n,
                 due_lag_ms: 250 * n,
+                remote_state: None,
             },
             PartitionLag {
                 parent: key(ORDERS, 1),
                 child: LATE,
                 lag_messages: n,
                 due_lag_ms: 0,
+                remote_state: None,
             },
         ];
         s.fanout_links = vec![(
