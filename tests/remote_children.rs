@@ -830,3 +830,69 @@ fn shipping_follows_a_moved_parent_partition_from_where_it_stood() {
         "the moved cursors went back to the attach point: {dups} records shipped twice"
     );
 }
+
+#[test]
+fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() {
+    // SEMANTICS.md §13 "Checks": every `check_interval_ms` the owner checks the target again; a
+    // target topic deleted and created anew has a new id: `target_replaced` holds shipping until
+    // a resume accepts it (`accept_target`), and a plain resume is refused with `409`.
+    let pr = pair("rc-replaced");
+    let mut p = pr.parent.client();
+    let mut t = pr.target.client();
+    let body = serde_json::json!({
+        "name": "b",
+        "url": format!("https://127.0.0.1:{}", pr.front_port),
+        "username": "replicator",
+        "password": REPLICATOR_PW,
+        "ca_pem": pr.ca_pem,
+        "limits": {"check_interval_ms": 10000},
+    });
+    let r = call(&mut p, "POST", "/v1/remotes", &body.to_string());
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children",
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    produce_ids(&mut p, "orders", &["r-0".to_string()]);
+    wait_for("the first record shipped", || {
+        child_row(&mut p, "orders", "orders-to-b")["lag_messages"] == 0
+    });
+    assert!(call(&mut t, "DELETE", "/v1/topics/orders-copy", "").status < 300);
+    let r = call(
+        &mut t,
+        "POST",
+        "/v1/topics",
+        r#"{"name":"orders-copy","partitions":3}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let mut i = 1;
+    wait_for("target_replaced within a check interval", || {
+        produce_ids(&mut p, "orders", &[format!("r-{i}")]);
+        i += 1;
+        std::thread::sleep(Duration::from_millis(400));
+        child_row(&mut p, "orders", "orders-to-b")["state"] == "target_replaced"
+    });
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/orders-to-b/resume",
+        "{}",
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["class"], "target_replaced", "{}", r.text());
+    std::thread::sleep(Duration::from_millis(5100));
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/orders-to-b/resume",
+        r#"{"accept_target":true}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_for("shipping to the accepted target", || {
+        let row = child_row(&mut p, "orders", "orders-to-b");
+        row["lag_messages"] == 0 && row["state"] == "running"
+    });
+}

@@ -164,12 +164,20 @@ pub fn local() -> Option<Rc<Shipper>> {
     SHIPPER.with(|x| x.borrow().clone())
 }
 
+/// A link's periodic check: the stub, the target id it accepted, the registry revision.
+type CheckKey = (TopicId, String, u64);
+/// When a link was checked, and the verdict.
+type Checked = (std::time::Instant, Result<(), Class>);
+
 /// One shard's shipping to remotes.
 pub struct Shipper {
     node: Weak<Node>,
     idle: RefCell<HashMap<String, Vec<Conn>>>,
     /// The target of each remote, for the registry revision it was built from.
     targets: RefCell<HashMap<String, (u64, Rc<Target>)>>,
+    /// The last periodic check of each link: (stub, accepted target id, registry revision) →
+    /// when, and its verdict.
+    checks: RefCell<HashMap<CheckKey, Checked>>,
 }
 
 impl Shipper {
@@ -178,6 +186,7 @@ impl Shipper {
             node: Rc::downgrade(node),
             idle: RefCell::new(HashMap::new()),
             targets: RefCell::new(HashMap::new()),
+            checks: RefCell::new(HashMap::new()),
         })
     }
 
@@ -236,6 +245,12 @@ impl Shipper {
             return Err(fail(0, Class::RemoteMissing));
         };
         let target = self.target(&node, &remote).map_err(|c| fail(0, c))?;
+        if let Err(c) = self.recheck(&node, &meta, child, &remote).await {
+            self.count(&remote.name, |k| {
+                *k.errors.entry(c.as_str()).or_default() += 1
+            });
+            return Err(fail(0, c));
+        }
         // Topic names are plain (letters, digits, `.`, `_`, `-`): no escaping needed.
         let path = format!("/v1/topics/{topic}/produce/batch");
         let mut done = 0;
@@ -251,6 +266,46 @@ impl Shipper {
             }
         }
         Ok(())
+    }
+
+    /// The checks of SEMANTICS.md §13 again, at most once per the remote's `check_interval_ms`
+    /// for each link on this shard: a target recreated since the attach (`target_replaced`, until
+    /// a resume accepts it), a credential that stopped working, a target that gained remote
+    /// children. The verdict holds until the next check; a resume (a new accepted target id) or
+    /// a changed registry entry checks again at once.
+    async fn recheck(
+        &self,
+        node: &Node,
+        meta: &MetaState,
+        child: TopicId,
+        remote: &RemoteMeta,
+    ) -> Result<(), Class> {
+        let Some(rc) = meta
+            .topics
+            .values()
+            .find(|t| t.id == child)
+            .and_then(|t| t.remote.clone())
+        else {
+            return Err(Class::RemoteMissing);
+        };
+        let every = Duration::from_millis(remote.limits.check_interval_ms.max(1));
+        let key = (child, rc.target_id.clone(), remote.revision);
+        if let Some((at, verdict)) = self.checks.borrow().get(&key) {
+            if at.elapsed() < every {
+                return *verdict;
+            }
+        }
+        let verdict = match Box::pin(probe(node, remote, &rc.topic)).await {
+            Ok(info) if info.id != rc.target_id => Err(Class::TargetReplaced),
+            Ok(_) => Ok(()),
+            // A target that does not answer is what shipping itself reports.
+            Err(f) if f.class == Class::Unavailable => Ok(()),
+            Err(f) => Err(f.class),
+        };
+        let mut checks = self.checks.borrow_mut();
+        checks.retain(|(c, _, _), _| *c != child);
+        checks.insert(key, (std::time::Instant::now(), verdict));
+        verdict
     }
 
     /// Sends one chunk. `Err((n, class))`: the first `n` records are on the target (a refused
