@@ -678,6 +678,7 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
         "username": "replicator",
         "password": REPLICATOR_PW,
         "ca_pem": ca_pem,
+        "limits": {"compression": "zstd"},
     });
     let r = a.post("/v1/remotes", &body.to_string());
     assert_eq!(r.status, 201, "{}", r.text());
@@ -687,9 +688,10 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
     let mut b = c.nodes[1].admin();
     let r = b.post(
         "/v1/topics/orders/children",
-        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy","lanes":4}"#,
     );
     assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["remote"]["lanes"], 4);
     let row = |adm: &mut common::cluster::Admin| {
         let r = adm.get("/v1/topics/orders/children");
         assert_eq!(r.status, 200, "{}", r.text());
@@ -711,6 +713,29 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
         let r = row(&mut a);
         r["lag_messages"] == 0 && r["lag_complete"] == true && r["state"] == "running"
     });
+
+    // Bodies went zstd-compressed (4 lanes a partition): fewer bytes on the wire than in them.
+    let m = a.get("/metrics").text();
+    let value = |series: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let body = value(r#"narad_remote_body_bytes_total{remote="b"}"#);
+    let wire = value(r#"narad_remote_wire_bytes_total{remote="b"}"#);
+    assert!(
+        body > 0.0 && wire > 0.0 && wire < body,
+        "wire {wire} body {body}"
+    );
+    assert_eq!(
+        value(r#"narad_remote_chunk_bytes_limit{remote="b"}"#),
+        983040.0
+    );
+    assert_eq!(
+        value("narad_remote_held_bytes"),
+        0.0,
+        "nothing held once shipped"
+    );
 
     // Node 3 owns a partition of `orders`: killed, its cursor stops; restarted, it resumes.
     c.nodes[2].kill9();
@@ -884,15 +909,44 @@ fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() 
     assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["class"], "target_replaced", "{}", r.text());
     std::thread::sleep(Duration::from_millis(5100));
-    let r = call(
-        &mut p,
-        "POST",
-        "/v1/topics/orders/children/orders-to-b/resume",
-        r#"{"accept_target":true}"#,
+    // The CLI's verbs against the real link: resume accepting the new target, then wait for
+    // the lag to reach zero.
+    let server = format!("http://{}", pr.parent.addr());
+    let env = [("NARAD_USER", "admin"), ("NARAD_PASS", ROOT_PW)];
+    let out = common::narad_env(
+        &server,
+        &[
+            "topic",
+            "resume",
+            "orders",
+            "orders-to-b",
+            "--accept-target",
+        ],
+        b"",
+        &env,
     );
-    assert_eq!(r.status, 200, "{}", r.text());
-    wait_for("shipping to the accepted target", || {
-        let row = child_row(&mut p, "orders", "orders-to-b");
-        row["lag_messages"] == 0 && row["state"] == "running"
-    });
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("\"remote\""), "{}", out.stdout);
+    let out = common::narad_env(
+        &server,
+        &[
+            "topic",
+            "wait",
+            "orders",
+            "orders-to-b",
+            "--lag-zero",
+            "--timeout",
+            "30s",
+        ],
+        b"",
+        &env,
+    );
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    assert_eq!(
+        child_row(&mut p, "orders", "orders-to-b")["state"],
+        "running"
+    );
+    let out = common::narad_env(&server, &["topic", "children", "orders"], b"", &env);
+    assert_eq!(out.code, 0, "{} {}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("orders-to-b"), "{}", out.stdout);
 }

@@ -265,6 +265,8 @@ pub struct Fanout {
     sink: Sink,
     /// Where remote links' records go (set once the binary built it).
     shipper: RefCell<Option<Shipper>>,
+    /// Payload bytes this shard's remote cursors may hold at once (their slabs share it).
+    remote_budget: Cell<usize>,
     route: KeyRoute,
     limits: FanoutLimits,
     path: PathBuf,
@@ -338,6 +340,7 @@ impl Fanout {
             log,
             sink,
             shipper: RefCell::new(None),
+            remote_budget: Cell::new(usize::MAX),
             route,
             limits,
             path,
@@ -372,9 +375,27 @@ impl Fanout {
         fan
     }
 
-    /// Sets where remote links' records go. Until then remote cursors wait (state `unknown`).
-    pub fn set_shipper(&self, s: Shipper) {
+    /// Sets where remote links' records go, and the payload bytes this shard's remote cursors
+    /// may hold at once (`remotes.max_held_bytes` over the shards): each reads slabs of at most
+    /// its share. Until then remote cursors wait.
+    pub fn set_shipper(&self, s: Shipper, budget_bytes: usize) {
         *self.shipper.borrow_mut() = Some(s);
+        self.remote_budget.set(budget_bytes.max(1));
+    }
+
+    /// The slab bytes one cursor reads: its share of the remote budget for a remote link.
+    fn slab_bytes(&self, c: &Cursor) -> usize {
+        if c.remote.borrow().is_none() {
+            return self.limits.batch_bytes;
+        }
+        let remote_cursors = self
+            .cursors
+            .borrow()
+            .values()
+            .filter(|c| c.remote.borrow().is_some())
+            .count()
+            .max(1);
+        (self.remote_budget.get() / remote_cursors).clamp(1, self.limits.batch_bytes)
     }
 
     pub fn counters(&self) -> FanoutCounters {
@@ -722,14 +743,10 @@ impl Fanout {
         if next >= self.log.high_watermark(key) {
             return Step::Idle;
         }
+        let slab_bytes = self.slab_bytes(c);
         let recs = match self
             .log
-            .read(
-                key,
-                next,
-                self.limits.batch_records,
-                self.limits.batch_bytes,
-            )
+            .read(key, next, self.limits.batch_records, slab_bytes)
             .await
         {
             Ok(r) => r,
@@ -753,7 +770,7 @@ impl Fanout {
             Err(ReadError::Corrupt { offset }) => {
                 // Copy what comes before the damaged record first.
                 let n = (offset.0 - next.0) as usize;
-                match self.log.read(key, next, n, self.limits.batch_bytes).await {
+                match self.log.read(key, next, n, slab_bytes).await {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = ?e, "fan-out read failed; retrying");
@@ -800,8 +817,7 @@ impl Fanout {
         // Linger: less than a full slab waits for more, up to `linger` after the first was due.
         let linger_ms = self.limits.linger.as_millis() as u64;
         if linger_ms > 0 {
-            let full =
-                due_count >= self.limits.batch_records || bytes >= self.limits.batch_bytes as u64;
+            let full = due_count >= self.limits.batch_records || bytes >= slab_bytes as u64;
             let send_at = first
                 .commit_ms
                 .0
@@ -1099,6 +1115,101 @@ mod tests {
             // Batches of 1, 3, 3 and 1 records: two in the bucket of 1, two in (2, 4].
             assert_eq!(k.batch_records[..4], [2, 0, 2, 0], "{k:?}");
             assert_eq!(k.batch_records.iter().sum::<u64>(), 4, "{k:?}");
+            f.close().await;
+            log.close().await.unwrap();
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_remote_link_ships_within_its_share_stops_on_a_refusal_and_honours_pause_and_skips() {
+        // Proves the remote-link half of the fan-out (SEMANTICS.md §13): records go to the
+        // shipper, never the sink; a slab holds at most the shard's remote budget over its
+        // remote cursors (10 B here, records of 2 B: at most 5 a slab); a failure
+        // after `done` records moves the cursor past exactly those and reports the state and
+        // the stuck offset; a skipped offset is passed without being sent; pause holds.
+        let dir = temp_dir("remote");
+        let cfg = LogConfig::new(dir.clone(), ShardId(0), 1);
+        let d = dir.clone();
+        rt::block_on(async move {
+            let (log, _, _) = ShardLog::open(cfg).await.unwrap();
+            let f = fanout_on(&d, &log, NO_LINGER);
+            let sent: Rc<RefCell<Vec<Vec<Vec<u8>>>>> = Rc::new(RefCell::new(Vec::new()));
+            // Refuses the payload "m5" (after shipping the ones before it in the same call).
+            let s = sent.clone();
+            let shipper: Shipper = Rc::new(move |_parent, child, recs| {
+                let s = s.clone();
+                Box::pin(async move {
+                    assert_eq!(child, TopicId(2));
+                    let payloads: Vec<Vec<u8>> = recs.iter().map(|r| r.payload.to_vec()).collect();
+                    let bad = payloads.iter().position(|p| p == b"m5");
+                    s.borrow_mut().push(payloads.clone());
+                    match bad {
+                        Some(i) => Err(ShipError { done: i, code: 5 }),
+                        None => Ok(()),
+                    }
+                })
+            });
+            f.set_shipper(shipper, 10);
+            let mut l = link(1, 0, vec![0, 0]);
+            l.parent_partitions = 1;
+            l.child_partitions = 0;
+            l.remote = Some(RemoteLink::default());
+            f.reconcile(std::slice::from_ref(&l));
+            log.append((0..8).map(|i| rec(key(1, 0), None, i)).collect())
+                .await
+                .unwrap();
+            let mut stuck = None;
+            for _ in 0..WAIT_POLLS_MAX {
+                let lag = f.lag(TopicId(1));
+                if lag.first().is_some_and(|c| c.state == 5) {
+                    stuck = lag.first().copied();
+                    break;
+                }
+                rt::sleep(Duration::from_millis(10)).await;
+            }
+            let stuck = stuck.expect("the refusal is reported");
+            assert_eq!(stuck.blocked, Some((0, 5)), "{stuck:?}");
+            assert_eq!(stuck.lag_messages, 3, "m5, m6, m7 left: {stuck:?}");
+            assert!(
+                sent.borrow().iter().all(|b| b.len() <= 5),
+                "a slab within the 10-byte share: {:?}",
+                sent.borrow()
+            );
+            assert_eq!(
+                log.high_watermark(key(2, 0)),
+                Offset(0),
+                "nothing went to the sink"
+            );
+            // Pause: nothing more is sent.
+            l.remote = Some(RemoteLink {
+                paused: true,
+                skip: Default::default(),
+            });
+            f.reconcile(std::slice::from_ref(&l));
+            rt::sleep(Duration::from_millis(50)).await;
+            let before = sent.borrow().len();
+            rt::sleep(Duration::from_millis(1200)).await;
+            assert_eq!(sent.borrow().len(), before, "a paused link sends nothing");
+            // Skip offset 5 and resume: m6 and m7 go, m5 never again.
+            l.remote = Some(RemoteLink {
+                paused: false,
+                skip: [(0, vec![5])].into(),
+            });
+            f.reconcile(std::slice::from_ref(&l));
+            for _ in 0..WAIT_POLLS_MAX {
+                if f.lag(TopicId(1))
+                    .first()
+                    .is_some_and(|c| c.lag_messages == 0 && c.state == 0)
+                {
+                    break;
+                }
+                rt::sleep(Duration::from_millis(10)).await;
+            }
+            let after = f.lag(TopicId(1));
+            assert_eq!((after[0].lag_messages, after[0].state), (0, 0), "{after:?}");
+            let tail: Vec<Vec<u8>> = sent.borrow()[before..].concat();
+            assert_eq!(tail, [b"m6".to_vec(), b"m7".to_vec()]);
             f.close().await;
             log.close().await.unwrap();
         });

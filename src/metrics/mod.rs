@@ -540,4 +540,6 @@ pub struct ShardMetrics {
     pub rpc: Vec<(u8, narad_io::peer::stats::OpStats)>,
     /// What this shard sent to each remote (remote children).
     pub remotes: Vec<(String, remote::RemoteCounters)>,
+    /// Record bytes this shard's shipper holds while it sends them.
+    pub remote_held_bytes: u64,
 }

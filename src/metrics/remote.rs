@@ -13,8 +13,12 @@ pub struct RemoteCounters {
     pub errors: BTreeMap<&'static str, u64>,
     /// Records sent again because a request got no answer.
     pub resent: u64,
-    /// Request body bytes sent.
+    /// Request body bytes sent (before compression).
     pub body_bytes: u64,
+    /// Request body bytes on the wire (after compression).
+    pub wire_bytes: u64,
+    /// The chunk limit last set (0: never reduced from the default).
+    pub chunk_limit: u64,
 }
 
 impl RemoteCounters {
@@ -28,6 +32,8 @@ impl RemoteCounters {
         }
         self.resent += o.resent;
         self.body_bytes += o.body_bytes;
+        self.wire_bytes += o.wire_bytes;
+        self.chunk_limit = self.chunk_limit.max(o.chunk_limit);
     }
 }
 
@@ -45,6 +51,32 @@ pub fn count(name: &str, f: impl FnOnce(&mut RemoteCounters)) {
             f(m.entry(name.to_string()).or_default());
         }
     });
+}
+
+thread_local! {
+    static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Record bytes this shard's shipper holds while it sends them (`narad_remote_held_bytes`),
+/// for as long as the value lives.
+pub struct Held(u64);
+
+impl Held {
+    pub fn new(bytes: u64) -> Held {
+        HELD.with(|h| h.set(h.get() + bytes));
+        Held(bytes)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(h.get().saturating_sub(self.0)));
+    }
+}
+
+/// Record bytes this shard's shipper holds now.
+pub fn held_bytes() -> u64 {
+    HELD.with(|h| h.get())
 }
 
 /// This shard's counters, by remote.

@@ -110,6 +110,7 @@ impl Node {
             raft: self.raft_gauges(),
             rpc: narad_io::peer::stats::snapshot(),
             remotes: crate::metrics::remote::snapshot(),
+            remote_held_bytes: crate::metrics::remote::held_bytes(),
         }
     }
 }

@@ -18,7 +18,7 @@ const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
     (
         "narad_remote_held_bytes",
         Kind::Gauge,
-        "Bytes of remote-child records held for sending (no remotes on this node).",
+        "Bytes of remote-child records this node holds while it sends them.",
     ),
     (
         "narad_remote_seals_total",
@@ -213,9 +213,15 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
     );
     e.int("narad_remotes_plaintext_raft", &[], 0);
     // No remotes are held and nothing is sealed here: the label-less series are zero.
+    let held: u64 = shards.iter().map(|s| s.remote_held_bytes).sum();
     for (name, kind, help) in REMOTE_ZERO_SERIES {
         e.family(name, kind, help);
-        e.int(name, &[], 0);
+        let v = if name == "narad_remote_held_bytes" {
+            held
+        } else {
+            0
+        };
+        e.int(name, &[], v);
     }
     // Families of the planes this node does not run: declared, so that dashboards and alerts
     // that name them find them, with no series (as `narad_ack_rejected_total`).
@@ -238,6 +244,10 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
                 }
                 "narad_remote_resent_records_total" => e.int(name, &[("remote", remote)], c.resent),
                 "narad_remote_body_bytes_total" => e.int(name, &[("remote", remote)], c.body_bytes),
+                "narad_remote_wire_bytes_total" => e.int(name, &[("remote", remote)], c.wire_bytes),
+                "narad_remote_chunk_bytes_limit" if c.chunk_limit > 0 => {
+                    e.int(name, &[("remote", remote)], c.chunk_limit)
+                }
                 _ => {}
             }
         }

@@ -167,6 +167,7 @@ fn quiet_shard(shard: u32) -> ShardMetrics {
         raft: None,
         rpc: Vec::new(),
         remotes: Vec::new(),
+        remote_held_bytes: 0,
     }
 }
 

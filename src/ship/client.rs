@@ -39,6 +39,8 @@ pub struct Target {
     pub auth: String,
     pub tls: Arc<ClientConfig>,
     pub timeout: Duration,
+    /// Bodies go zstd-compressed (`limits.compression: zstd`).
+    pub zstd: bool,
     /// `remotes.allow_addresses`: what the guard lets through besides public addresses.
     pub allow: Vec<String>,
 }
@@ -160,7 +162,22 @@ impl Conn {
         auth: bool,
         body: &[u8],
     ) -> io::Result<Reply> {
-        match narad_io::rt::timeout(t.timeout, self.exchange(t, method, path, auth, body)).await {
+        self.request_encoded(t, method, path, auth, body, None)
+            .await
+    }
+
+    /// [`Conn::request`] with a `Content-Encoding` for the body.
+    pub async fn request_encoded(
+        &mut self,
+        t: &Target,
+        method: &str,
+        path: &str,
+        auth: bool,
+        body: &[u8],
+        encoding: Option<&str>,
+    ) -> io::Result<Reply> {
+        let exchange = self.exchange(t, method, path, auth, body, encoding);
+        match narad_io::rt::timeout(t.timeout, exchange).await {
             Ok(r) => r,
             Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "no answer in time")),
         }
@@ -173,6 +190,7 @@ impl Conn {
         path: &str,
         auth: bool,
         body: &[u8],
+        encoding: Option<&str>,
     ) -> io::Result<Reply> {
         let host = if t.port == 443 {
             t.host.clone()
@@ -184,6 +202,11 @@ impl Conn {
             t.path,
             body.len()
         );
+        if let Some(e) = encoding {
+            head.push_str("Content-Encoding: ");
+            head.push_str(e);
+            head.push_str("\r\n");
+        }
         if auth {
             head.push_str("Authorization: ");
             head.push_str(&t.auth);

@@ -30,6 +30,10 @@ use client::{Conn, Target};
 pub const CHUNK_RECORDS_MAX: usize = 1000;
 /// Body bytes one request carries at most (SEMANTICS.md §13: chunks ≤ 960 KiB).
 pub const CHUNK_BYTES_MAX: usize = 960 << 10;
+/// The smallest chunk: where repeated timeouts leave it (SEMANTICS.md §13 "Transport").
+pub const CHUNK_BYTES_MIN: usize = 64 << 10;
+/// Answered requests in a row after which a reduced chunk doubles again.
+const CHUNK_GROW_AFTER: u32 = 20;
 /// Idle connections kept per remote on one shard.
 const IDLE_CONNS_MAX: usize = 4;
 
@@ -178,6 +182,8 @@ pub struct Shipper {
     /// The last periodic check of each link: (stub, accepted target id, registry revision) →
     /// when, and its verdict.
     checks: RefCell<HashMap<CheckKey, Checked>>,
+    /// Each remote's chunk limit on this shard, and the answered requests since it last moved.
+    chunk: RefCell<HashMap<String, (usize, u32)>>,
 }
 
 impl Shipper {
@@ -187,6 +193,7 @@ impl Shipper {
             idle: RefCell::new(HashMap::new()),
             targets: RefCell::new(HashMap::new()),
             checks: RefCell::new(HashMap::new()),
+            chunk: RefCell::new(HashMap::new()),
         })
     }
 
@@ -209,6 +216,35 @@ impl Shipper {
 
     fn count(&self, remote: &str, f: impl FnOnce(&mut crate::metrics::remote::RemoteCounters)) {
         crate::metrics::remote::count(remote, f);
+    }
+
+    /// This shard's chunk limit for `remote` (body bytes per request).
+    fn chunk_limit(&self, remote: &str) -> usize {
+        self.chunk
+            .borrow()
+            .get(remote)
+            .map_or(CHUNK_BYTES_MAX, |c| c.0)
+    }
+
+    /// A request to `remote` timed out: halve its chunk, down to [`CHUNK_BYTES_MIN`].
+    fn chunk_timed_out(&self, remote: &str) {
+        let mut m = self.chunk.borrow_mut();
+        let c = m.entry(remote.to_string()).or_insert((CHUNK_BYTES_MAX, 0));
+        *c = (shrunk(c.0), 0);
+        let limit = c.0;
+        drop(m);
+        self.count(remote, |k| k.chunk_limit = limit as u64);
+    }
+
+    /// A request to `remote` was answered: after [`CHUNK_GROW_AFTER`] in a row a reduced
+    /// chunk doubles, up to [`CHUNK_BYTES_MAX`].
+    fn chunk_answered(&self, remote: &str) {
+        let mut m = self.chunk.borrow_mut();
+        let c = m.entry(remote.to_string()).or_insert((CHUNK_BYTES_MAX, 0));
+        *c = grown(c.0, c.1);
+        let limit = c.0;
+        drop(m);
+        self.count(remote, |k| k.chunk_limit = limit as u64);
     }
 
     /// The target of remote `r`, built once per registry revision (the password opened here).
@@ -253,19 +289,90 @@ impl Shipper {
         }
         // Topic names are plain (letters, digits, `.`, `_`, `-`): no escaping needed.
         let path = format!("/v1/topics/{topic}/produce/batch");
+        let held: u64 = recs.iter().map(|r| r.payload.len() as u64).sum();
+        let _held = crate::metrics::remote::Held::new(held);
+        let limit = self.chunk_limit(&remote.name);
+        let lanes = lanes_of(&meta, child).max(1) as usize;
+        let r = if lanes == 1 || recs.len() < 2 {
+            self.send_stream(&remote.name, &target, &path, &recs, limit)
+                .await
+        } else {
+            self.send_lanes(&remote.name, &target, &path, recs, lanes, limit)
+                .await
+        };
+        r.map_err(|(n, c)| {
+            self.count(&remote.name, |k| {
+                *k.errors.entry(c.as_str()).or_default() += 1
+            });
+            fail(n, c)
+        })
+    }
+
+    /// Sends `recs` in order, a chunk at a time. `Err((n, class))`: the first `n` are on the
+    /// target, the rest are not.
+    async fn send_stream(
+        &self,
+        remote: &str,
+        t: &Target,
+        path: &str,
+        recs: &[AppendRecord],
+        limit: usize,
+    ) -> Result<(), (usize, Class)> {
         let mut done = 0;
-        for chunk in chunks(&recs) {
-            match self.send_chunk(&remote.name, &target, &path, chunk).await {
+        for chunk in chunks(recs, limit) {
+            match self.send_chunk(remote, t, path, chunk).await {
                 Ok(()) => done += chunk.len(),
-                Err((n, c)) => {
-                    self.count(&remote.name, |k| {
-                        *k.errors.entry(c.as_str()).or_default() += 1
-                    });
-                    return Err(fail(done + n, c));
-                }
+                Err((n, c)) => return Err((done + n, c)),
             }
         }
         Ok(())
+    }
+
+    /// Sends `recs` as `lanes` ordered streams at once (API.md §9.1 `lanes`): a keyed record's
+    /// lane follows its key, a keyless one its position. The records on the target are then a
+    /// prefix per lane; the answer's `n` is the longest prefix of `recs` (in offset order) that is
+    /// all on the target, so the cursor stops at the first record some lane did not deliver
+    /// (the lanes' later records go again: duplicates, never gaps).
+    async fn send_lanes(
+        &self,
+        remote: &str,
+        t: &Target,
+        path: &str,
+        recs: Vec<AppendRecord>,
+        lanes: usize,
+        limit: usize,
+    ) -> Result<(), (usize, Class)> {
+        let mut streams: Vec<Vec<AppendRecord>> = vec![Vec::new(); lanes];
+        let mut place: Vec<(usize, usize)> = Vec::with_capacity(recs.len());
+        for (i, r) in recs.into_iter().enumerate() {
+            let lane = match r.msg_key.as_deref() {
+                Some(k) if !k.is_empty() => crate::wire::key_partition(k, lanes as u32) as usize,
+                _ => i % lanes,
+            };
+            place.push((lane, streams[lane].len()));
+            streams[lane].push(r);
+        }
+        let sends = streams
+            .iter()
+            .map(|s| self.send_stream(remote, t, path, s, limit));
+        let results = futures_util::future::join_all(sends).await;
+        if results.iter().all(Result::is_ok) {
+            return Ok(());
+        }
+        let delivered: Vec<usize> = results
+            .iter()
+            .zip(&streams)
+            .map(|(r, s)| match r {
+                Ok(()) => s.len(),
+                Err((n, _)) => *n,
+            })
+            .collect();
+        let worst = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|(_, c)| *c))
+            .max()
+            .unwrap_or(Class::Unknown);
+        Err((delivered_prefix(&place, &delivered), worst))
     }
 
     /// The checks of SEMANTICS.md §13 again, at most once per the remote's `check_interval_ms`
@@ -353,8 +460,20 @@ impl Shipper {
             None => Box::pin(client::connect(t)).await.map_err(|c| (0, c))?,
         };
         self.count(remote, |k| k.body_bytes += body.len() as u64);
-        match conn.request(t, "POST", path, true, body).await {
+        let compressed;
+        let (wire, encoding) = if t.zstd {
+            compressed = zstd::bulk::compress(body, 1).map_err(|_| (0, Class::Unknown))?;
+            (&compressed[..], Some("zstd"))
+        } else {
+            (body, None)
+        };
+        self.count(remote, |k| k.wire_bytes += wire.len() as u64);
+        match conn
+            .request_encoded(t, "POST", path, true, wire, encoding)
+            .await
+        {
             Ok(reply) => {
+                self.chunk_answered(remote);
                 self.count(remote, |k| {
                     *k.requests.entry(reply.status.to_string()).or_default() += 1
                 });
@@ -365,7 +484,10 @@ impl Shipper {
                 }
                 Ok(reply)
             }
-            Err(_) => {
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    self.chunk_timed_out(remote);
+                }
                 // No answer: the target may have stored them; they are sent again.
                 self.count(remote, |k| {
                     *k.requests.entry("error".into()).or_default() += 1;
@@ -518,6 +640,40 @@ async fn get(
     })
 }
 
+/// How many records, in offset order, are all delivered: record `i` went to lane `place[i].0`
+/// at position `place[i].1`, and each lane delivered its first `delivered[lane]` records.
+fn delivered_prefix(place: &[(usize, usize)], delivered: &[usize]) -> usize {
+    place
+        .iter()
+        .position(|(lane, k)| *k >= delivered[*lane])
+        .unwrap_or(place.len())
+}
+
+/// A chunk limit after a timeout: halved, down to [`CHUNK_BYTES_MIN`].
+fn shrunk(limit: usize) -> usize {
+    (limit / 2).max(CHUNK_BYTES_MIN)
+}
+
+/// A chunk limit and its run of answers after one more answer: a reduced limit doubles (up to
+/// [`CHUNK_BYTES_MAX`]) once [`CHUNK_GROW_AFTER`] answers came in a row.
+fn grown(limit: usize, answered: u32) -> (usize, u32) {
+    let answered = answered + 1;
+    if limit < CHUNK_BYTES_MAX && answered >= CHUNK_GROW_AFTER {
+        ((limit * 2).min(CHUNK_BYTES_MAX), 0)
+    } else {
+        (limit, answered)
+    }
+}
+
+/// The ordered streams of remote child `child` per parent partition (1 when unknown).
+fn lanes_of(meta: &MetaState, child: TopicId) -> u32 {
+    meta.topics
+        .values()
+        .find(|t| t.id == child)
+        .and_then(|t| t.remote.as_ref())
+        .map_or(1, |r| r.lanes)
+}
+
 /// The remote child `child` (a stub's id): its remote's registry entry and the topic there.
 fn remote_of(meta: &MetaState, child: TopicId) -> Option<(RemoteMeta, String)> {
     let stub = meta.topics.values().find(|t| t.id == child)?;
@@ -552,20 +708,20 @@ pub fn build_target(node: &Node, r: &RemoteMeta) -> Result<Target, Class> {
         auth: format!("Basic {}", crate::wire::base64::encode(&cred)),
         tls,
         timeout: Duration::from_millis(r.limits.request_timeout_ms),
+        zstd: r.limits.compression == "zstd",
         allow: node.config.remotes.allow_addresses.clone(),
     })
 }
 
-/// Splits a slab into requests of at most [`CHUNK_RECORDS_MAX`] records and about
-/// [`CHUNK_BYTES_MAX`] body bytes (a first record larger than that goes alone; the target
-/// refuses it as too large).
-fn chunks(recs: &[AppendRecord]) -> Vec<&[AppendRecord]> {
+/// Splits a slab into requests of at most [`CHUNK_RECORDS_MAX`] records and about `limit` body
+/// bytes (a first record larger than that goes alone; the target may refuse it as too large).
+fn chunks(recs: &[AppendRecord], limit: usize) -> Vec<&[AppendRecord]> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut bytes = 0;
     for (i, r) in recs.iter().enumerate() {
         let b = wire_bytes(r);
-        if i > start && (i - start >= CHUNK_RECORDS_MAX || bytes + b > CHUNK_BYTES_MAX) {
+        if i > start && (i - start >= CHUNK_RECORDS_MAX || bytes + b > limit) {
             out.push(&recs[start..i]);
             start = i;
             bytes = 0;
@@ -653,18 +809,50 @@ mod tests {
     #[test]
     fn slabs_split_at_1000_records_and_960_kib() {
         let small: Vec<AppendRecord> = (0..2500).map(|_| rec(None, b"x")).collect();
-        let c = chunks(&small);
+        let c = chunks(&small, CHUNK_BYTES_MAX);
         assert_eq!(
             c.iter().map(|c| c.len()).collect::<Vec<_>>(),
             [1000, 1000, 500]
         );
         let big: Vec<AppendRecord> = (0..5).map(|_| rec(None, &[7u8; 300 << 10])).collect();
-        let c = chunks(&big);
+        let c = chunks(&big, CHUNK_BYTES_MAX);
         assert_eq!(c.iter().map(|c| c.len()).collect::<Vec<_>>(), [2, 2, 1]);
         for part in c {
             assert!(batch_body(part).len() <= CHUNK_BYTES_MAX);
         }
-        assert!(chunks(&[]).is_empty());
+        assert!(chunks(&[], CHUNK_BYTES_MAX).is_empty());
+        let c = chunks(&big, CHUNK_BYTES_MIN);
+        assert_eq!(
+            c.len(),
+            5,
+            "one 300 KiB record a request under the smallest limit"
+        );
+    }
+
+    #[test]
+    fn lanes_deliver_a_prefix_and_chunks_shrink_on_timeouts_and_grow_back() {
+        // Records 0..6 over lanes 0,1,0,1,0,1 (positions 0,0,1,1,2,2): lane 0 delivered 2, lane 1
+        // all 3 -> records 0..3 are all there, record 4 (lane 0, position 2) is not.
+        let place = [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2)];
+        assert_eq!(delivered_prefix(&place, &[2, 3]), 4);
+        assert_eq!(delivered_prefix(&place, &[3, 0]), 1);
+        assert_eq!(delivered_prefix(&place, &[3, 3]), 6);
+        assert_eq!(delivered_prefix(&place, &[0, 3]), 0);
+        // 960 KiB -> 480 -> 240 -> 120 -> 64 (floor) after timeouts.
+        let mut l = CHUNK_BYTES_MAX;
+        for want in [480 << 10, 240 << 10, 120 << 10, 64 << 10, 64 << 10] {
+            l = shrunk(l);
+            assert_eq!(l, want);
+        }
+        // 19 answers keep it, the 20th doubles it; at the top it stays.
+        let mut run = 0;
+        for _ in 0..19 {
+            (l, run) = grown(l, run);
+        }
+        assert_eq!((l, run), (64 << 10, 19));
+        (l, run) = grown(l, run);
+        assert_eq!((l, run), (128 << 10, 0));
+        assert_eq!(grown(CHUNK_BYTES_MAX, 50).0, CHUNK_BYTES_MAX);
     }
 
     #[test]
