@@ -453,12 +453,33 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
     produce(&mut p, r#"{"n":1}"#);
     produce(&mut p, r#"{"bad":true}"#);
     produce(&mut p, r#"{"n":3}"#);
-    wait_for("rejected_record", || {
-        child_row(&mut p, "orders", "to-b")["state"] == "rejected_record"
+    // A second partition stuck at once: partition 2's first record.
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/produce?partition=2",
+        r#"{"bad":2}"#,
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let rows = |p: &mut Client| {
+        let r = call(p, "GET", "/v1/topics/orders/children?partitions=true", "");
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["children"][0]["partitions"].clone()
+    };
+    wait_for("both partitions stuck as rejected_record", || {
+        let rows = rows(&mut p);
+        rows[1]["state"] == "rejected_record" && rows[2]["state"] == "rejected_record"
     });
+    let all = rows(&mut p);
+    assert_eq!(all[0]["state"], "running", "{all}");
+    assert_eq!(all[1]["blocked_at"]["offset"], 1, "{all}");
+    assert_eq!(all[1]["next_offset"], 1, "{all}");
+    assert_eq!(all[1]["high_watermark"], 3, "{all}");
+    assert_eq!(all[1]["start_offset"], 0, "{all}");
+    assert_eq!(all[2]["blocked_at"]["offset"], 0, "{all}");
     let row = child_row(&mut p, "orders", "to-b");
-    assert_eq!(row["blocked_at"]["partition"], 1, "{row}");
-    assert_eq!(row["blocked_at"]["offset"], 1, "{row}");
+    assert_eq!(row["state"], "rejected_record", "{row}");
+    assert!(row["blocked_at"].is_object(), "{row}");
     let wrong = call(
         &mut p,
         "POST",
@@ -474,7 +495,19 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
     );
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["remote"]["skip"]["1"], serde_json::json!([1]));
-    wait_for("running after the skip", || {
+    let r = call(
+        &mut p,
+        "POST",
+        "/v1/topics/orders/children/to-b/skip",
+        r#"{"partition":2,"offset":0}"#,
+    );
+    assert_eq!(
+        r.status,
+        200,
+        "both stuck partitions skip at once: {}",
+        r.text()
+    );
+    wait_for("running after the skips", || {
         let row = child_row(&mut p, "orders", "to-b");
         row["state"] == "running" && row["lag_messages"] == 0
     });

@@ -210,8 +210,23 @@ pub struct FanoutCounters {
     pub batch_bytes_sum: u64,
 }
 
-/// The lag of one child over the parent partitions of this shard.
+/// Where one remote link's cursor stands (a row of the children listing's `partitions=true`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CursorRow {
+    pub partition: u32,
+    /// Next parent offset to ship.
+    pub next: u64,
+    pub high_watermark: u64,
+    /// 0 running, else the shipper's code.
+    pub state: u8,
+    /// The offset the last failure stopped at.
+    pub blocked_at: Option<u64>,
+    /// When records last shipped (Unix ms, 0 never).
+    pub last_ok_ms: u64,
+}
+
+/// The lag of one child over the parent partitions of this shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChildLag {
     pub child: TopicId,
     /// Σ max(0, parent high watermark − cursor next offset).
@@ -227,6 +242,8 @@ pub struct ChildLag {
     pub blocked: Option<(u32, u64)>,
     /// A remote link: when records last shipped from any of these cursors (Unix ms, 0 never).
     pub last_ok_ms: u64,
+    /// A remote link: one row per cursor (empty for a local child).
+    pub rows: Vec<CursorRow>,
 }
 
 impl ChildLag {
@@ -244,6 +261,7 @@ impl ChildLag {
             self.state = o.state;
             self.blocked = o.blocked;
         }
+        self.rows.extend_from_slice(&o.rows);
     }
 }
 
@@ -585,6 +603,19 @@ impl Fanout {
                 continue;
             }
             let state = c.state.get();
+            let hwm = self.log.high_watermark(c.id.parent).0;
+            let rows = if c.remote.borrow().is_some() {
+                vec![CursorRow {
+                    partition: c.id.parent.partition.0,
+                    next: c.next.get().0,
+                    high_watermark: hwm,
+                    state,
+                    blocked_at: c.blocked_at.get().filter(|_| state != 0),
+                    last_ok_ms: c.last_ok_ms.get(),
+                }]
+            } else {
+                Vec::new()
+            };
             let one = ChildLag {
                 child: c.id.child,
                 lag_messages: self
@@ -602,6 +633,7 @@ impl Fanout {
                     )
                 }),
                 last_ok_ms: c.last_ok_ms.get(),
+                rows,
             };
             match out.iter_mut().find(|o| o.child == one.child) {
                 Some(o) => o.merge(&one),
@@ -1163,7 +1195,7 @@ mod tests {
             for _ in 0..WAIT_POLLS_MAX {
                 let lag = f.lag(TopicId(1));
                 if lag.first().is_some_and(|c| c.state == 5) {
-                    stuck = lag.first().copied();
+                    stuck = lag.first().cloned();
                     break;
                 }
                 rt::sleep(Duration::from_millis(10)).await;

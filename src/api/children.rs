@@ -232,15 +232,25 @@ struct ChildList<'a> {
 /// `GET /v1/topics/{parent}/children`.
 pub async fn list(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
     let q = Params::new(&req.query);
-    match tri!(q.given("partitions")).as_deref() {
-        None | Some("true") | Some("false") => {}
+    let rows = match tri!(q.given("partitions")).as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
         Some(_) => return error(400, "invalid partitions: want \"true\" or \"false\""),
-    }
+    };
     let meta = node.meta();
     let Some(p) = meta.topic(parent) else {
         return error(404, "topic not found");
     };
     let (lags, all_answered) = node.fanout_lag(p.id).await;
+    let any_remote = p
+        .children
+        .iter()
+        .any(|c| meta.topic(c).is_some_and(|c| c.remote.is_some()));
+    let frontiers = if rows && any_remote {
+        Some(super::remote_children::ack_frontiers(node, p).await)
+    } else {
+        None
+    };
     let children = p
         .children
         .iter()
@@ -254,6 +264,9 @@ pub async fn list(node: &Rc<Node>, req: &Request, parent: &str) -> Response {
                 "lag_complete": all_answered && lag.is_some_and(|l| l.cursors == p.partitions),
             });
             super::remote_children::list_fields(&mut row, c, lag, p);
+            if let Some(f) = &frontiers {
+                super::remote_children::partition_rows(node, &mut row, c, lag, p, f);
+            }
             row
         })
         .collect();

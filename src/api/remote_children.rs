@@ -312,6 +312,67 @@ pub fn list_fields(row: &mut Value, stub: &TopicMeta, lag: Option<&ChildLag>, pa
     }
 }
 
+/// The consumer ack frontier of each partition of `parent` (`None` where its owner did not
+/// answer), for the listing's partition rows.
+pub async fn ack_frontiers(node: &Node, parent: &TopicMeta) -> Vec<Option<u64>> {
+    let keys: Vec<PartitionKey> = (0..parent.partitions)
+        .map(|p| PartitionKey {
+            topic: parent.id,
+            partition: PartitionId(p),
+        })
+        .collect();
+    node.stats_by_owner(&keys)
+        .await
+        .into_iter()
+        .map(|g| g.map(|(_, _, _, frontier)| frontier.0))
+        .collect()
+}
+
+/// The `partitions` rows of a remote child in the listing (API.md §9.2 `partitions=true`): one
+/// per parent partition, from its owner's cursor (`state: "unknown"` when the owner did not
+/// report it).
+pub fn partition_rows(
+    node: &Node,
+    row: &mut Value,
+    stub: &TopicMeta,
+    lag: Option<&ChildLag>,
+    parent: &TopicMeta,
+    frontiers: &[Option<u64>],
+) {
+    let Some(r) = &stub.remote else {
+        return;
+    };
+    let rows: Vec<Value> = (0..parent.partitions)
+        .map(|p| {
+            let c = lag.and_then(|l| l.rows.iter().find(|c| c.partition == p));
+            let state = match c {
+                _ if r.paused => "paused",
+                Some(c) => ship::state_name(c.state),
+                None => "unknown",
+            };
+            let blocked = c
+                .filter(|c| c.state != 0)
+                .and_then(|c| c.blocked_at)
+                .map(|o| json!({"partition": p, "offset": o, "state": state}));
+            json!({
+                "partition": p,
+                "node": parent.owner_of(p).unwrap_or(&node.config.node_id),
+                "start_offset": stub.attach_offsets.get(p as usize).copied().unwrap_or(0),
+                "next_offset": c.map(|c| c.next),
+                "high_watermark": c.map(|c| c.high_watermark),
+                "ack_frontier": frontiers.get(p as usize).copied().flatten(),
+                "state": state,
+                "last_success_at": c
+                    .map(|c| c.last_ok_ms)
+                    .filter(|ms| *ms > 0)
+                    .map(crate::logging::rfc3339_ms),
+                "blocked_at": blocked,
+            })
+        })
+        .collect();
+    row["partitions"] = Value::Array(rows);
+}
+
 /// The remote child `child` of `parent` for pause, resume and skip: both topics, or the answer.
 fn remote_child(
     node: &Node,
@@ -468,9 +529,13 @@ pub async fn skip(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -> 
     }
     let (lags, _) = node.fanout_lag(p.id).await;
     let lag = lags.iter().find(|l| l.child == stub.id);
-    let stuck = lag.filter(|l| {
-        Class::from_code(l.state).is_some_and(Class::blocks_record)
-            && l.blocked == Some((partition as u32, offset))
+    // That partition's cursor, wherever it runs, must be stuck on exactly that record.
+    let stuck = lag.and_then(|l| {
+        l.rows.iter().find(|c| {
+            c.partition == partition as u32
+                && c.blocked_at == Some(offset)
+                && Class::from_code(c.state).is_some_and(Class::blocks_record)
+        })
     });
     if stuck.is_none() {
         let blocked = lag

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use narad_io::peer::ops;
 use narad_io::types::{MemberId, ShardId, TopicId};
 use narad_raft::MetaState;
-use narad_shard::fanout::{ChildLag, Fanout, Link};
+use narad_shard::fanout::{ChildLag, CursorRow, Fanout, Link};
 
 use super::remote::FORWARD_BUDGET;
 use super::*;
@@ -173,12 +173,16 @@ fn merge_lags(all: &mut Vec<ChildLag>, more: Vec<ChildLag>) {
     }
 }
 
-/// Bytes of one lag on the wire: child id, lag, cursors, due lag, state, blocked partition
-/// (`u32::MAX` for none) and offset, last shipped (little endian).
-const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8 + 1 + 4 + 8 + 8;
+/// Bytes of one lag's fixed part on the wire: child id, lag, cursors, due lag, state, blocked
+/// partition (`u32::MAX` for none) and offset, last shipped, and the count of cursor rows that
+/// follow it (little endian).
+const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8 + 1 + 4 + 8 + 8 + 4;
+/// Bytes of one cursor row: partition, next, high watermark, state, blocked (`u64::MAX` for
+/// none), last shipped.
+const ROW_WIRE_BYTES: usize = 4 + 8 + 8 + 1 + 8 + 8;
 
 fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(lags.len() * LAG_WIRE_BYTES);
+    let mut out = Vec::new();
     for l in lags {
         out.extend_from_slice(&l.child.0.to_le_bytes());
         out.extend_from_slice(&l.lag_messages.to_le_bytes());
@@ -189,33 +193,56 @@ fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
         out.extend_from_slice(&bp.to_le_bytes());
         out.extend_from_slice(&bo.to_le_bytes());
         out.extend_from_slice(&l.last_ok_ms.to_le_bytes());
+        out.extend_from_slice(&(l.rows.len() as u32).to_le_bytes());
+        for r in &l.rows {
+            out.extend_from_slice(&r.partition.to_le_bytes());
+            out.extend_from_slice(&r.next.to_le_bytes());
+            out.extend_from_slice(&r.high_watermark.to_le_bytes());
+            out.push(r.state);
+            out.extend_from_slice(&r.blocked_at.unwrap_or(u64::MAX).to_le_bytes());
+            out.extend_from_slice(&r.last_ok_ms.to_le_bytes());
+        }
     }
     out
 }
 
-/// The lags [`encode_lags`] wrote; `None` for bytes of another length.
-fn decode_lags(b: &[u8]) -> Option<Vec<ChildLag>> {
-    if !b.len().is_multiple_of(LAG_WIRE_BYTES) {
-        return None;
-    }
+/// The lags [`encode_lags`] wrote; `None` for bytes that do not parse as them.
+fn decode_lags(mut b: &[u8]) -> Option<Vec<ChildLag>> {
     let u64_at = |c: &[u8], i: usize| u64::from_le_bytes(c[i..i + 8].try_into().expect("8"));
     let u32_at = |c: &[u8], i: usize| u32::from_le_bytes(c[i..i + 4].try_into().expect("4"));
-    Some(
-        b.chunks_exact(LAG_WIRE_BYTES)
-            .map(|c| {
-                let bp = u32_at(c, 29);
-                ChildLag {
-                    child: TopicId(u64_at(c, 0)),
-                    lag_messages: u64_at(c, 8),
-                    cursors: u32_at(c, 16),
-                    due_lag_ms: u64_at(c, 20),
-                    state: c[28],
-                    blocked: (bp != u32::MAX).then(|| (bp, u64_at(c, 33))),
-                    last_ok_ms: u64_at(c, 41),
-                }
-            })
-            .collect(),
-    )
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let c = b.get(..LAG_WIRE_BYTES)?;
+        let n = u32_at(c, 49) as usize;
+        let rows_len = n.checked_mul(ROW_WIRE_BYTES)?;
+        let rows_bytes = b.get(LAG_WIRE_BYTES..LAG_WIRE_BYTES.checked_add(rows_len)?)?;
+        let bp = u32_at(c, 29);
+        out.push(ChildLag {
+            child: TopicId(u64_at(c, 0)),
+            lag_messages: u64_at(c, 8),
+            cursors: u32_at(c, 16),
+            due_lag_ms: u64_at(c, 20),
+            state: c[28],
+            blocked: (bp != u32::MAX).then(|| (bp, u64_at(c, 33))),
+            last_ok_ms: u64_at(c, 41),
+            rows: rows_bytes
+                .chunks_exact(ROW_WIRE_BYTES)
+                .map(|r| {
+                    let blocked = u64_at(r, 21);
+                    CursorRow {
+                        partition: u32_at(r, 0),
+                        next: u64_at(r, 4),
+                        high_watermark: u64_at(r, 12),
+                        state: r[20],
+                        blocked_at: (blocked != u64::MAX).then_some(blocked),
+                        last_ok_ms: u64_at(r, 29),
+                    }
+                })
+                .collect(),
+        });
+        b = &b[LAG_WIRE_BYTES + rows_len..];
+    }
+    Some(out)
 }
 
 /// The fan-out links of the metadata, as the cursors need them. In a cluster (`me` is this
@@ -248,4 +275,47 @@ fn fanout_links(meta: &MetaState, me: Option<&str>) -> Vec<Link> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lags_with_cursor_rows_round_trip_on_the_wire() {
+        let row = |p: u32, blocked: Option<u64>| CursorRow {
+            partition: p,
+            next: 10 + u64::from(p),
+            high_watermark: 20,
+            state: u8::from(blocked.is_some()) * 5,
+            blocked_at: blocked,
+            last_ok_ms: 1_790_000_000_000,
+        };
+        let lags = vec![
+            ChildLag {
+                child: TopicId(7),
+                lag_messages: 3,
+                cursors: 2,
+                due_lag_ms: 9,
+                state: 5,
+                blocked: Some((1, 11)),
+                last_ok_ms: 4,
+                rows: vec![row(0, None), row(1, Some(11))],
+            },
+            ChildLag {
+                child: TopicId(8),
+                lag_messages: 0,
+                cursors: 1,
+                due_lag_ms: 0,
+                state: 0,
+                blocked: None,
+                last_ok_ms: 0,
+                rows: Vec::new(),
+            },
+        ];
+        let wire = encode_lags(&lags);
+        assert_eq!(decode_lags(&wire), Some(lags));
+        assert_eq!(decode_lags(&wire[..wire.len() - 1]), None, "a cut row");
+        assert_eq!(decode_lags(&[]), Some(Vec::new()));
+    }
 }
