@@ -285,6 +285,8 @@ pub struct Fanout {
     shipper: RefCell<Option<Shipper>>,
     /// Payload bytes this shard's remote cursors may hold at once (their slabs share it).
     remote_budget: Cell<usize>,
+    /// The name of a remote cursor's state code, for log lines (the binary knows them).
+    state_name: Cell<fn(u8) -> &'static str>,
     route: KeyRoute,
     limits: FanoutLimits,
     path: PathBuf,
@@ -359,6 +361,7 @@ impl Fanout {
             sink,
             shipper: RefCell::new(None),
             remote_budget: Cell::new(usize::MAX),
+            state_name: Cell::new(|_| "failed"),
             route,
             limits,
             path,
@@ -396,9 +399,10 @@ impl Fanout {
     /// Sets where remote links' records go, and the payload bytes this shard's remote cursors
     /// may hold at once (`remotes.max_held_bytes` over the shards): each reads slabs of at most
     /// its share. Until then remote cursors wait.
-    pub fn set_shipper(&self, s: Shipper, budget_bytes: usize) {
+    pub fn set_shipper(&self, s: Shipper, budget_bytes: usize, state_name: fn(u8) -> &'static str) {
         *self.shipper.borrow_mut() = Some(s);
         self.remote_budget.set(budget_bytes.max(1));
+        self.state_name.set(state_name);
     }
 
     /// The slab bytes one cursor reads: its share of the remote budget for a remote link.
@@ -957,7 +961,7 @@ impl Fanout {
                 let stuck = offsets.get(done).map_or(c.next.get().0, |o| o.0);
                 if c.state.replace(e.code.max(1)) != e.code.max(1) && !c.stopped.get() {
                     tracing::warn!(parent = %c.id.parent.topic, partition = c.id.parent.partition.0,
-                        child = %c.id.child, offset = stuck, state = e.code,
+                        child = %c.id.child, offset = stuck, state = (self.state_name.get())(e.code),
                         "shipping to the remote stopped; retrying");
                 }
                 c.blocked_at.set(Some(stuck));
@@ -1182,7 +1186,7 @@ mod tests {
                     }
                 })
             });
-            f.set_shipper(shipper, 10);
+            f.set_shipper(shipper, 10, |_| "rejected");
             let mut l = link(1, 0, vec![0, 0]);
             l.parent_partitions = 1;
             l.child_partitions = 0;

@@ -50,10 +50,10 @@ impl Node {
 
     /// Hands remote links' records to `s` (the binary's shipper to remotes).
     /// Each shard's remote cursors share `remotes.max_held_bytes` equally.
-    pub fn set_shipper(&self, s: narad_shard::fanout::Shipper) {
+    pub fn set_shipper(&self, s: narad_shard::fanout::Shipper, state_name: fn(u8) -> &'static str) {
         let budget = self.config.remotes.max_held_bytes / u64::from(self.shards.max(1));
         if let Some(f) = self.fanout.borrow().as_ref() {
-            f.set_shipper(s, usize::try_from(budget).unwrap_or(usize::MAX));
+            f.set_shipper(s, usize::try_from(budget).unwrap_or(usize::MAX), state_name);
         }
     }
 

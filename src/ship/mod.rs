@@ -159,7 +159,7 @@ thread_local! {
 /// `Node::start_fanout`).
 pub fn install(node: &Rc<Node>) {
     let s = Shipper::new(node);
-    node.set_shipper(s.as_fn());
+    node.set_shipper(s.as_fn(), state_name);
     SHIPPER.with(|x| *x.borrow_mut() = Some(s));
 }
 
