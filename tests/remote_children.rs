@@ -717,8 +717,23 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
     assert_eq!(r.status, 201, "{}", r.text());
     let r = a.post("/v1/topics", r#"{"name":"orders","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
-    // The attach goes through another node than the registration (the registry is in Raft).
+    // The attach goes through another node than the registration (the registry is in Raft),
+    // and its checks run from every member.
     let mut b = c.nodes[1].admin();
+    let r = b.post(
+        "/v1/topics/orders/children",
+        r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy","dry_run":true}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let mut nodes: Vec<String> = r.json()["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["result"] == "pass")
+        .map(|c| c["node"].as_str().unwrap().to_string())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2", "n3"], "{}", r.text());
     let r = b.post(
         "/v1/topics/orders/children",
         r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy","lanes":4}"#,

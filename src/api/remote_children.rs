@@ -62,6 +62,17 @@ fn valid_topic_name(n: &str) -> bool {
 /// The answer to a target that failed a check: `503` (with `Retry-After`) when it could not be
 /// reached, `502` when it redirects, else `409` (API.md §9.1).
 fn unusable(node: &Node, f: &ship::CheckFailed) -> Response {
+    let row = json!({
+        "node": node.config.node_id,
+        "result": "fail",
+        "class": f.class.as_str(),
+        "detail": f.detail,
+    });
+    unusable_with(f, vec![row])
+}
+
+/// [`unusable`] with the checks of every member.
+fn unusable_with(f: &ship::CheckFailed, checks: Vec<Value>) -> Response {
     let status = match f.class {
         Class::Unavailable => 503,
         Class::RedirectRefused => 502,
@@ -72,12 +83,7 @@ fn unusable(node: &Node, f: &ship::CheckFailed) -> Response {
         &json!({
             "error": format!("target unusable: {}", f.detail),
             "class": f.class.as_str(),
-            "checks": [{
-                "node": node.config.node_id,
-                "result": "fail",
-                "class": f.class.as_str(),
-                "detail": f.detail,
-            }],
+            "checks": checks,
         }),
     );
     if status == 503 {
@@ -179,9 +185,11 @@ pub async fn attach(node: &Rc<Node>, c: &Caller, parent: &str, a: Attach<'_>) ->
             return r;
         }
     }
-    let info = match Box::pin(ship::probe(node, &remote, remote_topic)).await {
+    // From every member: each owner of a parent partition must be able to ship.
+    let (outcome, checks) = Box::pin(ship::probe_everywhere(node, &remote, remote_topic)).await;
+    let info = match outcome {
         Ok(i) => i,
-        Err(f) => return unusable(node, &f),
+        Err(f) => return unusable_with(&f, checks),
     };
     if let (Some(mine), Some(theirs)) = (p.current_schema(), info.schema.as_ref()) {
         if mine != theirs {
@@ -204,7 +212,7 @@ pub async fn attach(node: &Rc<Node>, c: &Caller, parent: &str, a: Attach<'_>) ->
             &json!({
                 "dry_run": true,
                 "attach_offsets": offsets,
-                "checks": [{"node": node.config.node_id, "result": "pass", "target_id": info.id}],
+                "checks": checks,
                 "warnings": warnings,
             }),
         );
@@ -481,9 +489,10 @@ pub async fn resume(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -
         return error(429, "this remote was checked less than 5 s ago")
             .with_header("Retry-After", retry_s.to_string());
     }
-    let info = match Box::pin(ship::probe(node, &remote, &r.topic)).await {
+    let (outcome, checks) = Box::pin(ship::probe_everywhere(node, &remote, &r.topic)).await;
+    let info = match outcome {
         Ok(i) => i,
-        Err(f) => return unusable(node, &f),
+        Err(f) => return unusable_with(&f, checks),
     };
     if info.id != r.target_id && !accept {
         return unusable(

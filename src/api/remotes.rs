@@ -710,9 +710,9 @@ async fn test_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> R
             .with_header("Retry-After", retry_s.to_string());
     }
     let started = std::time::Instant::now();
-    let outcome = Box::pin(crate::ship::probe(node, &remote, topic)).await;
+    let (outcome, mut checks) = Box::pin(crate::ship::probe_everywhere(node, &remote, topic)).await;
     let rtt_ms = started.elapsed().as_millis() as u64;
-    let (result, class, target_id, detail) = match outcome {
+    let (result, class, _target_id, detail) = match outcome {
         Ok(info) => {
             let mine = source.as_ref().and_then(|t| t.current_schema());
             match (mine, info.schema.as_ref()) {
@@ -728,28 +728,32 @@ async fn test_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> R
         Err(f) => ("fail", f.class.as_str(), String::new(), f.detail),
     };
     let cfg = &node.config;
+    for row in &mut checks {
+        row["credential_version"] = json!(remote.credential_version);
+        row["warnings"] = json!([]);
+    }
+    // This node's row (the first) says its own posture and how long the checks took.
+    if let Some(mine) = checks.first_mut() {
+        mine["rtt_ms"] = json!(rtt_ms);
+        mine["posture"] = json!({
+            "security_enabled": cfg.security_enabled,
+            "legacy_cluster_auth": false,
+            "raft_tls": !cfg.cluster_tls.cert_file.is_empty(),
+            "api_hop_encrypted": cfg.remotes.api_hop_encrypted,
+        });
+        if result == "fail" && mine["result"] == "pass" && !detail.is_empty() {
+            mine["result"] = json!("fail");
+            mine["class"] = json!(class);
+            mine["detail"] = json!(detail);
+        }
+    }
     json_response(
         200,
         &json!({
             "remote": name,
             "result": result,
             "class": class,
-            "checks": [{
-                "node": cfg.node_id,
-                "result": result,
-                "class": class,
-                "detail": detail,
-                "credential_version": remote.credential_version,
-                "target_id": target_id,
-                "rtt_ms": rtt_ms,
-                "warnings": [],
-                "posture": {
-                    "security_enabled": cfg.security_enabled,
-                    "legacy_cluster_auth": false,
-                    "raft_tls": !cfg.cluster_tls.cert_file.is_empty(),
-                    "api_hop_encrypted": cfg.remotes.api_hop_encrypted,
-                },
-            }],
+            "checks": checks,
         }),
     )
 }

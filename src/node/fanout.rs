@@ -57,6 +57,52 @@ impl Node {
         }
     }
 
+    /// Sets what runs another node's remote-child checks here.
+    pub fn set_probe_hook(&self, h: super::ProbeHook) {
+        *self.probe_hook.borrow_mut() = Some(h);
+    }
+
+    /// Serves another node's `REMOTE_PROBE`.
+    pub async fn serve_remote_probe(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        let hook = self.probe_hook.borrow().clone();
+        match hook {
+            Some(h) => h(body.to_vec()).await,
+            None => Err("remote probes are not served yet".into()),
+        }
+    }
+
+    /// Asks every other member (alive or not) to run the checks in `ask`: each member's id and
+    /// its answer, or why there is none, within `within`.
+    pub async fn probe_members(
+        &self,
+        ask: &[u8],
+        within: std::time::Duration,
+    ) -> Vec<(String, Result<Vec<u8>, String>)> {
+        let Some(links) = &self.links else {
+            return Vec::new();
+        };
+        let me = self.config.node_id.clone();
+        let ids: Vec<String> = self
+            .meta()
+            .members
+            .values()
+            .map(|m| m.id.clone())
+            .filter(|id| *id != me)
+            .collect();
+        let asks = ids.iter().map(|id| async move {
+            let Some((_, addr)) = self.member_addr(MemberId::of(id)) else {
+                return (id.clone(), Err(format!("no cluster address for {id}")));
+            };
+            let r = links
+                .to(&addr)
+                .call(ops::REMOTE_PROBE, ask, within)
+                .await
+                .map_err(|e| e.to_string());
+            (id.clone(), r)
+        });
+        futures_util::future::join_all(asks).await
+    }
+
     /// Stops the fan-out cursors and writes their positions (graceful shutdown).
     pub async fn close_fanout(&self) {
         let f = self.fanout.borrow().clone();

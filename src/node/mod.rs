@@ -60,6 +60,13 @@ pub use moves::{MoveStatus, MoveTally, MOVE_DURATION_BOUNDS_MS};
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
 
+/// Runs the checks of a remote child for another node (`REMOTE_PROBE`): its ask, its answer.
+pub type ProbeHook = Rc<
+    dyn Fn(
+        Vec<u8>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>>>>,
+>;
+
 pub struct Node {
     pub shard: ShardId,
     pub shards: u32,
@@ -88,6 +95,8 @@ pub struct Node {
     ingress_failed: Cell<bool>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
+    /// Runs another node's `REMOTE_PROBE` here (set by the shipper, a layer above).
+    probe_hook: RefCell<Option<ProbeHook>>,
     pub metrics: crate::metrics::Metrics,
     /// Single produces accepted here for other shards' partitions, until handed over.
     pub transit: narad_shard::transit::Transit,
@@ -185,6 +194,7 @@ impl Node {
             meta_stopped: RefCell::new(None),
             ingress_failed: Cell::new(false),
             fanout: RefCell::new(None),
+            probe_hook: RefCell::new(None),
             metrics: crate::metrics::Metrics::default(),
             transit: narad_shard::transit::Transit::new(shard, shards, wide.transit.clone()),
             links,

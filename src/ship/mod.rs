@@ -160,6 +160,14 @@ thread_local! {
 pub fn install(node: &Rc<Node>) {
     let s = Shipper::new(node);
     node.set_shipper(s.as_fn(), state_name);
+    let weak = Rc::downgrade(node);
+    node.set_probe_hook(Rc::new(move |ask: Vec<u8>| {
+        let weak = weak.clone();
+        Box::pin(async move {
+            let node = weak.upgrade().ok_or("node stopped")?;
+            Ok(serve_probe(&node, &ask).await.to_string().into_bytes())
+        })
+    }));
     SHIPPER.with(|x| *x.borrow_mut() = Some(s));
 }
 
@@ -623,6 +631,88 @@ pub async fn probe(node: &Node, r: &RemoteMeta, topic: &str) -> Result<TargetInf
             .to_string(),
         schema: v.get("schema").cloned(),
     })
+}
+
+/// Another node's `REMOTE_PROBE` (`{remote, topic}`), run from here.
+async fn serve_probe(node: &Node, ask: &[u8]) -> serde_json::Value {
+    let ask: serde_json::Value = serde_json::from_slice(ask).unwrap_or_default();
+    let (Some(name), Some(topic)) = (ask["remote"].as_str(), ask["topic"].as_str()) else {
+        return serde_json::json!({"ok": false, "class": "unknown", "detail": "malformed probe"});
+    };
+    let Some(remote) = node.meta().remotes.get(name).cloned() else {
+        return serde_json::json!({"ok": false, "class": Class::RemoteMissing.as_str(),
+            "detail": format!("remote {name:?} is not registered on this node's metadata yet")});
+    };
+    match Box::pin(probe(node, &remote, topic)).await {
+        Ok(info) => serde_json::json!({"ok": true, "target_id": info.id, "schema": info.schema}),
+        Err(f) => serde_json::json!({"ok": false, "class": f.class.as_str(), "detail": f.detail}),
+    }
+}
+
+/// The checks of SEMANTICS.md §13 from this node and every other member (all must pass and
+/// answer, and see the same target): what the target is, or the first failure; and one row per
+/// member for the answer's `checks`.
+pub async fn probe_everywhere(
+    node: &Node,
+    r: &RemoteMeta,
+    topic: &str,
+) -> (Result<TargetInfo, CheckFailed>, Vec<serde_json::Value>) {
+    let ask = serde_json::json!({"remote": r.name, "topic": topic}).to_string();
+    let within = Duration::from_millis(r.limits.request_timeout_ms.saturating_mul(2))
+        + Duration::from_secs(5);
+    let (mine, theirs) = futures_util::future::join(
+        Box::pin(probe(node, r, topic)),
+        node.probe_members(ask.as_bytes(), within),
+    )
+    .await;
+    let row = |id: &str, res: &Result<TargetInfo, CheckFailed>| match res {
+        Ok(i) => serde_json::json!({"node": id, "result": "pass", "target_id": i.id}),
+        Err(f) => {
+            serde_json::json!({"node": id, "result": "fail", "class": f.class.as_str(), "detail": f.detail})
+        }
+    };
+    let mut rows = vec![row(&node.config.node_id, &mine)];
+    let mut outcome = mine;
+    for (id, answer) in theirs {
+        let res = match answer {
+            Err(e) => Err(failed(
+                Class::Unavailable,
+                format!("member {id} did not answer the checks: {e}"),
+            )),
+            Ok(b) => {
+                let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or_default();
+                if v["ok"] == true {
+                    Ok(TargetInfo {
+                        id: v["target_id"].as_str().unwrap_or_default().to_string(),
+                        schema: v.get("schema").filter(|s| !s.is_null()).cloned(),
+                    })
+                } else {
+                    let class = v["class"]
+                        .as_str()
+                        .and_then(|c| CLASSES.iter().copied().find(|k| k.as_str() == c))
+                        .unwrap_or(Class::Unknown);
+                    Err(failed(
+                        class,
+                        format!("from {id}: {}", v["detail"].as_str().unwrap_or("failed")),
+                    ))
+                }
+            }
+        };
+        rows.push(row(&id, &res));
+        outcome = match (outcome, res) {
+            (Err(f), _) => Err(f),
+            (Ok(_), Err(f)) => Err(f),
+            (Ok(a), Ok(b)) if a.id != b.id => Err(failed(
+                Class::TargetReplaced,
+                format!(
+                    "members see different target topics ({} and {} from {id})",
+                    a.id, b.id
+                ),
+            )),
+            (Ok(a), Ok(_)) => Ok(a),
+        };
+    }
+    (outcome, rows)
 }
 
 /// One GET of a probe.

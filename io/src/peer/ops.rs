@@ -47,6 +47,9 @@ pub const MOVE_CHUNK: u8 = 15;
 /// The receiver's own status for `GET /v1/cluster/members?detail=true` (empty body; answer:
 /// JSON `{node, draining, produce_in_flight, dispatch_backlog, quarantine, moves}`).
 pub const NODE_STATUS: u8 = 16;
+/// Run the checks of a remote child from the receiver (SEMANTICS.md §13: every member must be
+/// able to ship). JSON ask `{remote, topic}`; answer `{ok, class, detail, target_id}`.
+pub const REMOTE_PROBE: u8 = 17;
 
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
@@ -67,6 +70,7 @@ pub fn name(op: u8) -> &'static str {
         MOVE_MANIFEST => "move_manifest",
         MOVE_CHUNK => "move_chunk",
         NODE_STATUS => "node_status",
+        REMOTE_PROBE => "remote_probe",
         _ => "unknown",
     }
 }
