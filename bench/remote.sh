@@ -12,13 +12,16 @@
 # start until the child's lag is 0).
 #
 # Usage: bench/remote.sh
-# Environment: DURATION (seconds per phase, default 15), NARAD (broker binary, default
+# Environment: DURATION (seconds per phase, default 15), LANES (the child's lanes, default 1),
+# COMPRESSION (the remote's `limits.compression`, none or zstd; default none), NARAD (broker binary, default
 # target/release/narad), BUILD=0 to use it as it is, OUT (directory for logs, default a new
 # temporary directory). Loopback only.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 DURATION=${DURATION:-15}
+LANES=${LANES:-1}
+COMPRESSION=${COMPRESSION:-none}
 OUT=${OUT:-$(mktemp -d -t narad-remote-bench.XXXXXX)}
 mkdir -p "$OUT"
 # shellcheck source=bench/lib.sh
@@ -112,7 +115,7 @@ api "$TPORT" POST /v1/users \
 api "$PPORT" POST /v1/topics '{"name":"orders","partitions":3}' >/dev/null
 CA=$(python3 -c 'import json,sys; print(json.dumps(open(sys.argv[1]).read()))' "$WORK/ca.pem")
 api "$PPORT" POST /v1/remotes \
-  "{\"name\":\"b\",\"url\":\"https://127.0.0.1:$FPORT\",\"username\":\"replicator\",\"password\":\"$REPL_PW\",\"ca_pem\":$CA}" >"$OUT/register.json"
+  "{\"name\":\"b\",\"url\":\"https://127.0.0.1:$FPORT\",\"username\":\"replicator\",\"password\":\"$REPL_PW\",\"ca_pem\":$CA,\"limits\":{\"compression\":\"$COMPRESSION\"}}" >"$OUT/register.json"
 grep -q '"credential_version"' "$OUT/register.json" || { cat "$OUT/register.json" >&2; exit 1; }
 
 w2() { # label
@@ -128,7 +131,7 @@ hwm() { # port topic: the sum of the partitions' high watermarks
 echo "== phase A: W2 for $DURATION s, no remote child"
 w2 without
 api "$PPORT" POST /v1/topics/orders/children \
-  '{"child":"orders-to-b","remote":"b","remote_topic":"orders"}' >"$OUT/attach.json"
+  '{"child":"orders-to-b","remote":"b","remote_topic":"orders","lanes":'"$LANES"'}' >"$OUT/attach.json"
 grep -q '"remote"' "$OUT/attach.json" || { cat "$OUT/attach.json" >&2; exit 1; }
 BEFORE=$(hwm "$PPORT" orders)
 echo "== phase B: W2 for $DURATION s while shipping"
