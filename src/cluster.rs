@@ -62,7 +62,9 @@ async fn handle(node: &Rc<Node>, req: Inbound) -> Outcome {
         ops::MOVE_MANIFEST => served(node.serve_move_manifest(req.body()).await),
         ops::MOVE_CHUNK => served(node.serve_move_chunk(req.body()).await),
         ops::NODE_STATUS => served(Ok(node.node_status().to_string().into_bytes())),
-        ops::REMOTE_PROBE => served(node.serve_remote_probe(req.body()).await),
+        ops::REMOTE_PROBE | ops::REMOTE_VIEW => {
+            served(node.serve_remote_probe(req.op, req.body()).await)
+        }
         _ => Outcome::Unsupported,
     }
 }

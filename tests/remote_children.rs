@@ -717,6 +717,27 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
     assert_eq!(r.status, 201, "{}", r.text());
     let r = a.post("/v1/topics", r#"{"name":"orders","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
+    // Every member's view of the credential: all open it with the shared cluster secret.
+    let views = |adm: &mut common::cluster::Admin| {
+        let v = adm.get("/v1/remotes").json();
+        let mut rows: Vec<(String, String)> = v["remotes"][0]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n["node"].as_str().unwrap_or("?").to_string(),
+                    n["state"].as_str().unwrap_or("?").to_string(),
+                )
+            })
+            .collect();
+        rows.sort();
+        (rows, v["not_answering"].clone())
+    };
+    let (rows, silent) = views(&mut a);
+    let ready = |n: &str| (n.to_string(), "ready".to_string());
+    assert_eq!(rows, [ready("n1"), ready("n2"), ready("n3")]);
+    assert_eq!(silent, serde_json::json!([]));
     // The attach goes through another node than the registration (the registry is in Raft),
     // and its checks run from every member.
     let mut b = c.nodes[1].admin();
@@ -793,6 +814,8 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
     }
     let r = row(&mut b);
     assert_eq!(r["lag_complete"], false, "an owner is down: {r}");
+    let (rows, silent) = views(&mut a);
+    assert_eq!(silent, serde_json::json!(["n3"]), "{rows:?}");
     c.start_node(2);
     c.wait_ready(WAIT_MAX);
     wait_for("shipping after the owner's restart", || {

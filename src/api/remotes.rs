@@ -287,26 +287,6 @@ fn view(r: &RemoteMeta) -> Value {
     v
 }
 
-/// This node's view of a remote's credential (`nodes[]` of the list).
-fn node_view(node: &Node, r: &RemoteMeta) -> Value {
-    let state = match RemoteKey::derive(node.config.cluster_secret.0.as_bytes()) {
-        Some(k) if k.open(&r.name, &r.key_version, &r.sealed_password).is_ok() => "ready",
-        Some(k) if k.version() != r.key_version => "stale",
-        _ => "credential_unreadable",
-    };
-    json!({
-        "node": node.config.node_id,
-        "state": state,
-        "credential_version": r.credential_version,
-        "key_version": r.key_version,
-        "fingerprint": r.fingerprint,
-        "last_ok_at": null,
-        "last_error": null,
-        "server_cert_not_after": null,
-        "rtt_ms": null,
-    })
-}
-
 fn now_ms() -> u64 {
     narad_io::types::UnixMillis::now().0
 }
@@ -433,12 +413,12 @@ fn nodes_param(req: &Request) -> Result<bool, Response> {
 }
 
 /// `GET /v1/remotes` (§14.2).
-pub fn list(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
-    let r = list_inner(node, req, c);
+pub async fn list(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
+    let r = list_inner(node, req, c).await;
     audited("remote.list", c, "", headers(r, false))
 }
 
-fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
+async fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
     if let Some(r) = refused(node, c) {
         return r;
     }
@@ -455,6 +435,28 @@ fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
             .map(|r| r.password_set_at_ms)
             .min()
     });
+    // Every other member's view of each credential (API.md §14.2), within 2 s.
+    let mut others: Vec<Map<String, Value>> = Vec::new();
+    let mut not_answering: Vec<String> = Vec::new();
+    if with_nodes {
+        let answers = node
+            .ask_members(
+                narad_io::peer::ops::REMOTE_VIEW,
+                b"",
+                std::time::Duration::from_secs(2),
+            )
+            .await;
+        for (id, a) in answers {
+            match a
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Map<String, Value>>(&b).ok())
+            {
+                Some(m) => others.push(m),
+                None => not_answering.push(id),
+            }
+        }
+        not_answering.sort();
+    }
     let remotes: Vec<Value> = meta
         .remotes
         .values()
@@ -462,7 +464,13 @@ fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
             let mut v = view(r);
             v["links"] = json!(links_of(&meta, &r.name));
             if with_nodes {
-                v["nodes"] = json!([node_view(node, r)]);
+                let mut rows = vec![crate::ship::node_view(node, r)];
+                rows.extend(others.iter().map(|m| {
+                    m.get(&r.name)
+                        .cloned()
+                        .unwrap_or_else(|| json!({"node": Value::Null, "state": "missing"}))
+                }));
+                v["nodes"] = Value::Array(rows);
             }
             v
         })
@@ -478,7 +486,7 @@ fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
     });
     if with_nodes {
         out["lingering"] = json!([]);
-        out["not_answering"] = json!([]);
+        out["not_answering"] = json!(not_answering);
     }
     json_response(200, &out)
 }
@@ -507,7 +515,7 @@ fn get_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response
         Some(r) => {
             let mut v = view(r);
             if with_nodes {
-                v["nodes"] = json!([node_view(node, r)]);
+                v["nodes"] = json!([crate::ship::node_view(node, r)]);
             }
             json_response(200, &v)
         }

@@ -62,11 +62,11 @@ impl Node {
         *self.probe_hook.borrow_mut() = Some(h);
     }
 
-    /// Serves another node's `REMOTE_PROBE`.
-    pub async fn serve_remote_probe(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+    /// Serves another node's `REMOTE_PROBE` or `REMOTE_VIEW`.
+    pub async fn serve_remote_probe(&self, op: u8, body: &[u8]) -> Result<Vec<u8>, String> {
         let hook = self.probe_hook.borrow().clone();
         match hook {
-            Some(h) => h(body.to_vec()).await,
+            Some(h) => h(op, body.to_vec()).await,
             None => Err("remote probes are not served yet".into()),
         }
     }
@@ -75,6 +75,17 @@ impl Node {
     /// its answer, or why there is none, within `within`.
     pub async fn probe_members(
         &self,
+        ask: &[u8],
+        within: std::time::Duration,
+    ) -> Vec<(String, Result<Vec<u8>, String>)> {
+        self.ask_members(ops::REMOTE_PROBE, ask, within).await
+    }
+
+    /// Sends `ask` as operation `op` to every other member: each one's id and its answer, or
+    /// why there is none, within `within`.
+    pub async fn ask_members(
+        &self,
+        op: u8,
         ask: &[u8],
         within: std::time::Duration,
     ) -> Vec<(String, Result<Vec<u8>, String>)> {
@@ -95,7 +106,7 @@ impl Node {
             };
             let r = links
                 .to(&addr)
-                .call(ops::REMOTE_PROBE, ask, within)
+                .call(op, ask, within)
                 .await
                 .map_err(|e| e.to_string());
             (id.clone(), r)

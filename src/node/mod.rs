@@ -60,9 +60,10 @@ pub use moves::{MoveStatus, MoveTally, MOVE_DURATION_BOUNDS_MS};
 pub use poll::WAIT_SLICE_MS;
 pub use remote::identity;
 
-/// Runs the checks of a remote child for another node (`REMOTE_PROBE`): its ask, its answer.
+/// Serves another node's `REMOTE_PROBE` or `REMOTE_VIEW`: (operation, ask) → answer.
 pub type ProbeHook = Rc<
     dyn Fn(
+        u8,
         Vec<u8>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>, String>>>>,
 >;
@@ -95,7 +96,8 @@ pub struct Node {
     ingress_failed: Cell<bool>,
     /// Fan-out cursors of this shard's parent partitions (set once at start).
     fanout: RefCell<Option<Rc<Fanout>>>,
-    /// Runs another node's `REMOTE_PROBE` here (set by the shipper, a layer above).
+    /// Runs another node's `REMOTE_PROBE` and `REMOTE_VIEW` here (set by the shipper, a layer
+    /// above).
     probe_hook: RefCell<Option<ProbeHook>>,
     pub metrics: crate::metrics::Metrics,
     /// Single produces accepted here for other shards' partitions, until handed over.

@@ -161,11 +161,22 @@ pub fn install(node: &Rc<Node>) {
     let s = Shipper::new(node);
     node.set_shipper(s.as_fn(), state_name);
     let weak = Rc::downgrade(node);
-    node.set_probe_hook(Rc::new(move |ask: Vec<u8>| {
+    node.set_probe_hook(Rc::new(move |op: u8, ask: Vec<u8>| {
         let weak = weak.clone();
         Box::pin(async move {
             let node = weak.upgrade().ok_or("node stopped")?;
-            Ok(serve_probe(&node, &ask).await.to_string().into_bytes())
+            let answer = if op == narad_io::peer::ops::REMOTE_VIEW {
+                let meta = node.meta();
+                let views: serde_json::Map<String, serde_json::Value> = meta
+                    .remotes
+                    .values()
+                    .map(|r| (r.name.clone(), node_view(&node, r)))
+                    .collect();
+                serde_json::Value::Object(views)
+            } else {
+                serve_probe(&node, &ask).await
+            };
+            Ok(answer.to_string().into_bytes())
         })
     }));
     SHIPPER.with(|x| *x.borrow_mut() = Some(s));
@@ -630,6 +641,28 @@ pub async fn probe(node: &Node, r: &RemoteMeta, topic: &str) -> Result<TargetInf
             .unwrap_or_default()
             .to_string(),
         schema: v.get("schema").cloned(),
+    })
+}
+
+/// This node's view of remote `r`'s credential (API.md §14.2 `nodes[]`): whether its cluster
+/// secret opens the sealed password (`ready`), was replaced since (`stale`), or cannot
+/// (`credential_unreadable`).
+pub fn node_view(node: &Node, r: &RemoteMeta) -> serde_json::Value {
+    let state = match RemoteKey::derive(node.config.cluster_secret.0.as_bytes()) {
+        Some(k) if k.open(&r.name, &r.key_version, &r.sealed_password).is_ok() => "ready",
+        Some(k) if k.version() != r.key_version => "stale",
+        _ => "credential_unreadable",
+    };
+    serde_json::json!({
+        "node": node.config.node_id,
+        "state": state,
+        "credential_version": r.credential_version,
+        "key_version": r.key_version,
+        "fingerprint": r.fingerprint,
+        "last_ok_at": null,
+        "last_error": null,
+        "server_cert_not_after": null,
+        "rtt_ms": null,
     })
 }
 

@@ -50,6 +50,9 @@ pub const NODE_STATUS: u8 = 16;
 /// Run the checks of a remote child from the receiver (SEMANTICS.md §13: every member must be
 /// able to ship). JSON ask `{remote, topic}`; answer `{ok, class, detail, target_id}`.
 pub const REMOTE_PROBE: u8 = 17;
+/// The receiver's view of every registered remote's credential (API.md §14.2 `nodes`): empty
+/// ask; answer a JSON object, remote name → that node's row.
+pub const REMOTE_VIEW: u8 = 18;
 
 /// The `op` label of an operation code in the cluster RPC metrics (OPERATIONS.md §9.6).
 pub fn name(op: u8) -> &'static str {
@@ -71,6 +74,7 @@ pub fn name(op: u8) -> &'static str {
         MOVE_CHUNK => "move_chunk",
         NODE_STATUS => "node_status",
         REMOTE_PROBE => "remote_probe",
+        REMOTE_VIEW => "remote_view",
         _ => "unknown",
     }
 }
