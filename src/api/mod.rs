@@ -656,7 +656,7 @@ pub async fn handle(node: &Rc<Node>, mut req: Request) -> Response {
         Route::ClusterForget => cluster::forget(node, &caller, t).await,
         Route::RemotesCreate => remotes::create(node, &req, &caller).await,
         Route::RemotesList => remotes::list(node, &req, &caller).await,
-        Route::RemoteGet => remotes::get(node, &req, &caller, t),
+        Route::RemoteGet => remotes::get(node, &req, &caller, t).await,
         Route::RemotePatch => remotes::patch(node, &req, &caller, t).await,
         Route::RemoteDelete => remotes::delete(node, &req, &caller, t).await,
         Route::RemotesReencrypt => remotes::reencrypt(node, &req, &caller).await,

@@ -418,6 +418,43 @@ pub async fn list(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
     audited("remote.list", c, "", headers(r, false))
 }
 
+/// Every other member's view of each credential (API.md §14.2), asked within 2 s: the
+/// answers, and the members that did not answer (sorted).
+async fn member_views(node: &Node) -> (Vec<Map<String, Value>>, Vec<String>) {
+    let answers = node
+        .ask_members(
+            narad_io::peer::ops::REMOTE_VIEW,
+            b"",
+            std::time::Duration::from_secs(2),
+        )
+        .await;
+    let mut views = Vec::new();
+    let mut silent = Vec::new();
+    for (id, a) in answers {
+        match a
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Map<String, Value>>(&b).ok())
+        {
+            Some(m) => views.push(m),
+            None => silent.push(id),
+        }
+    }
+    silent.sort();
+    (views, silent)
+}
+
+/// The `nodes` of remote `r`: this node's row, then each other member's (`missing` where a
+/// member's metadata does not have the remote yet).
+fn node_rows(node: &Node, r: &RemoteMeta, others: &[Map<String, Value>]) -> Value {
+    let mut rows = vec![crate::ship::node_view(node, r)];
+    rows.extend(others.iter().map(|m| {
+        m.get(&r.name)
+            .cloned()
+            .unwrap_or_else(|| json!({"node": Value::Null, "state": "missing"}))
+    }));
+    Value::Array(rows)
+}
+
 async fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
     if let Some(r) = refused(node, c) {
         return r;
@@ -435,28 +472,11 @@ async fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
             .map(|r| r.password_set_at_ms)
             .min()
     });
-    // Every other member's view of each credential (API.md §14.2), within 2 s.
-    let mut others: Vec<Map<String, Value>> = Vec::new();
-    let mut not_answering: Vec<String> = Vec::new();
-    if with_nodes {
-        let answers = node
-            .ask_members(
-                narad_io::peer::ops::REMOTE_VIEW,
-                b"",
-                std::time::Duration::from_secs(2),
-            )
-            .await;
-        for (id, a) in answers {
-            match a
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Map<String, Value>>(&b).ok())
-            {
-                Some(m) => others.push(m),
-                None => not_answering.push(id),
-            }
-        }
-        not_answering.sort();
-    }
+    let (others, not_answering) = if with_nodes {
+        member_views(node).await
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let remotes: Vec<Value> = meta
         .remotes
         .values()
@@ -492,12 +512,12 @@ async fn list_inner(node: &Rc<Node>, req: &Request, c: &Caller) -> Response {
 }
 
 /// `GET /v1/remotes/{name}` (§14.3).
-pub fn get(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
-    let r = get_inner(node, req, c, name);
+pub async fn get(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
+    let r = get_inner(node, req, c, name).await;
     audited("remote.get", c, name, headers(r, false))
 }
 
-fn get_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
+async fn get_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response {
     if let Some(r) = refused(node, c) {
         return r;
     }
@@ -511,16 +531,15 @@ fn get_inner(node: &Rc<Node>, req: &Request, c: &Caller, name: &str) -> Response
             "invalid name: a lowercase letter, then up to 62 of a-z, 0-9 and -",
         );
     }
-    match node.meta().remotes.get(name) {
-        Some(r) => {
-            let mut v = view(r);
-            if with_nodes {
-                v["nodes"] = json!([crate::ship::node_view(node, r)]);
-            }
-            json_response(200, &v)
-        }
-        None => error(404, &format!("remote {name:?} not found")),
+    let Some(r) = node.meta().remotes.get(name).cloned() else {
+        return error(404, &format!("remote {name:?} not found"));
+    };
+    let mut v = view(&r);
+    if with_nodes {
+        let (others, _) = member_views(node).await;
+        v["nodes"] = node_rows(node, &r, &others);
     }
+    json_response(200, &v)
 }
 
 /// `PATCH /v1/remotes/{name}` (§14.4).
