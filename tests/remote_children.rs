@@ -627,8 +627,36 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
         let row = child_row(&mut p, "orders", "orders-to-b");
         row["lag_messages"] == 0 && row["lag_complete"] == true
     });
+    let metric = |p: &mut Client, series: &str| -> Option<f64> {
+        let m = call(p, "GET", "/metrics", "").text();
+        m.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    };
+    // Sealed under the old key: stale until re-encrypted (shipping opens it with the previous).
+    assert_eq!(
+        metric(
+            &mut p,
+            r#"narad_remote_credential_state{remote="b",state="stale"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&mut p, r#"narad_remote_credential_key_current{remote="b"}"#),
+        Some(0.0)
+    );
     let r = call(&mut p, "POST", "/v1/cluster/reencrypt-remotes", "");
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        metric(
+            &mut p,
+            r#"narad_remote_credential_state{remote="b",state="ready"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&mut p, r#"narad_remote_credential_key_current{remote="b"}"#),
+        Some(1.0)
+    );
     assert_eq!(
         r.json()["reencrypted"],
         serde_json::json!(["b"]),

@@ -48,6 +48,22 @@ pub(crate) struct NodeFacts {
     pub moves: crate::node::MoveTally,
     /// What blocks each decommission, as this node (leading) last saw it: (node, reason).
     pub decommission_blocked: Vec<(String, &'static str)>,
+    /// Each registered remote's credential as this node sees it.
+    pub remote_credentials: Vec<RemoteCredential>,
+}
+
+/// One remote's sealed credential from this node's side (OPERATIONS.md §9.4).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RemoteCredential {
+    pub remote: String,
+    /// `ready`, `stale` or `credential_unreadable` (as the remotes list's `nodes`).
+    pub state: String,
+    /// The key that sealed it.
+    pub key_version: String,
+    /// Sealed with this node's current key.
+    pub key_current: bool,
+    /// Seconds since the password was set.
+    pub age_s: u64,
 }
 
 /// The metastore's health as the node sees it, next to the Raft gauges.
@@ -128,6 +144,7 @@ impl NodeFacts {
             auth_verify_queued,
             metastore,
             remotes_allowlist_configured: !node.config.remotes.allowed_hosts.is_empty(),
+            remote_credentials: remote_credentials(node),
             boot_duration_us: BOOT_DURATION_US.load(std::sync::atomic::Ordering::Relaxed),
             orphan_topic_dirs,
             data_dir_size_bytes,
@@ -210,4 +227,26 @@ fn orphan_topic_dirs(data_dir: &Path, live: &std::collections::HashSet<TopicId>)
         .into_iter()
         .filter(|id| !live.contains(id))
         .count() as u64
+}
+
+/// Each remote's credential as `node` sees it, by name.
+fn remote_credentials(node: &Node) -> Vec<RemoteCredential> {
+    let now_ms = narad_io::types::UnixMillis::now().0;
+    node.meta()
+        .remotes
+        .values()
+        .map(|r| {
+            let state = crate::ship::node_view(node, r)["state"]
+                .as_str()
+                .unwrap_or("credential_unreadable")
+                .to_string();
+            RemoteCredential {
+                remote: r.name.clone(),
+                key_current: state == "ready",
+                state,
+                key_version: r.key_version.clone(),
+                age_s: now_ms.saturating_sub(r.password_set_at_ms) / 1000,
+            }
+        })
+        .collect()
 }

@@ -152,6 +152,45 @@ const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 23] = [
     ),
 ];
 
+/// The credential and key series of family `name`, from this node's view of each remote.
+fn credential_series(e: &mut Expo, name: &str, facts: &NodeFacts) {
+    let creds = &facts.remote_credentials;
+    match name {
+        "narad_remote_credential_state" => {
+            for c in creds {
+                e.int(name, &[("remote", &c.remote), ("state", &c.state)], 1);
+            }
+        }
+        "narad_remote_credential_age_seconds" => {
+            for c in creds {
+                e.int(name, &[("remote", &c.remote)], c.age_s);
+            }
+        }
+        "narad_remote_credential_key_current" => {
+            for c in creds {
+                e.int(name, &[("remote", &c.remote)], u64::from(c.key_current));
+            }
+        }
+        "narad_remote_key_seals" | "narad_remote_key_age_seconds" => {
+            let mut keys: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+            for c in creds {
+                let k = keys.entry(c.key_version.as_str()).or_default();
+                k.0 += 1;
+                k.1 = k.1.max(c.age_s);
+            }
+            for (key, (seals, age)) in keys {
+                let v = if name == "narad_remote_key_seals" {
+                    seals
+                } else {
+                    age
+                };
+                e.int(name, &[("key", key)], v);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// `narad_fanout_remote_state{parent,child,partition,state}` = 1 for each remote child's parent
 /// partition shipped from this node, in its current state (`paused` while the link is paused).
 fn remote_states(e: &mut Expo, shards: &[ShardMetrics], meta: &MetaState) {
@@ -230,6 +269,7 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
         if name == "narad_fanout_remote_state" {
             remote_states(e, shards, meta);
         }
+        credential_series(e, name, facts);
         for (remote, c) in &remotes {
             match name {
                 "narad_remote_requests_total" => {

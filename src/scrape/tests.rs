@@ -388,6 +388,7 @@ fn busy_facts() -> NodeFacts {
             t
         },
         decommission_blocked: vec![("n4".to_string(), "move_target")],
+        remote_credentials: Vec::new(),
     }
 }
 
@@ -443,6 +444,7 @@ fn quiet_node_document_is_unchanged() {
         moves_inflight: 0,
         moves: Default::default(),
         decommission_blocked: Vec::new(),
+        remote_credentials: Vec::new(),
     };
     let shards = [quiet_shard(0)];
     let doc = render_doc(&meta, &Merged::of(&shards), &facts, &shards);
