@@ -354,7 +354,19 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
             r#"narad_fanout_remote_state{{parent="orders",child="orders-to-b",partition="{partition}",state="running"}}"#
         );
         assert_eq!(value(&series), 1.0, "{series} in {m}");
+        let lag = format!(
+            r#"narad_fanout_remote_lag_seconds{{parent="orders",child="orders-to-b",partition="{partition}"}}"#
+        );
+        assert!(m.contains(&lag), "{lag} in {m}");
     }
+    let last = value(
+        r#"narad_fanout_remote_last_success_timestamp_seconds{parent="orders",child="orders-to-b"}"#,
+    );
+    assert!(last > 1.7e9, "a recent Unix time: {last}");
+    assert_eq!(
+        value(r#"narad_fanout_remote_skipped_records_total{parent="orders",child="orders-to-b"}"#),
+        0.0
+    );
 
     // Pause holds the cursors; resume re-runs the checks and ships again.
     let r = call(

@@ -326,6 +326,8 @@ pub struct PartitionLag {
     /// A remote link's cursor state (0 running, else the shipper's code); `None` for a local
     /// child.
     pub remote_state: Option<u8>,
+    /// A remote link: when its records last shipped (Unix ms, 0 never).
+    pub last_ok_ms: u64,
 }
 
 impl Fanout {
@@ -455,6 +457,7 @@ impl Fanout {
                     .saturating_sub(c.next.get().0),
                 due_lag_ms: c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due)),
                 remote_state: c.remote.borrow().is_some().then(|| c.state.get()),
+                last_ok_ms: c.last_ok_ms.get(),
             })
             .collect()
     }

@@ -191,6 +191,42 @@ fn credential_series(e: &mut Expo, name: &str, facts: &NodeFacts) {
     }
 }
 
+/// `narad_fanout_remote_lag_seconds{parent,child,partition}` (how long past due the oldest
+/// unshipped record is) and `narad_fanout_remote_last_success_timestamp_seconds{parent,child}`
+/// (the latest over this node's cursors), for the remote children this node ships.
+fn remote_cursor_series(e: &mut Expo, name: &str, shards: &[ShardMetrics], meta: &MetaState) {
+    let by_id: std::collections::HashMap<_, _> = meta.topics.values().map(|t| (t.id, t)).collect();
+    let mut last: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    let mut lag: Vec<(&str, &str, u32, u64)> = Vec::new();
+    for l in shards.iter().flat_map(|s| &s.fanout_lag) {
+        let (Some(_), Some(p), Some(c)) = (
+            l.remote_state,
+            by_id.get(&l.parent.topic),
+            by_id.get(&l.child),
+        ) else {
+            continue;
+        };
+        let k = last.entry((p.name.as_str(), c.name.as_str())).or_default();
+        *k = (*k).max(l.last_ok_ms);
+        lag.push((&p.name, &c.name, l.parent.partition.0, l.due_lag_ms));
+    }
+    if name == "narad_fanout_remote_lag_seconds" {
+        lag.sort();
+        for (p, c, partition, ms) in lag {
+            let partition = partition.to_string();
+            e.float(
+                name,
+                &[("parent", p), ("child", c), ("partition", &partition)],
+                ms as f64 / 1e3,
+            );
+        }
+    } else {
+        for ((p, c), ms) in last.into_iter().filter(|(_, ms)| *ms > 0) {
+            e.float(name, &[("parent", p), ("child", c)], ms as f64 / 1e3);
+        }
+    }
+}
+
 /// `narad_fanout_remote_state{parent,child,partition,state}` = 1 for each remote child's parent
 /// partition shipped from this node, in its current state (`paused` while the link is paused).
 fn remote_states(e: &mut Expo, shards: &[ShardMetrics], meta: &MetaState) {
@@ -266,8 +302,21 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
     // that name them find them, with no series (as `narad_ack_rejected_total`).
     for (name, kind, help) in UNUSED_PLANE_FAMILIES {
         e.family(name, kind, help);
-        if name == "narad_fanout_remote_state" {
-            remote_states(e, shards, meta);
+        match name {
+            "narad_fanout_remote_state" => remote_states(e, shards, meta),
+            "narad_fanout_remote_lag_seconds"
+            | "narad_fanout_remote_last_success_timestamp_seconds" => {
+                remote_cursor_series(e, name, shards, meta)
+            }
+            "narad_fanout_remote_skipped_records_total" => {
+                for t in meta.topics.values() {
+                    if let (Some(r), Some(p)) = (&t.remote, &t.parent) {
+                        let n: usize = r.skip.values().map(Vec::len).sum();
+                        e.int(name, &[("parent", p), ("child", &t.name)], n as u64);
+                    }
+                }
+            }
+            _ => {}
         }
         credential_series(e, name, facts);
         for (remote, c) in &remotes {

@@ -297,6 +297,7 @@ fn busy_shards() -> Vec<ShardMetrics> {
                 lag_messages: 4 * n,
                 due_lag_ms: 250 * n,
                 remote_state: None,
+                last_ok_ms: 0,
             },
             PartitionLag {
                 parent: key(ORDERS, 1),
@@ -304,6 +305,7 @@ fn busy_shards() -> Vec<ShardMetrics> {
                 lag_messages: n,
                 due_lag_ms: 0,
                 remote_state: None,
+                last_ok_ms: 0,
             },
         ];
         s.fanout_links = vec![(
