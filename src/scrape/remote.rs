@@ -1,9 +1,12 @@
-//! §9.4 remote plane, and the families of the planes this build does not run (remote children,
-//! node-to-node RPC, Raft TLS): the allowlist is a fact of the configuration, the label-less
-//! remote series are zero (no remotes are held, nothing is sealed), the labelled families are
-//! declared without series so that dashboards and alerts that name them find them.
+//! §9.4 remote plane: the allowlist is a fact of the configuration; the shipper's counters
+//! (requests, errors, resends, bytes, chunk limit, held bytes), the remote cursors' states, lags
+//! and last successes, and this node's view of each sealed credential are series; the families
+//! nothing here feeds yet (request histograms, RTT, gate back-off, seals and decrypts, refused
+//! destinations) are declared without series so that dashboards and alerts that name them find
+//! them.
 //!
-//! Owns the rendering of those families from the node's facts; never reads the node.
+//! Owns the rendering of those families from the node's facts and the shards' snapshots; never
+//! reads the node.
 
 use std::collections::BTreeMap;
 
@@ -32,9 +35,9 @@ const REMOTE_ZERO_SERIES: [(&str, Kind, &str); 3] = [
     ),
 ];
 
-/// OPERATIONS.md §9.4 and §9.6 families with labels whose series only a remote plane, node RPC
-/// or Raft TLS would produce; this build runs none of them, so they carry no series.
-const UNUSED_PLANE_FAMILIES: [(&str, Kind, &str); 23] = [
+/// OPERATIONS.md §9.4 families with labels, in document order: each is declared, and gets the
+/// series this node has for it (see `render`), none for those nothing feeds yet.
+const REMOTE_FAMILIES: [(&str, Kind, &str); 23] = [
     (
         "narad_fanout_remote_state",
         Kind::Gauge,
@@ -298,9 +301,8 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
         };
         e.int(name, &[], v);
     }
-    // Families of the planes this node does not run: declared, so that dashboards and alerts
-    // that name them find them, with no series (as `narad_ack_rejected_total`).
-    for (name, kind, help) in UNUSED_PLANE_FAMILIES {
+    // The labelled families: declared, with the series this node has for each.
+    for (name, kind, help) in REMOTE_FAMILIES {
         e.family(name, kind, help);
         match name {
             "narad_fanout_remote_state" => remote_states(e, shards, meta),
