@@ -349,6 +349,11 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     assert!(value(r#"narad_remote_errors_total{remote="b",class="unavailable"}"#) >= 1.0);
     assert!(value(r#"narad_remote_resent_records_total{remote="b"}"#) >= 1.0);
     assert!(value(r#"narad_remote_body_bytes_total{remote="b"}"#) > 0.0);
+    assert_eq!(
+        value(r#"narad_produce_rejections_total{topic="orders-to-b",reason="remote_child"}"#),
+        1.0,
+        "the refused produce to the stub"
+    );
     for partition in 0..3 {
         let series = format!(
             r#"narad_fanout_remote_state{{parent="orders",child="orders-to-b",partition="{partition}",state="running"}}"#

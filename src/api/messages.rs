@@ -126,6 +126,8 @@ fn schema_rejected(node: &Node, t: &TopicMeta, r: &Rejection) -> Response {
 /// Refusals shared by single and batch produce once the topic is known.
 fn produce_refusal(node: &Node, t: &TopicMeta) -> Option<Response> {
     if let Some(r) = stub_refusal(t) {
+        node.metrics
+            .produce_rejected(t.id, crate::metrics::ProduceRejection::RemoteChild);
         return Some(r);
     }
     if t.parent.is_some() && t.fanout_delay_ms > 0 {

@@ -96,6 +96,7 @@ pub struct TopicCounters {
     pub rejected_schema: u64,
     /// Produces refused because the topic is a delay child.
     pub rejected_delayed_child: u64,
+    pub rejected_remote_child: u64,
 }
 
 /// Why a produce was refused (`narad_produce_rejections_total{reason}`).
@@ -103,6 +104,8 @@ pub struct TopicCounters {
 pub enum ProduceRejection {
     Schema,
     DelayedChild,
+    /// A produce to a remote child's stub.
+    RemoteChild,
 }
 
 /// Queue and storage gauges of one partition, read on its owner shard.
@@ -340,6 +343,7 @@ impl Metrics {
         self.topic(topic, |c| match reason {
             ProduceRejection::Schema => c.rejected_schema += 1,
             ProduceRejection::DelayedChild => c.rejected_delayed_child += 1,
+            ProduceRejection::RemoteChild => c.rejected_remote_child += 1,
         });
     }
 

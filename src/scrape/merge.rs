@@ -199,6 +199,7 @@ impl Merged {
             e.consume_empty += v.consume_empty;
             e.rejected_schema += v.rejected_schema;
             e.rejected_delayed_child += v.rejected_delayed_child;
+            e.rejected_remote_child += v.rejected_remote_child;
         }
         for (k, v) in &s.consume_wait {
             match self.consume_wait.get_mut(k) {

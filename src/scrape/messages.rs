@@ -102,9 +102,7 @@ pub(super) fn render_produce_rejections(e: &mut Expo, meta: &MetaState, m: &Merg
         for (reason, n) in [
             ("schema", v.rejected_schema),
             ("delayed_child", v.rejected_delayed_child),
-            // A remote child needs the remote plane, which this build does not have
-            // (API.md §18: attach answers 501/403), so no topic has one to refuse for.
-            ("remote_child", 0),
+            ("remote_child", v.rejected_remote_child),
         ] {
             e.int(
                 "narad_produce_rejections_total",

@@ -57,9 +57,8 @@
 //! registered without samples, as in the original. `narad_consumer_corrupt_skipped_total`,
 //! `narad_consumer_dropped_messages` and the storage figures count since the owner shard
 //! started (they restart at 0). The cluster series whose meaning is settled for a node that is
-//! its whole cluster are exported with that value (no moves, no member draining, no remotes
-//! held, quarantined copies, member heartbeats and dead marking, the co-location of child
-//! partitions, `remote_child` produce rejections). Retention covers partition logs closed for
+//! its whole cluster are exported with that value (no moves, no member draining, quarantined
+//! copies, member heartbeats and dead marking, the co-location of child partitions). Retention covers partition logs closed for
 //! idleness on every pass (`narad_cold_retention_swept_total` counts those it deleted from);
 //! a retention pass or lease-expiry pass that panics is counted
 //! (`narad_cold_retention_panics_total`, `narad_reaper_restarts`) and its loop goes on.

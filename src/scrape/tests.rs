@@ -218,6 +218,7 @@ fn busy_shards() -> Vec<ShardMetrics> {
                 consume_empty: n,
                 rejected_schema: n,
                 rejected_delayed_child: n - 1,
+                rejected_remote_child: 0,
             },
         )];
         s.consume_wait = vec![
