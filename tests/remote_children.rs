@@ -349,6 +349,12 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     assert!(value(r#"narad_remote_errors_total{remote="b",class="unavailable"}"#) >= 1.0);
     assert!(value(r#"narad_remote_resent_records_total{remote="b"}"#) >= 1.0);
     assert!(value(r#"narad_remote_body_bytes_total{remote="b"}"#) > 0.0);
+    assert!(
+        value(r#"narad_remote_request_seconds_count{remote="b"}"#) >= 4.0,
+        "{m}"
+    );
+    assert!(value(r#"narad_remote_inflight_wait_seconds_count{remote="b"}"#) >= 4.0);
+    assert!(value(r#"narad_remote_credential_decrypts_total{remote="b"}"#) >= 1.0);
     assert_eq!(
         value(r#"narad_produce_rejections_total{topic="orders-to-b",reason="remote_child"}"#),
         1.0,
@@ -1016,6 +1022,19 @@ fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() 
         std::thread::sleep(Duration::from_millis(400));
         child_row(&mut p, "orders", "orders-to-b")["state"] == "target_replaced"
     });
+    let m = call(&mut p, "GET", "/metrics", "").text();
+    let failures: f64 = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"narad_fanout_remote_check_failures_total{parent="orders",child="orders-to-b"}"#,
+            )?
+            .trim()
+            .parse()
+            .ok()
+        })
+        .unwrap_or(0.0);
+    assert!(failures >= 1.0, "the failed check is counted: {m}");
     let r = call(
         &mut p,
         "POST",

@@ -546,4 +546,6 @@ pub struct ShardMetrics {
     pub remotes: Vec<(String, remote::RemoteCounters)>,
     /// Record bytes this shard's shipper holds while it sends them.
     pub remote_held_bytes: u64,
+    /// Failed periodic checks of remote children on this shard, by stub id.
+    pub remote_check_failures: Vec<(TopicId, u64)>,
 }

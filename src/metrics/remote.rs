@@ -4,6 +4,11 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use narad_io::types::TopicId;
+
+use super::expo::Histogram;
+use super::HTTP_DURATION_BOUNDS_US;
+
 /// One remote's counters on one shard, since the shard started.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RemoteCounters {
@@ -19,6 +24,38 @@ pub struct RemoteCounters {
     pub wire_bytes: u64,
     /// The chunk limit last set (0: never reduced from the default).
     pub chunk_limit: u64,
+    /// How long answered requests took, in microseconds.
+    pub request_us: Option<Histogram>,
+    /// How long requests waited for one of the remote's in-flight slots, in microseconds.
+    pub inflight_wait_us: Option<Histogram>,
+    /// Openings of the sealed password (one per registry revision and shard).
+    pub decrypts: u64,
+    /// Dials the destination checks refused, by reason (`address`, `port`, `allowlist`).
+    pub destination_refused: BTreeMap<&'static str, u64>,
+}
+
+impl RemoteCounters {
+    /// Records a request's duration.
+    pub fn request_took(&mut self, us: u64) {
+        self.request_us
+            .get_or_insert_with(|| Histogram::new(&HTTP_DURATION_BOUNDS_US))
+            .record(us);
+    }
+
+    /// Records a wait for an in-flight slot.
+    pub fn waited_for_slot(&mut self, us: u64) {
+        self.inflight_wait_us
+            .get_or_insert_with(|| Histogram::new(&HTTP_DURATION_BOUNDS_US))
+            .record(us);
+    }
+}
+
+fn merge_hist(into: &mut Option<Histogram>, from: &Option<Histogram>) {
+    match (into.as_mut(), from) {
+        (Some(a), Some(b)) => a.merge(b),
+        (None, Some(b)) => *into = Some(b.clone()),
+        _ => {}
+    }
 }
 
 impl RemoteCounters {
@@ -34,6 +71,12 @@ impl RemoteCounters {
         self.body_bytes += o.body_bytes;
         self.wire_bytes += o.wire_bytes;
         self.chunk_limit = self.chunk_limit.max(o.chunk_limit);
+        merge_hist(&mut self.request_us, &o.request_us);
+        merge_hist(&mut self.inflight_wait_us, &o.inflight_wait_us);
+        self.decrypts += o.decrypts;
+        for (k, v) in &o.destination_refused {
+            *self.destination_refused.entry(k).or_default() += v;
+        }
     }
 }
 
@@ -55,6 +98,17 @@ pub fn count(name: &str, f: impl FnOnce(&mut RemoteCounters)) {
 
 thread_local! {
     static HELD: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static CHECK_FAILURES: RefCell<BTreeMap<TopicId, u64>> = const { RefCell::new(BTreeMap::new()) };
+}
+
+/// A periodic check of remote child `child` (its stub's id) failed on this shard.
+pub fn check_failed(child: TopicId) {
+    CHECK_FAILURES.with(|m| *m.borrow_mut().entry(child).or_default() += 1);
+}
+
+/// This shard's failed periodic checks, by remote child.
+pub fn check_failures() -> Vec<(TopicId, u64)> {
+    CHECK_FAILURES.with(|m| m.borrow().iter().map(|(k, v)| (*k, *v)).collect())
 }
 
 /// Record bytes this shard's shipper holds while it sends them (`narad_remote_held_bytes`),

@@ -111,6 +111,7 @@ impl Node {
             rpc: narad_io::peer::stats::snapshot(),
             remotes: crate::metrics::remote::snapshot(),
             remote_held_bytes: crate::metrics::remote::held_bytes(),
+            remote_check_failures: crate::metrics::remote::check_failures(),
         }
     }
 }

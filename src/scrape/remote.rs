@@ -310,6 +310,20 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
             | "narad_fanout_remote_last_success_timestamp_seconds" => {
                 remote_cursor_series(e, name, shards, meta)
             }
+            "narad_fanout_remote_check_failures_total" => {
+                let by_id: std::collections::HashMap<_, _> =
+                    meta.topics.values().map(|t| (t.id, t)).collect();
+                let mut failures: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+                for (child, n) in shards.iter().flat_map(|s| &s.remote_check_failures) {
+                    if let Some(c) = by_id.get(child) {
+                        let parent = c.parent.as_deref().unwrap_or("");
+                        *failures.entry((parent, c.name.as_str())).or_default() += n;
+                    }
+                }
+                for ((p, c), n) in failures {
+                    e.int(name, &[("parent", p), ("child", c)], n);
+                }
+            }
             "narad_fanout_remote_skipped_records_total" => {
                 for t in meta.topics.values() {
                     if let (Some(r), Some(p)) = (&t.remote, &t.parent) {
@@ -338,6 +352,24 @@ pub(super) fn render(e: &mut Expo, facts: &NodeFacts, shards: &[ShardMetrics], m
                 "narad_remote_wire_bytes_total" => e.int(name, &[("remote", remote)], c.wire_bytes),
                 "narad_remote_chunk_bytes_limit" if c.chunk_limit > 0 => {
                     e.int(name, &[("remote", remote)], c.chunk_limit)
+                }
+                "narad_remote_request_seconds" => {
+                    if let Some(h) = &c.request_us {
+                        e.histogram(name, &[("remote", remote)], h, 1e6);
+                    }
+                }
+                "narad_remote_inflight_wait_seconds" => {
+                    if let Some(h) = &c.inflight_wait_us {
+                        e.histogram(name, &[("remote", remote)], h, 1e6);
+                    }
+                }
+                "narad_remote_credential_decrypts_total" => {
+                    e.int(name, &[("remote", remote)], c.decrypts)
+                }
+                "narad_remote_destination_refused_total" => {
+                    for (reason, n) in &c.destination_refused {
+                        e.int(name, &[("remote", remote), ("reason", reason)], *n);
+                    }
                 }
                 _ => {}
             }

@@ -168,6 +168,7 @@ fn quiet_shard(shard: u32) -> ShardMetrics {
         rpc: Vec::new(),
         remotes: Vec::new(),
         remote_held_bytes: 0,
+        remote_check_failures: Vec::new(),
     }
 }
 

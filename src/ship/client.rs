@@ -41,6 +41,10 @@ pub struct Target {
     pub timeout: Duration,
     /// Bodies go zstd-compressed (`limits.compression: zstd`).
     pub zstd: bool,
+    /// Requests in flight to this remote from the whole node (`limits.max_in_flight`), and the
+    /// node's shards that share them.
+    pub max_in_flight: u64,
+    pub shards: u32,
     /// `remotes.allow_addresses`: what the guard lets through besides public addresses.
     pub allow: Vec<String>,
 }

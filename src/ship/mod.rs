@@ -203,6 +203,9 @@ pub struct Shipper {
     checks: RefCell<HashMap<CheckKey, Checked>>,
     /// Each remote's chunk limit on this shard, and the answered requests since it last moved.
     chunk: RefCell<HashMap<String, (usize, u32)>>,
+    /// Each remote's in-flight requests on this shard: its share of `limits.max_in_flight`
+    /// (the limit it was made for, the slots).
+    gates: RefCell<HashMap<String, (u64, Rc<narad_io::rt::Semaphore>)>>,
 }
 
 impl Shipper {
@@ -213,6 +216,7 @@ impl Shipper {
             targets: RefCell::new(HashMap::new()),
             checks: RefCell::new(HashMap::new()),
             chunk: RefCell::new(HashMap::new()),
+            gates: RefCell::new(HashMap::new()),
         })
     }
 
@@ -235,6 +239,21 @@ impl Shipper {
 
     fn count(&self, remote: &str, f: impl FnOnce(&mut crate::metrics::remote::RemoteCounters)) {
         crate::metrics::remote::count(remote, f);
+    }
+
+    /// The in-flight slots of `remote` on this shard: `max_in_flight` shared by the shards (at
+    /// least one each).
+    fn gate(&self, remote: &str, max_in_flight: u64, shards: u32) -> Rc<narad_io::rt::Semaphore> {
+        let share = (max_in_flight / u64::from(shards.max(1))).max(1);
+        let mut gates = self.gates.borrow_mut();
+        match gates.get(remote) {
+            Some((limit, g)) if *limit == share => g.clone(),
+            _ => {
+                let g = Rc::new(narad_io::rt::Semaphore::new(share as usize));
+                gates.insert(remote.to_string(), (share, g.clone()));
+                g
+            }
+        }
     }
 
     /// This shard's chunk limit for `remote` (body bytes per request).
@@ -428,6 +447,9 @@ impl Shipper {
             Err(f) if f.class == Class::Unavailable => Ok(()),
             Err(f) => Err(f.class),
         };
+        if verdict.is_err() {
+            crate::metrics::remote::check_failed(child);
+        }
         let mut checks = self.checks.borrow_mut();
         checks.retain(|(c, _, _), _| *c != child);
         checks.insert(key, (std::time::Instant::now(), verdict));
@@ -473,11 +495,24 @@ impl Shipper {
         body: &[u8],
         records: usize,
     ) -> Result<client::Reply, (usize, Class)> {
+        let gate = self.gate(remote, t.max_in_flight, t.shards);
+        let asked = std::time::Instant::now();
+        let _slot = gate.acquire().await;
+        let waited = asked.elapsed().as_micros() as u64;
+        self.count(remote, |k| k.waited_for_slot(waited));
         let pooled = self.idle.borrow_mut().get_mut(remote).and_then(|v| v.pop());
         let mut conn = match pooled {
             Some(c) => c,
-            None => Box::pin(client::connect(t)).await.map_err(|c| (0, c))?,
+            None => Box::pin(client::connect(t)).await.map_err(|c| {
+                if c == Class::DestinationRefused {
+                    self.count(remote, |k| {
+                        *k.destination_refused.entry("address").or_default() += 1
+                    });
+                }
+                (0, c)
+            })?,
         };
+        let started = std::time::Instant::now();
         self.count(remote, |k| k.body_bytes += body.len() as u64);
         let compressed;
         let (wire, encoding) = if t.zstd {
@@ -492,6 +527,8 @@ impl Shipper {
             .await
         {
             Ok(reply) => {
+                let took = started.elapsed().as_micros() as u64;
+                self.count(remote, |k| k.request_took(took));
                 self.chunk_answered(remote);
                 self.count(remote, |k| {
                     *k.requests.entry(reply.status.to_string()).or_default() += 1
@@ -817,9 +854,29 @@ pub fn build_target(node: &Node, r: &RemoteMeta) -> Result<Target, Class> {
     .find_map(|k| k.open(&r.name, &r.key_version, &r.sealed_password).ok())
     .ok_or(Class::CredentialUnreadable)?;
     let (host, port, path) = client::split_url(&r.url).ok_or(Class::DestinationRefused)?;
-    if !node.config.remotes.allowed_ports.contains(&port) {
-        return Err(Class::DestinationRefused);
+    let refused = |reason: &'static str| {
+        crate::metrics::remote::count(&r.name, |k| {
+            *k.destination_refused.entry(reason).or_default() += 1
+        });
+        Class::DestinationRefused
+    };
+    // The settings may have changed since the URL was registered.
+    let remotes = &node.config.remotes;
+    if !remotes.allowed_ports.contains(&port) {
+        return Err(refused("port"));
     }
+    let host_allowed = remotes.allowed_hosts.is_empty()
+        || remotes
+            .allowed_hosts
+            .iter()
+            .any(|a| match a.strip_prefix("*.") {
+                Some(suffix) => host.ends_with(&format!(".{}", suffix.to_ascii_lowercase())),
+                None => host == a.to_ascii_lowercase(),
+            });
+    if !host_allowed {
+        return Err(refused("allowlist"));
+    }
+    crate::metrics::remote::count(&r.name, |k| k.decrypts += 1);
     let tls = client::tls_config(r.ca_pem.as_deref()).map_err(|_| Class::TlsFailed)?;
     let mut cred = r.username.as_bytes().to_vec();
     cred.push(b':');
@@ -832,6 +889,8 @@ pub fn build_target(node: &Node, r: &RemoteMeta) -> Result<Target, Class> {
         tls,
         timeout: Duration::from_millis(r.limits.request_timeout_ms),
         zstd: r.limits.compression == "zstd",
+        max_in_flight: r.limits.max_in_flight,
+        shards: node.shards,
         allow: node.config.remotes.allow_addresses.clone(),
     })
 }
