@@ -26,6 +26,24 @@ fn call(c: &mut Client, method: &str, path: &str, body: &str) -> Resp {
     c.request(method, path, &h, body.as_bytes())
 }
 
+/// Every one of `ids` is among the payloads `seen` on the target.
+fn assert_arrived<'a>(seen: &HashMap<String, usize>, ids: impl Iterator<Item = &'a String>) {
+    let missing: Vec<&String> = ids.filter(|id| !seen.contains_key(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} records never reached the target, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}
+
+/// [`call`], and the answer must have `status`.
+fn expect(c: &mut Client, method: &str, path: &str, body: &str, status: u16) -> Resp {
+    let r = call(c, method, path, body);
+    assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+    r
+}
+
 /// Polls `f` every 100 ms until it is true or [`WAIT_MAX`] passed.
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -108,12 +126,10 @@ fn child_row(c: &mut Client, parent: &str, child: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no child {child} in {}", r.text()))
 }
 
-/// The parent broker's settings: security on, cluster `secret` (and the `previous` one), the
-/// front's port allowed and loopback exempt from the address guard.
-fn parent_env(front_port: u16, secret: &str, previous: Option<&str>) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("NARAD_ADMIN_PASSWORD".to_string(), ROOT_PW.to_string()),
-        ("NARAD_CLUSTER_SECRET".to_string(), secret.to_string()),
+/// What a parent node needs to ship to the front at `front_port`: the hop attested, the port
+/// allowed, loopback exempt from the address guard.
+fn remote_env(front_port: u16) -> Vec<(String, String)> {
+    vec![
         (
             "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
             "true".to_string(),
@@ -126,7 +142,36 @@ fn parent_env(front_port: u16, secret: &str, previous: Option<&str>) -> Vec<(Str
             "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
             "127.0.0.1/32".to_string(),
         ),
+    ]
+}
+
+/// Registers remote `b` (the target behind the front) through `adm`, with `limits`.
+fn register_b(
+    adm: &mut common::cluster::Admin,
+    front_port: u16,
+    ca_pem: &str,
+    limits: serde_json::Value,
+) {
+    let body = serde_json::json!({
+        "name": "b",
+        "url": format!("https://127.0.0.1:{front_port}"),
+        "username": "replicator",
+        "password": REPLICATOR_PW,
+        "ca_pem": ca_pem,
+        "limits": limits,
+    });
+    let r = adm.post("/v1/remotes", &body.to_string());
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// The parent broker's settings: security on, cluster `secret` (and the `previous` one), the
+/// front's port allowed and loopback exempt from the address guard.
+fn parent_env(front_port: u16, secret: &str, previous: Option<&str>) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("NARAD_ADMIN_PASSWORD".to_string(), ROOT_PW.to_string()),
+        ("NARAD_CLUSTER_SECRET".to_string(), secret.to_string()),
     ];
+    env.extend(remote_env(front_port));
     if let Some(p) = previous {
         env.push(("NARAD_CLUSTER_SECRET_PREVIOUS".to_string(), p.to_string()));
     }
@@ -159,13 +204,13 @@ fn target_behind_front(dir: &TempDir) -> (Server, Relay, u16, String) {
     );
     let front_port = front.addr.port();
     let mut t = target.client();
-    let r = call(
+    expect(
         &mut t,
         "POST",
         "/v1/topics",
         r#"{"name":"orders-copy","partitions":3}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     let r = call(
         &mut t,
         "POST",
@@ -184,13 +229,13 @@ fn pair(tag: &str) -> Pair {
     let (target, front, front_port, ca_pem) = target_behind_front(&dir);
     let parent = Server::start_secure(dir.0.join("parent"), parent_env(front_port, SECRET, None));
     let mut p = parent.client();
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/topics",
         r#"{"name":"orders","partitions":3}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     Pair {
         dir,
         target,
@@ -240,13 +285,13 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
         404
     );
 
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     let stub = r.json();
     assert_eq!(stub["partitions"], 0);
     assert_eq!(stub["parent"], "orders");
@@ -300,13 +345,13 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     assert!(row["lag_messages"].as_u64() > Some(0), "{row}");
     assert!(row["blocked_at"].is_object(), "{row}");
     // Detach is refused while records are unshipped.
-    let r = call(
+    let r = expect(
         &mut p,
         "DELETE",
         "/v1/topics/orders/children/orders-to-b",
         "",
+        409,
     );
-    assert_eq!(r.status, 409, "{}", r.text());
     assert!(r.json()["lag_messages"].as_u64() > Some(0), "{}", r.text());
     let st = std::process::Command::new("kill")
         .args(["-CONT", &pid])
@@ -321,17 +366,7 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     // (A fresh connection: the target closed the idle one meanwhile.)
     let mut t = pr.target.client();
     let seen = drain_all(&mut t, "orders-copy", 400);
-    let missing: Vec<&String> = first
-        .iter()
-        .chain(&second)
-        .filter(|id| !seen.contains_key(*id))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} records never reached the target: {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
+    assert_arrived(&seen, first.iter().chain(&second));
     let extra: HashSet<&String> = seen.keys().filter(|k| !k.starts_with("m-")).collect();
     assert!(extra.is_empty(), "unexpected payloads {extra:?}");
 
@@ -380,13 +415,13 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     );
 
     // Pause holds the cursors; resume re-runs the checks and ships again.
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children/orders-to-b/pause",
         r#"{"reason":"maintenance"}"#,
+        200,
     );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["remote"]["paused"], true);
     assert_eq!(r.json()["remote"]["pause_reason"], "maintenance");
     let third: Vec<String> = (400..420).map(|i| format!("m-{i}")).collect();
@@ -398,13 +433,13 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
         row["lag_messages"], 20,
         "a paused child ships nothing: {row}"
     );
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children/orders-to-b/resume",
         "{}",
+        200,
     );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert!(r.json()["remote"].get("paused").is_none(), "{}", r.text());
     wait_for("shipping after resume", || {
         child_row(&mut p, "orders", "orders-to-b")["lag_messages"] == 0
@@ -416,13 +451,13 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
     );
 
     // Nothing unshipped: the detach goes through and the stub is gone.
-    let r = call(
+    expect(
         &mut p,
         "DELETE",
         "/v1/topics/orders/children/orders-to-b",
         "",
+        204,
     );
-    assert_eq!(r.status, 204, "{}", r.text());
     assert_eq!(
         call(&mut p, "GET", "/v1/topics/orders-to-b", "").status,
         404
@@ -438,23 +473,23 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
         pr.register("bad", "not-the-password-0123456789xyz").status,
         201
     );
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"to-bad","remote":"bad","remote_topic":"orders-copy"}"#,
+        409,
     );
-    assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["class"], "auth_failed", "{}", r.text());
 
     assert_eq!(pr.register("b", REPLICATOR_PW).status, 201);
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"to-nowhere","remote":"b","remote_topic":"orders-none"}"#,
+        409,
     );
-    assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["class"], "target_missing", "{}", r.text());
 
     // The target's schema refuses a record the parent (no schema) took: the partition stops on
@@ -462,13 +497,13 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
     let schema = r#"{"schema":{"type":"object","required":["n"]}}"#;
     let r = call(&mut t, "PATCH", "/v1/topics/orders-copy", schema);
     assert!(r.status < 300, "{}", r.text());
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"to-b","remote":"b","remote_topic":"orders-copy"}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     let produce = |c: &mut Client, body: &str| {
         let r = call(c, "POST", "/v1/topics/orders/produce?partition=1", body);
         assert_eq!(r.status, 202, "{}", r.text());
@@ -477,13 +512,13 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
     produce(&mut p, r#"{"bad":true}"#);
     produce(&mut p, r#"{"n":3}"#);
     // A second partition stuck at once: partition 2's first record.
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/topics/orders/produce?partition=2",
         r#"{"bad":2}"#,
+        202,
     );
-    assert_eq!(r.status, 202, "{}", r.text());
     let rows = |p: &mut Client| {
         let r = call(p, "GET", "/v1/topics/orders/children?partitions=true", "");
         assert_eq!(r.status, 200, "{}", r.text());
@@ -510,13 +545,13 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
         r#"{"partition":1,"offset":2}"#,
     );
     assert_eq!(wrong.status, 409, "{}", wrong.text());
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children/to-b/skip",
         r#"{"partition":1,"offset":1}"#,
+        200,
     );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["remote"]["skip"]["1"], serde_json::json!([1]));
     let r = call(
         &mut p,
@@ -546,31 +581,30 @@ fn a_wrong_password_a_missing_target_and_a_refused_record_are_named() {
     wait_for("target_missing", || {
         child_row(&mut p, "orders", "to-b")["state"] == "target_missing"
     });
-    let r = call(&mut p, "DELETE", "/v1/topics/orders/children/to-b", "");
-    assert_eq!(r.status, 409, "{}", r.text());
-    let r = call(
+    expect(&mut p, "DELETE", "/v1/topics/orders/children/to-b", "", 409);
+    expect(
         &mut p,
         "DELETE",
         "/v1/topics/orders/children/to-b?force=true",
         "",
+        204,
     );
-    assert_eq!(r.status, 204, "{}", r.text());
 
     // Remote-child writes are 60 a minute per node: the pauses of a new child run out of them.
-    let r = call(
+    expect(
         &mut t,
         "POST",
         "/v1/topics",
         r#"{"name":"orders-again","partitions":3}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"to-b2","remote":"b","remote_topic":"orders-again"}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     let mut statuses = Vec::new();
     for _ in 0..61 {
         let r = call(
@@ -596,36 +630,35 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
     assert_eq!(pr.register("b", REPLICATOR_PW).status, 201);
 
     // The test route runs the attach checks: pass here, and at most once per 5 s.
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/remotes/b/test",
         r#"{"topic":"orders-copy","source":"orders"}"#,
+        200,
     );
-    assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["result"], "pass", "{}", r.text());
     assert_eq!(
         r.json()["checks"][0]["target_id"].as_str().map(str::len),
         Some(16)
     );
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/remotes/b/test",
         r#"{"topic":"orders-copy"}"#,
+        429,
     );
-    assert_eq!(r.status, 429, "{}", r.text());
 
-    let r = call(
+    expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     // A remote in use is not deleted without force.
-    let r = call(&mut p, "DELETE", "/v1/remotes/b", "");
-    assert_eq!(r.status, 409, "{}", r.text());
+    let r = expect(&mut p, "DELETE", "/v1/remotes/b", "", 409);
     assert_eq!(r.json()["links"], serde_json::json!(["orders/orders-to-b"]));
 
     // kill -9 of the shipping node mid-stream: after its restart every record still arrives.
@@ -667,8 +700,7 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
         metric(&mut p, r#"narad_remote_credential_key_current{remote="b"}"#),
         Some(0.0)
     );
-    let r = call(&mut p, "POST", "/v1/cluster/reencrypt-remotes", "");
-    assert_eq!(r.status, 200, "{}", r.text());
+    let r = expect(&mut p, "POST", "/v1/cluster/reencrypt-remotes", "", 200);
     assert_eq!(
         metric(
             &mut p,
@@ -693,17 +725,7 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
         row["lag_messages"] == 0 && row["state"] == "running"
     });
     let seen = drain_all(&mut pr.target.client(), "orders-copy", 2100);
-    let missing: Vec<&String> = ids
-        .iter()
-        .chain(&more)
-        .filter(|id| !seen.contains_key(*id))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} records never reached the target, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
+    assert_arrived(&seen, ids.iter().chain(&more));
     let dups: usize = seen.values().map(|n| n - 1).sum();
     println!("2100 records shipped across a kill -9 and a secret rotation; {dups} duplicates");
 
@@ -715,15 +737,13 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
         .unwrap()
         .success());
     produce_ids(&mut p, "orders", &["late".to_string()]);
-    let r = call(&mut p, "DELETE", "/v1/topics/orders", "");
-    assert_eq!(r.status, 409, "{}", r.text());
+    expect(&mut p, "DELETE", "/v1/topics/orders", "", 409);
     assert!(std::process::Command::new("kill")
         .args(["-CONT", &pid])
         .status()
         .unwrap()
         .success());
-    let r = call(&mut p, "DELETE", "/v1/topics/orders?force=true", "");
-    assert_eq!(r.status, 204, "{}", r.text());
+    expect(&mut p, "DELETE", "/v1/topics/orders?force=true", "", 204);
     assert_eq!(
         call(&mut p, "GET", "/v1/topics/orders-to-b", "").status,
         404,
@@ -738,34 +758,15 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
     // every record reaches the target at least once.
     let dir = TempDir::new("rc-cluster");
     let (target, _front, front_port, ca_pem) = target_behind_front(&dir);
-    let mut c = Cluster::spawn("rc-cluster-nodes", 3, |_| {
-        vec![
-            (
-                "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
-                "true".to_string(),
-            ),
-            (
-                "NARAD_REMOTES_ALLOWED_PORTS".to_string(),
-                front_port.to_string(),
-            ),
-            (
-                "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
-                "127.0.0.1/32".to_string(),
-            ),
-        ]
-    });
+    let mut c = Cluster::spawn("rc-cluster-nodes", 3, |_| remote_env(front_port));
     c.wait_ready(WAIT_MAX);
     let mut a = c.nodes[0].admin();
-    let body = serde_json::json!({
-        "name": "b",
-        "url": format!("https://127.0.0.1:{front_port}"),
-        "username": "replicator",
-        "password": REPLICATOR_PW,
-        "ca_pem": ca_pem,
-        "limits": {"compression": "zstd"},
-    });
-    let r = a.post("/v1/remotes", &body.to_string());
-    assert_eq!(r.status, 201, "{}", r.text());
+    register_b(
+        &mut a,
+        front_port,
+        &ca_pem,
+        serde_json::json!({"compression": "zstd"}),
+    );
     let r = a.post("/v1/topics", r#"{"name":"orders","partitions":3}"#);
     assert_eq!(r.status, 201, "{}", r.text());
     // Every member's view of the credential: all open it with the shared cluster secret.
@@ -874,17 +875,7 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
         r["lag_messages"] == 0 && r["lag_complete"] == true
     });
     let seen = drain_all(&mut target.client(), "orders-copy", 900);
-    let missing: Vec<&String> = first
-        .iter()
-        .chain(&second)
-        .filter(|id| !seen.contains_key(*id))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{} records never reached the target, e.g. {:?}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
+    assert_arrived(&seen, first.iter().chain(&second));
 }
 
 #[test]
@@ -895,37 +886,18 @@ fn shipping_follows_a_moved_parent_partition_from_where_it_stood() {
     let dir = TempDir::new("rc-move");
     let (target, _front, front_port, ca_pem) = target_behind_front(&dir);
     let env = move || {
-        vec![
-            ("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()),
-            (
-                "NARAD_TEST_PROMOTE_AFTER_MS".to_string(),
-                "1000".to_string(),
-            ),
-            (
-                "NARAD_REMOTES_API_HOP_ENCRYPTED".to_string(),
-                "true".to_string(),
-            ),
-            (
-                "NARAD_REMOTES_ALLOWED_PORTS".to_string(),
-                front_port.to_string(),
-            ),
-            (
-                "NARAD_REMOTES_ALLOW_ADDRESSES".to_string(),
-                "127.0.0.1/32".to_string(),
-            ),
-        ]
+        let mut v = remote_env(front_port);
+        v.push(("NARAD_TEST_HEARTBEAT_MS".to_string(), "300".to_string()));
+        v.push((
+            "NARAD_TEST_PROMOTE_AFTER_MS".to_string(),
+            "1000".to_string(),
+        ));
+        v
     };
     let mut c = Cluster::spawn("rc-move-nodes", 3, |_| env());
     c.wait_ready(WAIT_MAX);
     let mut a = c.nodes[0].admin();
-    let body = serde_json::json!({
-        "name": "b",
-        "url": format!("https://127.0.0.1:{front_port}"),
-        "username": "replicator",
-        "password": REPLICATOR_PW,
-        "ca_pem": ca_pem,
-    });
-    assert_eq!(a.post("/v1/remotes", &body.to_string()).status, 201);
+    register_b(&mut a, front_port, &ca_pem, serde_json::json!({}));
     let r = a.post("/v1/topics", r#"{"name":"orders","partitions":8}"#);
     assert_eq!(r.status, 201, "{}", r.text());
     let r = a.post(
@@ -994,27 +966,26 @@ fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() 
         "ca_pem": pr.ca_pem,
         "limits": {"check_interval_ms": 10000},
     });
-    let r = call(&mut p, "POST", "/v1/remotes", &body.to_string());
-    assert_eq!(r.status, 201, "{}", r.text());
-    let r = call(
+    expect(&mut p, "POST", "/v1/remotes", &body.to_string(), 201);
+    expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children",
         r#"{"child":"orders-to-b","remote":"b","remote_topic":"orders-copy"}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     produce_ids(&mut p, "orders", &["r-0".to_string()]);
     wait_for("the first record shipped", || {
         child_row(&mut p, "orders", "orders-to-b")["lag_messages"] == 0
     });
     assert!(call(&mut t, "DELETE", "/v1/topics/orders-copy", "").status < 300);
-    let r = call(
+    expect(
         &mut t,
         "POST",
         "/v1/topics",
         r#"{"name":"orders-copy","partitions":3}"#,
+        201,
     );
-    assert_eq!(r.status, 201, "{}", r.text());
     let mut i = 1;
     wait_for("target_replaced within a check interval", || {
         produce_ids(&mut p, "orders", &[format!("r-{i}")]);
@@ -1035,13 +1006,13 @@ fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() 
         })
         .unwrap_or(0.0);
     assert!(failures >= 1.0, "the failed check is counted: {m}");
-    let r = call(
+    let r = expect(
         &mut p,
         "POST",
         "/v1/topics/orders/children/orders-to-b/resume",
         "{}",
+        409,
     );
-    assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["class"], "target_replaced", "{}", r.text());
     std::thread::sleep(Duration::from_millis(5100));
     // The CLI's verbs against the real link: resume accepting the new target, then wait for

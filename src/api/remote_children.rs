@@ -417,6 +417,17 @@ async fn set(node: &Rc<Node>, parent: &str, c: &TopicMeta, r: RemoteChildMeta) -
     }
 }
 
+/// The parent, the stub and the request's JSON object of a pause, resume or skip.
+fn prologue(
+    node: &Node,
+    req: &Request,
+    parent: &str,
+    child: &str,
+) -> Result<(TopicMeta, TopicMeta, serde_json::Map<String, Value>), Response> {
+    let (p, stub) = remote_child(node, parent, child)?;
+    Ok((p, stub, body_object(req)?))
+}
+
 fn body_object(req: &Request) -> Result<serde_json::Map<String, Value>, Response> {
     if req.body.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(Default::default());
@@ -435,12 +446,8 @@ pub async fn pause(
     parent: &str,
     child: &str,
 ) -> Response {
-    let (_, stub) = match remote_child(node, parent, child) {
+    let (_, stub, body) = match prologue(node, req, parent, child) {
         Ok(x) => x,
-        Err(r) => return r,
-    };
-    let body = match body_object(req) {
-        Ok(b) => b,
         Err(r) => return r,
     };
     let reason = match body.get("reason") {
@@ -462,12 +469,8 @@ pub async fn pause(
 
 /// `POST /v1/topics/{parent}/children/{child}/resume`: the checks run again first.
 pub async fn resume(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -> Response {
-    let (_, stub) = match remote_child(node, parent, child) {
+    let (_, stub, body) = match prologue(node, req, parent, child) {
         Ok(x) => x,
-        Err(r) => return r,
-    };
-    let body = match body_object(req) {
-        Ok(b) => b,
         Err(r) => return r,
     };
     let accept = match body.get("accept_target") {
@@ -516,12 +519,8 @@ pub async fn resume(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -
 /// `POST /v1/topics/{parent}/children/{child}/skip`: only the record a partition's cursor is
 /// stuck on as `rejected_record` or `record_too_large`.
 pub async fn skip(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -> Response {
-    let (p, stub) = match remote_child(node, parent, child) {
+    let (p, stub, body) = match prologue(node, req, parent, child) {
         Ok(x) => x,
-        Err(r) => return r,
-    };
-    let body = match body_object(req) {
-        Ok(b) => b,
         Err(r) => return r,
     };
     let (Some(partition), Some(offset)) = (

@@ -156,22 +156,10 @@ pub async fn connect(t: &Target) -> Result<Conn, Class> {
 }
 
 impl Conn {
-    /// Sends `method path` with `body` (JSON) and reads the answer, all within `t.timeout`.
-    /// `Err` means no (complete) answer: the request may or may not have been acted on.
+    /// Sends `method path` with `body` (JSON, in `encoding` when given) and reads the answer,
+    /// all within `t.timeout`. `Err` means no (complete) answer: the request may or may not
+    /// have been acted on.
     pub async fn request(
-        &mut self,
-        t: &Target,
-        method: &str,
-        path: &str,
-        auth: bool,
-        body: &[u8],
-    ) -> io::Result<Reply> {
-        self.request_encoded(t, method, path, auth, body, None)
-            .await
-    }
-
-    /// [`Conn::request`] with a `Content-Encoding` for the body.
-    pub async fn request_encoded(
         &mut self,
         t: &Target,
         method: &str,

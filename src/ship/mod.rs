@@ -522,10 +522,7 @@ impl Shipper {
             (body, None)
         };
         self.count(remote, |k| k.wire_bytes += wire.len() as u64);
-        match conn
-            .request_encoded(t, "POST", path, true, wire, encoding)
-            .await
-        {
+        match conn.request(t, "POST", path, true, wire, encoding).await {
             Ok(reply) => {
                 let took = started.elapsed().as_micros() as u64;
                 self.count(remote, |k| k.request_took(took));
@@ -792,12 +789,14 @@ async fn get(
     path: &str,
     auth: bool,
 ) -> Result<client::Reply, CheckFailed> {
-    conn.request(t, "GET", path, auth, b"").await.map_err(|e| {
-        failed(
-            Class::Unavailable,
-            format!("no answer from the remote: {e}"),
-        )
-    })
+    conn.request(t, "GET", path, auth, b"", None)
+        .await
+        .map_err(|e| {
+            failed(
+                Class::Unavailable,
+                format!("no answer from the remote: {e}"),
+            )
+        })
 }
 
 /// How many records, in offset order, are all delivered: record `i` went to lane `place[i].0`
