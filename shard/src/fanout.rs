@@ -180,7 +180,7 @@ struct Cursor {
     wake: Rc<Notify>,
     /// A remote link's pause and skipped offsets (this parent partition's), `None` for a local
     /// child.
-    remote: RefCell<Option<(bool, Vec<u64>)>>,
+    remote: RefCell<Option<(bool, Rc<[u64]>)>>,
     /// A remote link's state: 0 running, else the [`ShipError::code`] of the last failure.
     state: Cell<u8>,
     /// The parent offset the last failure stopped at (a remote link).
@@ -236,12 +236,6 @@ pub struct ChildLag {
     /// How long past due the oldest uncopied record of the most behind cursor is, in
     /// milliseconds (0 when every cursor is caught up or waiting for a record to become due).
     pub due_lag_ms: u64,
-    /// A remote link: the worst cursor state (0 running), and where that cursor stands
-    /// (parent partition, offset) when it is not running.
-    pub state: u8,
-    pub blocked: Option<(u32, u64)>,
-    /// A remote link: when records last shipped from any of these cursors (Unix ms, 0 never).
-    pub last_ok_ms: u64,
     /// A remote link: one row per cursor (empty for a local child).
     pub rows: Vec<CursorRow>,
 }
@@ -252,16 +246,21 @@ impl ChildLag {
         self.lag_messages += o.lag_messages;
         self.cursors += o.cursors;
         self.due_lag_ms = self.due_lag_ms.max(o.due_lag_ms);
-        self.last_ok_ms = self.last_ok_ms.max(o.last_ok_ms);
-        let worse = o.state > self.state
-            || (o.state == self.state
-                && o.state != 0
-                && o.blocked.map(|b| b.0) < self.blocked.map(|b| b.0));
-        if worse {
-            self.state = o.state;
-            self.blocked = o.blocked;
-        }
         self.rows.extend_from_slice(&o.rows);
+    }
+
+    /// A remote link: the cursor in the worst state (the highest code; the lowest partition
+    /// among equals), `None` while every cursor runs.
+    pub fn worst(&self) -> Option<&CursorRow> {
+        self.rows
+            .iter()
+            .filter(|r| r.state != 0)
+            .max_by_key(|r| (r.state, std::cmp::Reverse(r.partition)))
+    }
+
+    /// A remote link: when records last shipped from any of its cursors (Unix ms, 0 never).
+    pub fn last_ok_ms(&self) -> u64 {
+        self.rows.iter().map(|r| r.last_ok_ms).max().unwrap_or(0)
     }
 }
 
@@ -516,10 +515,13 @@ impl Fanout {
         }
         let mut started = Vec::new();
         for (id, (l, p)) in want {
-            let remote = l
-                .remote
-                .as_ref()
-                .map(|r| (r.paused, r.skip.get(&p).cloned().unwrap_or_default()));
+            let remote = l.remote.as_ref().map(|r| {
+                let skip: Rc<[u64]> = r
+                    .skip
+                    .get(&p)
+                    .map_or_else(|| Rc::from([]), |v| Rc::from(&v[..]));
+                (r.paused, skip)
+            });
             if let Some(c) = self.cursors.borrow().get(&id) {
                 c.parent_partitions.set(l.parent_partitions);
                 c.child_partitions.set(l.child_partitions.max(1));
@@ -632,14 +634,6 @@ impl Fanout {
                     .saturating_sub(c.next.get().0),
                 cursors: 1,
                 due_lag_ms: c.head_due_ms.get().map_or(0, |due| now.saturating_sub(due)),
-                state,
-                blocked: (state != 0).then(|| {
-                    (
-                        c.id.parent.partition.0,
-                        c.blocked_at.get().unwrap_or(c.next.get().0),
-                    )
-                }),
-                last_ok_ms: c.last_ok_ms.get(),
                 rows,
             };
             match out.iter_mut().find(|o| o.child == one.child) {
@@ -873,6 +867,7 @@ impl Fanout {
         let mut recs = recs;
         recs.truncate(due_count);
         let last = recs.last().map_or(next, |r| r.offset);
+        // A shared handle on the skips (the borrow must not live across the shipper's await).
         let remote = c.remote.borrow().as_ref().map(|(_, skip)| skip.clone());
         if let Some(skip) = remote {
             return self.ship(c, recs, &skip, last, next_due, bytes).await;
@@ -1201,14 +1196,18 @@ mod tests {
             let mut stuck = None;
             for _ in 0..WAIT_POLLS_MAX {
                 let lag = f.lag(TopicId(1));
-                if lag.first().is_some_and(|c| c.state == 5) {
+                if lag
+                    .first()
+                    .is_some_and(|c| c.worst().is_some_and(|w| w.state == 5))
+                {
                     stuck = lag.first().cloned();
                     break;
                 }
                 rt::sleep(Duration::from_millis(10)).await;
             }
             let stuck = stuck.expect("the refusal is reported");
-            assert_eq!(stuck.blocked, Some((0, 5)), "{stuck:?}");
+            let w = stuck.worst().expect("a stuck cursor");
+            assert_eq!((w.partition, w.blocked_at), (0, Some(5)), "{stuck:?}");
             assert_eq!(stuck.lag_messages, 3, "m5, m6, m7 left: {stuck:?}");
             assert!(
                 sent.borrow().iter().all(|b| b.len() <= 5),
@@ -1239,14 +1238,18 @@ mod tests {
             for _ in 0..WAIT_POLLS_MAX {
                 if f.lag(TopicId(1))
                     .first()
-                    .is_some_and(|c| c.lag_messages == 0 && c.state == 0)
+                    .is_some_and(|c| c.lag_messages == 0 && c.worst().is_none())
                 {
                     break;
                 }
                 rt::sleep(Duration::from_millis(10)).await;
             }
             let after = f.lag(TopicId(1));
-            assert_eq!((after[0].lag_messages, after[0].state), (0, 0), "{after:?}");
+            assert_eq!(
+                (after[0].lag_messages, after[0].worst()),
+                (0, None),
+                "{after:?}"
+            );
             let tail: Vec<Vec<u8>> = sent.borrow()[before..].concat();
             assert_eq!(tail, [b"m6".to_vec(), b"m7".to_vec()]);
             f.close().await;

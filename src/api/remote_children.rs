@@ -288,6 +288,18 @@ pub async fn unshipped(node: &Node, parent: &TopicMeta, child: &TopicMeta) -> Op
     ))
 }
 
+/// `blocked_at` of a remote child (API.md §9.2): where its worst cursor stands, or `null` while
+/// every cursor runs.
+fn worst_blocked_at(lag: Option<&ChildLag>) -> Value {
+    lag.and_then(ChildLag::worst).map_or(Value::Null, |w| {
+        json!({
+            "partition": w.partition,
+            "offset": w.blocked_at.unwrap_or(w.next),
+            "state": ship::state_name(w.state),
+        })
+    })
+}
+
 /// The remote fields of one row of the children listing (API.md §9.2).
 pub fn list_fields(row: &mut Value, stub: &TopicMeta, lag: Option<&ChildLag>, parent: &TopicMeta) {
     let Some(r) = &stub.remote else {
@@ -296,20 +308,16 @@ pub fn list_fields(row: &mut Value, stub: &TopicMeta, lag: Option<&ChildLag>, pa
     let state = if r.paused {
         "paused"
     } else {
-        ship::state_name(lag.map_or(0, |l| l.state))
+        ship::state_name(lag.and_then(ChildLag::worst).map_or(0, |w| w.state))
     };
-    let blocked = lag
-        .filter(|l| l.state != 0)
-        .and_then(|l| l.blocked)
-        .map(|(p, o)| json!({"partition": p, "offset": o, "state": ship::state_name(lag.map_or(0, |l| l.state))}));
     let last_ok = lag
-        .map(|l| l.last_ok_ms)
+        .map(ChildLag::last_ok_ms)
         .filter(|ms| *ms > 0)
         .map(crate::logging::rfc3339_ms);
     row["remote"] = json!(r.name);
     row["paused"] = json!(r.paused);
     row["state"] = json!(state);
-    row["blocked_at"] = blocked.unwrap_or(Value::Null);
+    row["blocked_at"] = worst_blocked_at(lag);
     row["last_success_at"] = last_ok.map_or(Value::Null, Value::from);
     row["target_verified_at"] = Value::Null;
     row["unverified"] = json!(false);
@@ -546,15 +554,11 @@ pub async fn skip(node: &Rc<Node>, req: &Request, parent: &str, child: &str) -> 
         })
     });
     if stuck.is_none() {
-        let blocked = lag
-            .filter(|l| l.state != 0)
-            .and_then(|l| l.blocked)
-            .map(|(bp, bo)| json!({"partition": bp, "offset": bo, "state": ship::state_name(lag.map_or(0, |l| l.state))}));
         return json_response(
             409,
             &json!({
                 "error": "that record is not the one a partition is stuck on as rejected_record or record_too_large",
-                "blocked_at": blocked.unwrap_or(Value::Null),
+                "blocked_at": worst_blocked_at(lag),
             }),
         );
     }

@@ -230,10 +230,9 @@ fn merge_lags(all: &mut Vec<ChildLag>, more: Vec<ChildLag>) {
     }
 }
 
-/// Bytes of one lag's fixed part on the wire: child id, lag, cursors, due lag, state, blocked
-/// partition (`u32::MAX` for none) and offset, last shipped, and the count of cursor rows that
-/// follow it (little endian).
-const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8 + 1 + 4 + 8 + 8 + 4;
+/// Bytes of one lag's fixed part on the wire: child id, lag, cursors, due lag, and the count of
+/// cursor rows that follow it (little endian).
+const LAG_WIRE_BYTES: usize = 8 + 8 + 4 + 8 + 4;
 /// Bytes of one cursor row: partition, next, high watermark, state, blocked (`u64::MAX` for
 /// none), last shipped.
 const ROW_WIRE_BYTES: usize = 4 + 8 + 8 + 1 + 8 + 8;
@@ -245,11 +244,6 @@ fn encode_lags(lags: &[ChildLag]) -> Vec<u8> {
         out.extend_from_slice(&l.lag_messages.to_le_bytes());
         out.extend_from_slice(&l.cursors.to_le_bytes());
         out.extend_from_slice(&l.due_lag_ms.to_le_bytes());
-        out.push(l.state);
-        let (bp, bo) = l.blocked.unwrap_or((u32::MAX, 0));
-        out.extend_from_slice(&bp.to_le_bytes());
-        out.extend_from_slice(&bo.to_le_bytes());
-        out.extend_from_slice(&l.last_ok_ms.to_le_bytes());
         out.extend_from_slice(&(l.rows.len() as u32).to_le_bytes());
         for r in &l.rows {
             out.extend_from_slice(&r.partition.to_le_bytes());
@@ -270,18 +264,14 @@ fn decode_lags(mut b: &[u8]) -> Option<Vec<ChildLag>> {
     let mut out = Vec::new();
     while !b.is_empty() {
         let c = b.get(..LAG_WIRE_BYTES)?;
-        let n = u32_at(c, 49) as usize;
+        let n = u32_at(c, 28) as usize;
         let rows_len = n.checked_mul(ROW_WIRE_BYTES)?;
         let rows_bytes = b.get(LAG_WIRE_BYTES..LAG_WIRE_BYTES.checked_add(rows_len)?)?;
-        let bp = u32_at(c, 29);
         out.push(ChildLag {
             child: TopicId(u64_at(c, 0)),
             lag_messages: u64_at(c, 8),
             cursors: u32_at(c, 16),
             due_lag_ms: u64_at(c, 20),
-            state: c[28],
-            blocked: (bp != u32::MAX).then(|| (bp, u64_at(c, 33))),
-            last_ok_ms: u64_at(c, 41),
             rows: rows_bytes
                 .chunks_exact(ROW_WIRE_BYTES)
                 .map(|r| {
@@ -354,9 +344,6 @@ mod tests {
                 lag_messages: 3,
                 cursors: 2,
                 due_lag_ms: 9,
-                state: 5,
-                blocked: Some((1, 11)),
-                last_ok_ms: 4,
                 rows: vec![row(0, None), row(1, Some(11))],
             },
             ChildLag {
@@ -364,12 +351,13 @@ mod tests {
                 lag_messages: 0,
                 cursors: 1,
                 due_lag_ms: 0,
-                state: 0,
-                blocked: None,
-                last_ok_ms: 0,
                 rows: Vec::new(),
             },
         ];
+        let worst = lags[0].worst().expect("a stuck row");
+        assert_eq!((worst.partition, worst.blocked_at), (1, Some(11)));
+        assert_eq!(lags[0].last_ok_ms(), 1_790_000_000_000);
+        assert_eq!((lags[1].worst(), lags[1].last_ok_ms()), (None, 0));
         let wire = encode_lags(&lags);
         assert_eq!(decode_lags(&wire), Some(lags));
         assert_eq!(decode_lags(&wire[..wire.len() - 1]), None, "a cut row");

@@ -373,12 +373,13 @@ pub struct NodeWide {
     remote_checks: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
-/// Counts one produce request as in flight on its node until dropped.
-pub struct ProduceInFlight(Arc<NodeWide>);
+/// Counts one produce request as in flight on its node until dropped (borrows the node's
+/// counter: no reference count to touch on the produce path).
+pub struct ProduceInFlight<'a>(&'a AtomicU64);
 
-impl Drop for ProduceInFlight {
+impl Drop for ProduceInFlight<'_> {
     fn drop(&mut self) {
-        self.0.produce_in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -154,10 +154,11 @@ impl Node {
     /// Counts a produce request in flight on this node until the guard drops. Only a cluster
     /// node reports the figure (`node_status`), so a node that is its whole cluster skips the
     /// shared counter on its produce path.
-    pub fn produce_started(&self) -> Option<ProduceInFlight> {
+    pub fn produce_started(&self) -> Option<ProduceInFlight<'_>> {
         self.links.as_ref()?;
-        self.wide.produce_in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(ProduceInFlight(self.wide.clone()))
+        let n = &self.wide.produce_in_flight;
+        n.fetch_add(1, Ordering::Relaxed);
+        Some(ProduceInFlight(n))
     }
 
     /// This node's own status (API.md §12.1 `node_status`): draining, produce requests in
