@@ -37,6 +37,12 @@ fn assert_arrived<'a>(seen: &HashMap<String, usize>, ids: impl Iterator<Item = &
     );
 }
 
+/// The value of `series` (name and labels, exactly as exposed) in the metrics text `m`.
+fn metric_in(m: &str, series: &str) -> Option<f64> {
+    m.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
 /// [`call`], and the answer must have `status`.
 fn expect(c: &mut Client, method: &str, path: &str, body: &str, status: u16) -> Resp {
     let r = call(c, method, path, body);
@@ -372,11 +378,7 @@ fn every_record_reaches_the_target_through_tls_and_an_outage_loses_nothing() {
 
     // The shipper's series: answers by code, failures by class, records sent again.
     let m = call(&mut p, "GET", "/metrics", "").text();
-    let value = |series: &str| -> f64 {
-        m.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let value = |series: &str| metric_in(&m, series).unwrap_or(0.0);
     assert!(
         value(r#"narad_remote_requests_total{remote="b",code="202"}"#) >= 4.0,
         "{m}"
@@ -683,11 +685,8 @@ fn a_killed_parent_and_a_rotated_secret_keep_every_record_shipping() {
         let row = child_row(&mut p, "orders", "orders-to-b");
         row["lag_messages"] == 0 && row["lag_complete"] == true
     });
-    let metric = |p: &mut Client, series: &str| -> Option<f64> {
-        let m = call(p, "GET", "/metrics", "").text();
-        m.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-    };
+    let metric =
+        |p: &mut Client, series: &str| metric_in(&call(p, "GET", "/metrics", "").text(), series);
     // Sealed under the old key: stale until re-encrypted (shipping opens it with the previous).
     assert_eq!(
         metric(
@@ -837,11 +836,7 @@ fn a_cluster_ships_from_every_owner_and_across_an_owner_kill() {
 
     // Bodies went zstd-compressed (4 lanes a partition): fewer bytes on the wire than in them.
     let m = a.get("/metrics").text();
-    let value = |series: &str| -> f64 {
-        m.lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
+    let value = |series: &str| metric_in(&m, series).unwrap_or(0.0);
     let body = value(r#"narad_remote_body_bytes_total{remote="b"}"#);
     let wire = value(r#"narad_remote_wire_bytes_total{remote="b"}"#);
     assert!(
@@ -994,17 +989,11 @@ fn a_recreated_target_is_caught_by_the_periodic_check_and_needs_accept_target() 
         child_row(&mut p, "orders", "orders-to-b")["state"] == "target_replaced"
     });
     let m = call(&mut p, "GET", "/metrics", "").text();
-    let failures: f64 = m
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(
-                r#"narad_fanout_remote_check_failures_total{parent="orders",child="orders-to-b"}"#,
-            )?
-            .trim()
-            .parse()
-            .ok()
-        })
-        .unwrap_or(0.0);
+    let failures = metric_in(
+        &m,
+        r#"narad_fanout_remote_check_failures_total{parent="orders",child="orders-to-b"}"#,
+    )
+    .unwrap_or(0.0);
     assert!(failures >= 1.0, "the failed check is counted: {m}");
     let r = expect(
         &mut p,

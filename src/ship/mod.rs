@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use narad_io::log::AppendRecord;
 use narad_io::types::{PartitionKey, TopicId};
-use narad_raft::{MetaState, RemoteMeta};
+use narad_raft::{MetaState, RemoteChildMeta, RemoteMeta};
 use narad_shard::fanout::{ShipError, ShipFuture, Shipper as ShipFn};
 
 use crate::auth::seal::RemoteKey;
@@ -315,22 +315,22 @@ impl Shipper {
             return Err(fail(0, Class::Unavailable));
         };
         let meta = node.meta();
-        let Some((remote, topic)) = remote_of(&meta, child) else {
+        let Some((rc, remote)) = remote_of(&meta, child) else {
             return Err(fail(0, Class::RemoteMissing));
         };
         let target = self.target(&node, &remote).map_err(|c| fail(0, c))?;
-        if let Err(c) = self.recheck(&node, &meta, child, &remote).await {
+        if let Err(c) = self.recheck(&node, child, &rc, &remote).await {
             self.count(&remote.name, |k| {
                 *k.errors.entry(c.as_str()).or_default() += 1
             });
             return Err(fail(0, c));
         }
         // Topic names are plain (letters, digits, `.`, `_`, `-`): no escaping needed.
-        let path = format!("/v1/topics/{topic}/produce/batch");
+        let path = format!("/v1/topics/{}/produce/batch", rc.topic);
         let held: u64 = recs.iter().map(|r| r.payload.len() as u64).sum();
         let _held = crate::metrics::remote::Held::new(held);
         let limit = self.chunk_limit(&remote.name);
-        let lanes = lanes_of(&meta, child).max(1) as usize;
+        let lanes = rc.lanes.max(1) as usize;
         let r = if lanes == 1 || recs.len() < 2 {
             self.send_stream(&remote.name, &target, &path, &recs, limit)
                 .await
@@ -421,18 +421,10 @@ impl Shipper {
     async fn recheck(
         &self,
         node: &Node,
-        meta: &MetaState,
         child: TopicId,
+        rc: &RemoteChildMeta,
         remote: &RemoteMeta,
     ) -> Result<(), Class> {
-        let Some(rc) = meta
-            .topics
-            .values()
-            .find(|t| t.id == child)
-            .and_then(|t| t.remote.clone())
-        else {
-            return Err(Class::RemoteMissing);
-        };
         let every = Duration::from_millis(remote.limits.check_interval_ms.max(1));
         let key = (child, rc.target_id.clone(), remote.revision);
         if let Some((at, verdict)) = self.checks.borrow().get(&key) {
@@ -824,21 +816,13 @@ fn grown(limit: usize, answered: u32) -> (usize, u32) {
     }
 }
 
-/// The ordered streams of remote child `child` per parent partition (1 when unknown).
-fn lanes_of(meta: &MetaState, child: TopicId) -> u32 {
-    meta.topics
-        .values()
-        .find(|t| t.id == child)
-        .and_then(|t| t.remote.as_ref())
-        .map_or(1, |r| r.lanes)
-}
-
-/// The remote child `child` (a stub's id): its remote's registry entry and the topic there.
-fn remote_of(meta: &MetaState, child: TopicId) -> Option<(RemoteMeta, String)> {
+/// The remote child `child` (a stub's id): its link and its remote's registry entry, found
+/// once per shipped slab.
+fn remote_of(meta: &MetaState, child: TopicId) -> Option<(RemoteChildMeta, RemoteMeta)> {
     let stub = meta.topics.values().find(|t| t.id == child)?;
     let rc = stub.remote.as_ref()?;
     let r = meta.remotes.get(&rc.name)?;
-    Some((r.clone(), rc.topic.clone()))
+    Some((rc.clone(), r.clone()))
 }
 
 /// Opens the remote's password with the current (or previous) cluster secret's key and builds
