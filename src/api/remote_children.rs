@@ -324,7 +324,11 @@ pub fn list_fields(row: &mut Value, stub: &TopicMeta, lag: Option<&ChildLag>, pa
     row["source_drained"] = json!(lag.is_some_and(|l| l.lag_messages == 0));
     row["lag_seconds"] = json!(lag.map_or(0, |l| l.due_lag_ms / 1000));
     if parent.retention_ms != 0 {
-        row["retention_headroom_seconds"] = json!(parent.retention_ms / 1000);
+        // How long the oldest unshipped record has before retention takes it: the parent's
+        // retention less its age (its time past due plus the child's delay).
+        let age_ms = lag.map_or(0, |l| l.due_lag_ms) + stub.fanout_delay_ms;
+        row["retention_headroom_seconds"] =
+            json!(parent.retention_ms.saturating_sub(age_ms) / 1000);
     }
 }
 
